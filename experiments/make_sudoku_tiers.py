@@ -1,0 +1,37 @@
+"""Write the held-out Sudoku tiers shipped in ``dlmsearch/data/``.
+
+The tiers come from solver-made grids of their own seed, never from the training grids, and
+the training sampler additionally drops any grid that appears here. Run:
+
+    python experiments/make_sudoku_tiers.py --count 256
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from tqdm import tqdm
+
+from dlmsearch.tasks.sudoku_files import tier_path, write_puzzles
+from dlmsearch.tasks.sudoku_grids import carve_puzzle, random_solved_grid, transform_grids
+
+TIER_CLUES = {"easy": (30, 36), "hard": (0, 0)}  # (0, 0): carve to a minimal puzzle
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--count", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=20261130)
+    args = parser.parse_args()
+    for offset, (tier, (low, high)) in enumerate(TIER_CLUES.items()):
+        rng = np.random.default_rng(args.seed + offset)
+        solutions = transform_grids(np.stack([random_solved_grid(rng) for _ in range(args.count)]), rng)
+        puzzles = [(carve_puzzle(s, rng, low, high), s) for s in tqdm(solutions, desc=tier)]
+        write_puzzles(tier_path(tier), puzzles)
+        clues = [int((p > 0).sum()) for p, _ in puzzles]
+        print(f"{tier}: {len(puzzles)} puzzles, clues {min(clues)}-{max(clues)} (mean {np.mean(clues):.1f})")
+
+
+if __name__ == "__main__":
+    main()
