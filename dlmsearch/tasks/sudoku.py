@@ -7,8 +7,16 @@ block, and the frontier is every masked cell (Sudoku has no left-to-right order)
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+import attrs
 import numpy as np
 import torch
+
+from dlmsearch.tasks.base import TaskItem
+from dlmsearch.tasks.sudoku_files import TIERS, SudokuPuzzle, load_puzzles, tier_path
+from dlmsearch.tasks.sudoku_grids import CELLS, format_board, grid_to_string, is_solved
+from dlmsearch.validation import check_choice, check_type
 
 SUDOKU_VOCAB = 10
 SUDOKU_MASK_ID = 9
@@ -24,3 +32,50 @@ def tokens_to_grids(tokens: torch.Tensor) -> np.ndarray:
     """Token ids back to digits; masked cells become 0."""
     tokens = tokens.detach().cpu().long()
     return torch.where(tokens == SUDOKU_MASK_ID, 0, tokens + 1).numpy().astype(np.int8)
+
+
+@attrs.define
+class SudokuTask:
+    """Held-out puzzles (``tier``) or the user's own file (``path``), optionally the first ``limit``."""
+
+    tier: str = attrs.field(default="easy", validator=check_choice(*TIERS))
+    path: str | None = attrs.field(default=None, validator=check_type(str, optional=True))
+    limit: int | None = attrs.field(default=None, validator=check_type(int, optional=True))
+    frontier: str = attrs.field(default="all_masked", validator=check_choice("midpoint", "all_masked"))
+    gen_length: int = attrs.field(default=CELLS, validator=check_type(int))
+    block_length: int = attrs.field(default=CELLS, validator=check_type(int))
+    name: ClassVar[str] = "sudoku"
+
+    def __attrs_post_init__(self) -> None:
+        if self.gen_length != CELLS or self.block_length != CELLS:
+            raise ValueError(f"a Sudoku canvas is one block of {CELLS} cells; got gen_length={self.gen_length}, block_length={self.block_length}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"task.limit must be at least 1, got {self.limit}")
+
+    @property
+    def source(self) -> str:
+        return self.path or f"{self.tier} tier"
+
+    def puzzles(self) -> list[SudokuPuzzle]:
+        puzzles = load_puzzles(self.path if self.path else tier_path(self.tier))
+        return puzzles[: self.limit] if self.limit else puzzles
+
+    def items(self) -> list[TaskItem]:
+        return [
+            TaskItem(id=p.id, prompt=torch.zeros(0, dtype=torch.long), generation=grids_to_tokens(p.puzzle[None])[0], reference=p)
+            for p in self.puzzles()
+        ]
+
+    def judge(self, item: TaskItem, tokens: torch.Tensor) -> bool:
+        return is_solved(tokens_to_grids(tokens), item.reference.puzzle)
+
+    def output(self, item: TaskItem, tokens: torch.Tensor) -> str:
+        return grid_to_string(tokens_to_grids(tokens))
+
+    def render(self, item: TaskItem, output: str) -> str:
+        grid = np.array([int(c) for c in output], dtype=np.int8)
+        left = format_board(item.reference.puzzle).splitlines()
+        right = format_board(grid).splitlines()
+        verdict = "solved" if is_solved(grid, item.reference.puzzle) else "NOT solved"
+        header = f"{'puzzle ' + item.id:<24}   decoded ({verdict})"
+        return "\n".join([header] + [f"{a:<24}   {b}" for a, b in zip(left, right)])

@@ -1,0 +1,38 @@
+"""Turning composed Hydra configs into objects, with one readable error per mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class ConfigError(ValueError):
+    """A config value that cannot be used; the message names the key."""
+
+
+def decoder_presets() -> list[str]:
+    """Names of the files in ``conf/decoder/``."""
+    return sorted(p.stem for p in (CONF_DIR / "decoder").glob("*.yaml"))
+
+
+def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
+    """Instantiate ``cfg[key]`` (recursively); errors name the config key that caused them."""
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError(f"config has no '{key}' section")
+    try:
+        # Objects are passed after instantiation: OmegaConf would turn attrs instances into configs.
+        return hydra.utils.instantiate(cfg[key], _partial_=True)(**kwargs) if kwargs else hydra.utils.instantiate(cfg[key])
+    except Exception as error:  # Hydra wraps the real cause; unwrap it into one line
+        cause = error.__cause__ or error
+        detail = str(error).split("full_key:")[-1].strip() if "full_key:" in str(error) else key
+        raise ConfigError(f"{detail}: {type(cause).__name__}: {cause}") from error
+
+
+def to_plain(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain data (for summary.json)."""
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]

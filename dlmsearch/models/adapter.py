@@ -1,0 +1,57 @@
+"""The one boundary between dlmsearch and a model: token ids in, float32 logits out.
+
+Only the adapter knows a model family's quirks: its mask id, whether logits must be shifted
+right by one position (AR-initialised models such as Dream predict token ``i`` at ``i - 1``),
+how it takes a padding mask, and its device and dtype. Everything else reads ``mask_id`` from
+here (configs interpolate ``${model.mask_id}``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from dlmsearch.validation import check_choice, check_type
+
+
+@attrs.define(eq=False)
+class ModelAdapter:
+    """Wraps any ``module(input_ids, attention_mask=...)`` returning logits or an object with ``.logits``."""
+
+    module: nn.Module
+    mask_id: int = attrs.field(validator=check_type(int))
+    vocab_size: int = attrs.field(validator=check_type(int))
+    shift_logits: bool = attrs.field(default=False, validator=check_type(bool))
+    device: str = attrs.field(default="cpu", validator=check_type(str))
+    dtype: str = attrs.field(default="float32", validator=check_choice("float32", "bfloat16", "float16"))
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 <= self.mask_id < self.vocab_size:
+            raise ValueError(f"model.mask_id={self.mask_id} is outside the vocabulary [0, {self.vocab_size})")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"model.device={self.device} but no CUDA device is available; use model.device=cpu")
+        self.module = self.module.to(device=self.device, dtype=getattr(torch, self.dtype)).eval()
+
+    @torch.no_grad()
+    def logits(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[rows, length, vocab_size]`` for ``tokens [rows, length]``.
+
+        The padding mask is passed only when some row is padded, so models that ignore or
+        reject it still run unpadded batches.
+        """
+        tokens = tokens.to(self.device)
+        mask = None if bool(attention_mask.all()) else attention_mask.to(self.device)
+        output: Any = self.module(tokens, attention_mask=mask)
+        logits = getattr(output, "logits", output)
+        if logits.shape[:2] != tokens.shape or logits.shape[-1] < self.vocab_size:
+            raise ValueError(
+                f"model returned logits of shape {tuple(logits.shape)} for tokens {tuple(tokens.shape)}; "
+                f"expected [rows, length, >= {self.vocab_size}]"
+            )
+        logits = logits[..., : self.vocab_size].float()
+        if self.shift_logits:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return logits

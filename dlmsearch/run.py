@@ -1,0 +1,124 @@
+"""Running a decoder over a task: batches, incremental JSONL, resume, summary, traces."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from dlmsearch.config import build, to_plain
+from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
+from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.tasks.base import Task, TaskItem
+
+
+def trace_events(result: DecodeResult) -> list[dict[str, Any]]:
+    """Per model call that led to commits: positions, tokens, confidences, depth and branch."""
+    events = []
+    for call in torch.unique(result.commit_call[result.commit_call >= 0]).tolist():
+        at = (result.commit_call == call).nonzero().squeeze(1)
+        events.append({
+            "call": call,
+            "positions": at.tolist(),
+            "tokens": result.tokens[at].tolist(),
+            "confidences": [round(c, 5) for c in result.commit_confidence[at].tolist()],
+            "depth": result.commit_depth[at].tolist(),
+            "branch": result.commit_branch[at].tolist(),
+        })
+    return events
+
+
+def read_done(path: Path) -> dict[str, dict[str, Any]]:
+    """Records already written (for resuming); a torn last line from a crash is dropped."""
+    done: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            done[record["id"]] = record
+    return done
+
+
+def summarise(records: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """Aggregate counters; accuracy only over items the task could judge."""
+    n = len(records)
+    judged = [r["correct"] for r in records if r["correct"] is not None]
+    mean = lambda key: round(sum(r[key] for r in records) / n, 3)  # noqa: E731
+    return {
+        "items": n,
+        "accuracy": round(sum(judged) / len(judged), 4) if judged else None,
+        "mean_steps": mean("steps"),
+        "mean_row_forwards": mean("row_forwards"),
+        "mean_tokens_committed": mean("tokens_committed"),
+        "wall_seconds": round(seconds, 2),
+    }
+
+
+def decode_items(
+    decoder: SearchDecoder, engine: RolloutEngine, task: Task, items: list[TaskItem], uids: list[int]
+) -> list[DecodeResult]:
+    """Decode one batch of task items."""
+    requests = [DecodeRequest(uid=u, prompt=i.prompt, generation=i.generation) for u, i in zip(uids, items)]
+    return decoder.decode(engine, requests, task.block_length)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Decode every item of the task, writing results as they come; resume from ``out_dir``."""
+    adapter = build(cfg, "model")
+    task = build(cfg, "task")
+    engine = build(cfg, "engine", adapter=adapter)
+    decoder = build(cfg, "decoder")
+    if int(cfg.batch_size) < 1:
+        raise ValueError(f"batch_size must be at least 1, got {cfg.batch_size}")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    items = task.items()
+    results_path = out / "results.jsonl"
+    done = read_done(results_path)
+    pending = [(uid, item) for uid, item in enumerate(items) if item.id not in done]
+    cuda = str(adapter.device).startswith("cuda")
+    started = time.perf_counter()
+    bar = tqdm(total=len(items), initial=len(items) - len(pending), desc=f"{decoder.name} on {task.name}", unit="item", dynamic_ncols=True)
+    with results_path.open("a") as results, (out / "trace.jsonl").open("a") if cfg.trace else nullcontext() as traces:
+        for start in range(0, len(pending), int(cfg.batch_size)):
+            batch = pending[start : start + int(cfg.batch_size)]
+            tick = time.perf_counter()
+            decoded = decode_items(decoder, engine, task, [i for _, i in batch], [u for u, _ in batch])
+            if cuda:
+                torch.cuda.synchronize()
+            share = (time.perf_counter() - tick) / len(batch)
+            for (_, item), result in zip(batch, decoded):
+                record = {
+                    "id": item.id,
+                    "output": task.output(item, result.tokens),
+                    "correct": task.judge(item, result.tokens),
+                    "steps": result.steps,
+                    "row_forwards": result.row_forwards,
+                    "tokens_committed": result.tokens_committed,
+                    "wall_seconds": round(share, 4),
+                }
+                done[item.id] = record
+                results.write(json.dumps(record) + "\n")
+                if traces is not None:
+                    traces.write(json.dumps({"id": item.id, "events": trace_events(result)}) + "\n")
+            results.flush()
+            bar.update(len(batch))
+            judged = [r["correct"] for r in done.values() if r["correct"] is not None]
+            if judged:
+                bar.set_postfix(correct=f"{100 * sum(judged) / len(judged):.1f}%")
+    bar.close()
+    records = [done[item.id] for item in items if item.id in done]
+    summary = {"decoder": decoder.name, "task": task.name, **summarise(records, time.perf_counter() - started), "config": to_plain(cfg)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary["examples"] = [task.render(item, done[item.id]["output"]) for item in items[: int(cfg.examples)]]
+    return summary
+
+

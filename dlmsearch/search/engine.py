@@ -1,0 +1,177 @@
+"""The batched rollout engine: the only caller of the model.
+
+It evaluates any flat set of rows (several samples, each with several hypotheses at any depth)
+in one forward call, chunked to ``row_budget`` rows, and returns per-position summaries that the
+components need. Vocabulary-sized tensors live only inside a call. It owns the counters:
+``steps`` (sequential model calls: every row of one call counts once per sample) and
+``row_forwards`` (rows summed over calls, the real compute of a search).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.validation import check_range, check_type
+
+STATISTICS = ("margin", "entropy")
+
+
+@attrs.frozen
+class Evaluation:
+    """Per-position summaries of one forward: proposal, its probability, optional extras."""
+
+    token: torch.Tensor  # [R, T] long: argmax (or a sample) with the mask id excluded
+    confidence: torch.Tensor  # [R, T] float: probability of ``token`` at temperature 1
+    uniform: torch.Tensor  # [R, T] float: a seeded uniform draw, for random orderings
+    margin: torch.Tensor | None = None  # [R, T] top-1 minus top-2 probability
+    entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution
+
+    def take(self, index: torch.Tensor) -> "Evaluation":
+        return Evaluation(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index] for f in attrs.fields(Evaluation)})
+
+    def put(self, index: torch.Tensor, other: "Evaluation") -> "Evaluation":
+        """A copy with the rows at ``index`` replaced by ``other``."""
+        values = {}
+        for f in attrs.fields(Evaluation):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if mine is None or theirs is None:
+                values[f.name] = None
+                continue
+            mine = mine.clone()
+            mine[index] = theirs
+            values[f.name] = mine
+        return Evaluation(**values)
+
+    @staticmethod
+    def empty(rows: int, width: int, statistics: frozenset[str]) -> "Evaluation":
+        zeros = torch.zeros(rows, width)
+        return Evaluation(
+            token=torch.zeros(rows, width, dtype=torch.long),
+            confidence=zeros,
+            uniform=zeros,
+            margin=zeros if "margin" in statistics else None,
+            entropy=zeros if "entropy" in statistics else None,
+        )
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _to_signed(value: int) -> int:
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN = _to_signed(0x9E3779B97F4A7C15)
+_MIX1 = _to_signed(0xBF58476D1CE4E5B9)
+_MIX2 = _to_signed(0x94D049BB133111EB)
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch shifts signed values arithmetically)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def hashed_uniform(keys: list[torch.Tensor]) -> torch.Tensor:
+    """Uniform [0, 1) numbers from a splitmix64 hash of integer keys (broadcast together).
+
+    Counter-based randomness: a draw depends only on its keys (seed, sample, call, row,
+    position), never on what else is in the batch, so sampling is batch-invariant.
+    """
+    x = torch.zeros((), dtype=torch.long)
+    for key in keys:
+        x = x * _GOLDEN + key.long() + 0x632BE5AB
+        x = x + _GOLDEN
+        x = (x ^ _shift_right(x, 30)) * _MIX1
+        x = (x ^ _shift_right(x, 27)) * _MIX2
+        x = x ^ _shift_right(x, 31)
+    return _shift_right(x, 11).double().mul_(2.0**-53).float()
+
+
+@attrs.define(eq=False)
+class RolloutEngine:
+    """Batched, chunked, counted model evaluation."""
+
+    adapter: ModelAdapter
+    row_budget: int = attrs.field(default=64, validator=[check_type(int), check_range(1)])
+    temperature: float = attrs.field(default=0.0, validator=[check_type(float), check_range(0.0)])
+    seed: int = attrs.field(default=0, validator=check_type(int))
+    steps: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
+    row_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    @property
+    def mask_id(self) -> int:
+        return self.adapter.mask_id
+
+    def reset(self, samples: int) -> None:
+        """Zero the per-sample counters for a new batch of ``samples``."""
+        self.steps = torch.zeros(samples, dtype=torch.long)
+        self.row_forwards = torch.zeros(samples, dtype=torch.long)
+
+    def evaluate(
+        self,
+        tokens: torch.Tensor,
+        attention: torch.Tensor,
+        sample: torch.Tensor,
+        sample_uid: torch.Tensor,
+        row_key: torch.Tensor,
+        statistics: frozenset[str] = frozenset(),
+    ) -> Evaluation:
+        """One step for every sample with a row here: forward all rows, summarise per position.
+
+        ``sample`` indexes the counters; ``sample_uid`` (a dataset-wide id) and ``row_key`` (the
+        row's branch within its sample) key the seeded randomness.
+        """
+        unknown = set(statistics) - set(STATISTICS)
+        if unknown:
+            raise ValueError(f"unknown statistics {sorted(unknown)}; available: {', '.join(STATISTICS)}")
+        call = self.steps[sample]
+        involved = torch.unique(sample)
+        self.steps[involved] += 1
+        self.row_forwards.index_add_(0, sample, torch.ones_like(sample))
+        # Drop columns that are padding in every row, so a row costs the same alone or batched.
+        first = int(attention.any(dim=0).long().argmax())
+        tokens, attention = tokens[:, first:], attention[:, first:]
+        position = torch.arange(first, first + tokens.shape[1])
+        keys = [torch.tensor(self.seed), sample_uid[:, None], call[:, None], row_key[:, None], position[None, :]]
+        uniform = hashed_uniform(keys)
+        draw = hashed_uniform(keys + [torch.tensor(1)]) if self.temperature > 0 else uniform
+        chunks = range(0, tokens.shape[0], self.row_budget)
+        parts = [
+            self._summarise(tokens[i : i + self.row_budget], attention[i : i + self.row_budget], draw[i : i + self.row_budget], statistics, sample_uid[i : i + self.row_budget])
+            for i in chunks
+        ]
+        pad = (first, 0)
+        return Evaluation(
+            token=torch.nn.functional.pad(torch.cat([p["token"] for p in parts]), pad, value=self.mask_id),
+            confidence=torch.nn.functional.pad(torch.cat([p["confidence"] for p in parts]), pad),
+            uniform=torch.nn.functional.pad(uniform, pad),
+            margin=torch.nn.functional.pad(torch.cat([p["margin"] for p in parts]), pad) if "margin" in statistics else None,
+            entropy=torch.nn.functional.pad(torch.cat([p["entropy"] for p in parts]), pad) if "entropy" in statistics else None,
+        )
+
+    def _summarise(self, tokens: torch.Tensor, attention: torch.Tensor, draw: torch.Tensor, statistics: frozenset[str], uid: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.adapter.logits(tokens, attention)
+        bad = torch.isnan(logits).flatten(1).any(dim=1) & attention.any(dim=1).to(logits.device)
+        if bool(bad.any()):
+            raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad.cpu()].tolist()))}")
+        logits[..., self.mask_id] = -math.inf  # a committed token can never be the mask
+        probs = torch.softmax(logits, dim=-1)
+        if self.temperature == 0:
+            confidence, token = probs.max(dim=-1)
+        else:
+            tempered = torch.softmax(logits / self.temperature, dim=-1).cumsum(dim=-1)
+            draw = draw.to(tempered.device)[..., None] * tempered[..., -1:]
+            token = torch.searchsorted(tempered, draw).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+            confidence = probs.gather(-1, token[..., None]).squeeze(-1)
+        out = {"token": token.cpu(), "confidence": confidence.cpu()}
+        if "margin" in statistics:
+            top2 = probs.topk(2, dim=-1).values
+            out["margin"] = (top2[..., 0] - top2[..., 1]).cpu()
+        if "entropy" in statistics:
+            out["entropy"] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1).cpu()
+        return out

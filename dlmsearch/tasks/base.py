@@ -1,0 +1,37 @@
+"""What a task gives the runner: items to decode, a judge, and a way to show results."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+import torch
+
+
+@attrs.frozen
+class TaskItem:
+    """One item: ``prompt`` ids, the initial generation region (mask where to fill), a reference."""
+
+    id: str
+    prompt: torch.Tensor
+    generation: torch.Tensor
+    reference: Any = None
+
+
+class Task(Protocol):
+    name: str
+    gen_length: int
+    block_length: int
+    frontier: str  # "midpoint" for left-to-right text, "all_masked" for orderless tasks
+
+    def items(self) -> list[TaskItem]:
+        """The items to decode (never empty: an empty source is an error)."""
+
+    def judge(self, item: TaskItem, tokens: torch.Tensor) -> bool | None:
+        """Whether the generated tokens are correct, or None where the task cannot judge."""
+
+    def output(self, item: TaskItem, tokens: torch.Tensor) -> str:
+        """The generation as text for the results file."""
+
+    def render(self, item: TaskItem, output: str) -> str:
+        """A human-readable view of the item and its generation (as written by :meth:`output`)."""
