@@ -36,3 +36,22 @@ def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
 def to_plain(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as plain data (for summary.json)."""
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """Compose ``conf/config.yaml`` with overrides outside a Hydra app (scripts, tests)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    # Inside another Hydra app (the training script) the global instance is taken: set it
+    # aside and put it back. Hydra swaps the singleton on exit, so look it up again after.
+    outer = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            return hydra_compose("config", overrides=["out_dir=.", *overrides])
+    finally:
+        GlobalHydra.instance().clear()
+        if outer is not None:
+            GlobalHydra.instance().initialize(outer)

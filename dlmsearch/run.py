@@ -35,15 +35,22 @@ def trace_events(result: DecodeResult) -> list[dict[str, Any]]:
 
 
 def read_done(path: Path) -> dict[str, dict[str, Any]]:
-    """Records already written (for resuming); a torn last line from a crash is dropped."""
+    """Records already written (for resuming). A line torn by a crash is dropped and the file
+    rewritten without it, so appended records start on a clean line."""
     done: dict[str, dict[str, Any]] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            done[record["id"]] = record
+    if not path.exists():
+        return done
+    text = path.read_text()
+    torn = False
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            torn = True
+            continue
+        done[record["id"]] = record
+    if torn or (text and not text.endswith("\n")):
+        path.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
     return done
 
 

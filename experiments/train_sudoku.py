@@ -5,6 +5,7 @@ the masked cells. Checkpoints periodically (weights, optimiser, step, RNG) and r
 the last checkpoint when started again with the same ``out_dir``.
 
     python experiments/train_sudoku.py                      # full run, resumable
+    python experiments/train_sudoku.py budget_minutes=90    # decay the learning rate over 90 CPU minutes
     python experiments/train_sudoku.py steps=20 out_dir=/tmp/tiny model.n_layers=1
 """
 
@@ -56,12 +57,26 @@ def masked_diffusion_loss(model: BidirectionalDenoiser, tokens: torch.Tensor, ge
     return torch.nn.functional.cross_entropy(logits[masked], tokens[masked])
 
 
-def learning_rate(cfg: DictConfig, step: int) -> float:
-    """Linear warm-up, then cosine decay from ``lr`` to ``min_lr`` at ``steps``."""
+def progress(cfg: DictConfig, step: int, train_seconds: float) -> float:
+    """Fraction of training done: by steps, or by CPU time when ``budget_minutes`` is set,
+    whichever is further, so the learning rate decays fully on a machine of any speed."""
+    by_steps = step / cfg.steps
+    by_time = train_seconds / (60 * cfg.budget_minutes) if cfg.budget_minutes else 0.0
+    return min(1.0, max(by_steps, by_time))
+
+
+def learning_rate(cfg: DictConfig, step: int, done: float) -> float:
+    """Linear warm-up over ``warmup_steps``, then cosine decay from ``lr`` to ``min_lr`` as ``done`` goes to 1."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * done))
+
+
+def trim_log(path: Path, step: int) -> None:
+    """Drop loss records past the checkpoint being resumed, so no step is logged twice."""
+    if path.exists():
+        lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in lines))
 
 
 @hydra.main(version_base=None, config_path="../conf/train", config_name="sudoku")
@@ -86,18 +101,26 @@ def main(cfg: DictConfig) -> None:
         rng.bit_generator.state = state["numpy_rng"]
         step, elapsed_before = state["step"], state["train_seconds"]
         print(f"resumed from {checkpoint} at step {step}")
+        trim_log(out / "loss.jsonl", step)
     started = time.monotonic()
+    eval_seconds = 0.0  # checkpoint evaluation does not count as training time
+
+    def train_seconds() -> float:
+        return elapsed_before + time.monotonic() - started - eval_seconds
 
     def save(step: int) -> None:
-        seconds = elapsed_before + time.monotonic() - started
+        nonlocal eval_seconds
+        seconds = train_seconds()
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
                  "numpy_rng": rng.bit_generator.state, "step": step, "train_seconds": seconds}
         torch.save(state, out / "checkpoint.tmp")
         (out / "checkpoint.tmp").replace(checkpoint)
         model.save(out / "model")
+        tick = time.monotonic()
         model.eval()
         solve = checkpoint_solve_rate(model, eval_puzzles, cfg.eval_decoder)
         model.train()
+        eval_seconds += time.monotonic() - tick
         record = {"step": step, "train_seconds": round(seconds, 1), "eval": solve}
         with (out / "eval.jsonl").open("a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -106,9 +129,12 @@ def main(cfg: DictConfig) -> None:
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
     with (out / "loss.jsonl").open("a") as log:
-        while step < cfg.steps:
+        while True:
+            done = progress(cfg, step, train_seconds())
+            if done >= 1.0:
+                break
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(cfg, step)
+                group["lr"] = learning_rate(cfg, step, done)
             tokens = grids_to_tokens(sampler.sample(cfg.batch_size))
             loss = masked_diffusion_loss(model, tokens, generator)
             optimizer.zero_grad(set_to_none=True)
@@ -120,8 +146,9 @@ def main(cfg: DictConfig) -> None:
             bar.set_postfix(loss=f"{loss.item():.4f}")
             log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "lr": optimizer.param_groups[0]["lr"]}) + "\n")
             log.flush()
+            finished = progress(cfg, step, train_seconds()) >= 1.0
             out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:
+            if step % cfg.checkpoint_every == 0 or finished or out_of_time:
                 save(step)
             if out_of_time:
                 break

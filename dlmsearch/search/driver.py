@@ -11,7 +11,7 @@ the evaluation it already has. Baselines are this same loop with the trigger set
 
 from __future__ import annotations
 
-import math
+from typing import Callable
 
 import attrs
 import torch
@@ -68,8 +68,17 @@ class SearchDecoder:
             if missing:
                 raise ValueError(f"decoder {self.name!r} explores (trigger {type(self.trigger).__name__}) but has no {', '.join(missing)}")
 
-    def decode(self, engine: RolloutEngine, requests: list[DecodeRequest], block_length: int) -> list[DecodeResult]:
-        """Decode a batch; each sample's result is independent of the others in the batch."""
+    def decode(
+        self,
+        engine: RolloutEngine,
+        requests: list[DecodeRequest],
+        block_length: int,
+        on_round: Callable[[Canvas], None] | None = None,
+    ) -> list[DecodeResult]:
+        """Decode a batch; each sample's result is independent of the others in the batch.
+
+        ``on_round`` sees the root canvas of all samples after every round (for traces and tests).
+        """
         if not requests:
             return []
         gen_length = len(requests[0].generation)
@@ -107,6 +116,8 @@ class SearchDecoder:
                 adopted, adopted_eval = self._lookahead(engine, root.take(explore), evaluation.take(explore), explored, uid, layout)
                 canvas = canvas.put(explored, adopted)
                 cache = cache.put(explored, adopted_eval)
+            if on_round is not None:
+                on_round(canvas)
         else:
             raise RuntimeError(f"decoder {self.name!r} did not finish within {gen_length + 1} rounds")
         return [self._result(canvas, engine, i, int(uid[i]), layout) for i in range(samples)]

@@ -136,8 +136,8 @@ class RolloutEngine:
         # Drop columns that are padding in every row, so a row costs the same alone or batched.
         first = int(attention.any(dim=0).long().argmax())
         tokens, attention = tokens[:, first:], attention[:, first:]
-        position = torch.arange(first, first + tokens.shape[1])
-        keys = [torch.tensor(self.seed), sample_uid[:, None], call[:, None], row_key[:, None], position[None, :]]
+        position = attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
+        keys = [torch.tensor(self.seed), sample_uid[:, None], call[:, None], row_key[:, None], position]
         uniform = hashed_uniform(keys)
         draw = hashed_uniform(keys + [torch.tensor(1)]) if self.temperature > 0 else uniform
         chunks = range(0, tokens.shape[0], self.row_budget)

@@ -34,6 +34,11 @@ def tokens_to_grids(tokens: torch.Tensor) -> np.ndarray:
     return torch.where(tokens == SUDOKU_MASK_ID, 0, tokens + 1).numpy().astype(np.int8)
 
 
+def puzzle_item(puzzle: SudokuPuzzle) -> TaskItem:
+    """A puzzle as a canvas: no prompt, clues as fixed tokens, blanks masked."""
+    return TaskItem(id=puzzle.id, prompt=torch.zeros(0, dtype=torch.long), generation=grids_to_tokens(puzzle.puzzle[None])[0], reference=puzzle)
+
+
 @attrs.define
 class SudokuTask:
     """Held-out puzzles (``tier``) or the user's own file (``path``), optionally the first ``limit``."""
@@ -61,10 +66,7 @@ class SudokuTask:
         return puzzles[: self.limit] if self.limit else puzzles
 
     def items(self) -> list[TaskItem]:
-        return [
-            TaskItem(id=p.id, prompt=torch.zeros(0, dtype=torch.long), generation=grids_to_tokens(p.puzzle[None])[0], reference=p)
-            for p in self.puzzles()
-        ]
+        return [puzzle_item(p) for p in self.puzzles()]
 
     def judge(self, item: TaskItem, tokens: torch.Tensor) -> bool:
         return is_solved(tokens_to_grids(tokens), item.reference.puzzle)

@@ -33,7 +33,7 @@ class PuzzleFileError(ValueError):
 
 def _parse_grid(text: str, path: Path, line_number: int, what: str) -> np.ndarray:
     text = text.strip().replace(".", "0")
-    if len(text) != CELLS or not text.isdigit():
+    if len(text) != CELLS or not (text.isascii() and text.isdigit()):
         raise PuzzleFileError(
             f"{path}:{line_number}: {what} must be {CELLS} characters of 0-9 or '.', got {text[:90]!r} ({len(text)} characters)"
         )
@@ -46,12 +46,14 @@ def load_puzzles(path: str | Path) -> list[SudokuPuzzle]:
     if not path.is_file():
         raise FileNotFoundError(f"puzzle file not found: {path}")
     puzzles: list[SudokuPuzzle] = []
+    seen_content = False
     with path.open(newline="") as handle:
         for line_number, row in enumerate(csv.reader(handle), start=1):
             fields = [field.strip() for field in row]
             if not fields or not any(fields):
                 continue
-            if line_number == 1 and not fields[0].replace(".", "0").isdigit():
+            first_content, seen_content = not seen_content, True
+            if first_content and not any(c.isdigit() or c == "." for c in fields[0]):
                 continue  # header line such as "puzzle,solution"
             if len(fields) > 2:
                 raise PuzzleFileError(f"{path}:{line_number}: expected 'puzzle' or 'puzzle,solution', got {len(fields)} fields")

@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny models built in code, one torch thread (2 threads under load are slower)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.models.denoiser import BidirectionalDenoiser, DenoiserConfig
+from dlmsearch.search.driver import DecodeRequest
+
+torch.set_num_threads(1)
+
+VOCAB = 24
+MASK_ID = 23
+
+
+def tiny_denoiser(vocab: int = VOCAB, mask_id: int = MASK_ID, max_len: int = 96, seed: int = 0, sharpness: float = 6.0, grid_side: int = 0) -> BidirectionalDenoiser:
+    """A random 2-layer denoiser whose confidences spread over (0, 1): its head is scaled up so
+    that thresholds, triggers and lookahead all see a mix of confident and unsure positions.
+    The mask logit is pushed far down, as a trained model's is."""
+    torch.manual_seed(seed)
+    model = BidirectionalDenoiser(DenoiserConfig(vocab_size=vocab, max_len=max_len, d_model=32, n_layers=2, n_heads=2, d_ff=64, grid_side=grid_side))
+    with torch.no_grad():
+        model.head.weight.mul_(sharpness)
+        model.head.bias[mask_id] = -30.0
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def adapter() -> ModelAdapter:
+    return ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB)
+
+
+def make_requests(prompt_lengths: list[int], gen_length: int, seed: int = 0, fixed: int = 0) -> list[DecodeRequest]:
+    """Requests with random prompts of the given lengths; ``fixed`` random pre-filled generation cells."""
+    generator = torch.Generator().manual_seed(seed)
+    requests = []
+    for uid, length in enumerate(prompt_lengths):
+        prompt = torch.randint(0, MASK_ID, (length,), generator=generator)
+        generation = torch.full((gen_length,), MASK_ID)
+        if fixed:
+            cells = torch.randperm(gen_length, generator=generator)[:fixed]
+            generation[cells] = torch.randint(0, MASK_ID, (fixed,), generator=generator)
+        requests.append(DecodeRequest(uid=uid, prompt=prompt, generation=generation))
+    return requests

@@ -1,0 +1,174 @@
+"""Invariants of the one search driver, over every preset (hypothesis drives the shapes)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import MASK_ID, make_requests
+from dlmsearch.config import build, compose, decoder_presets
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.search.driver import SearchDecoder
+from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.state import Canvas
+
+
+def text_decoder(preset: str, *overrides: str, gen_length: int = 16) -> SearchDecoder:
+    cfg = compose([f"+decoder={preset}", "task.frontier=midpoint", f"task.gen_length={gen_length}", *overrides])
+    return build(cfg, "decoder")
+
+
+class RoundLog:
+    """Records the root canvas after every round."""
+
+    def __init__(self) -> None:
+        self.canvases: list[Canvas] = []
+
+    def __call__(self, canvas: Canvas) -> None:
+        self.canvases.append(canvas)
+
+
+def decode_logged(decoder: SearchDecoder, adapter: ModelAdapter, requests, block_length: int):
+    log = RoundLog()
+    results = decoder.decode(RolloutEngine(adapter=adapter), requests, block_length, on_round=log)
+    return results, log.canvases
+
+
+shapes = st.fixed_dictionaries({
+    "preset": st.sampled_from(decoder_presets()),
+    "prompts": st.lists(st.integers(0, 6), min_size=1, max_size=3),
+    "blocks": st.sampled_from([(8, 8), (16, 8), (16, 4), (12, 4)]),
+    "fixed": st.integers(0, 3),
+    "seed": st.integers(0, 1000),
+})
+
+
+@settings(max_examples=25, deadline=None)
+@given(shapes)
+def test_unmasking_is_monotonic_and_complete(adapter: ModelAdapter, shape: dict) -> None:
+    gen_length, block_length = shape["blocks"]
+    requests = make_requests(shape["prompts"], gen_length, seed=shape["seed"], fixed=shape["fixed"])
+    decoder = text_decoder(shape["preset"], gen_length=gen_length)
+    results, canvases = decode_logged(decoder, adapter, requests, block_length)
+    start = canvases[0].tokens.shape[1] - gen_length
+    previous_masked = torch.zeros(0)
+    previous_tokens = None
+    for canvas in canvases:
+        if previous_tokens is not None:
+            assert not (canvas.masked & ~previous_masked).any(), "a position was re-masked"
+            committed = ~previous_masked & canvas.attention
+            assert torch.equal(canvas.tokens[committed], previous_tokens[committed]), "a committed token changed"
+            progressed = (previous_masked.sum(1) > canvas.masked.sum(1)) | (previous_masked.sum(1) == 0)
+            assert progressed.all(), "a round committed nothing for an unfinished sample"
+        previous_masked, previous_tokens = canvas.masked, canvas.tokens
+    for index, (request, result) in enumerate(zip(requests, results)):
+        row = canvases[-1].tokens[index]
+        assert torch.equal(row[start - len(request.prompt) : start], request.prompt), "prompt modified"
+        given_cells = request.generation != MASK_ID
+        assert torch.equal(result.tokens[given_cells], request.generation[given_cells]), "a given cell changed"
+        assert not (result.tokens == MASK_ID).any(), "a position was left masked"
+        blanks = int((~given_cells).sum())
+        assert result.tokens_committed == blanks
+        max_depth = getattr(decoder.expansion, "max_depth", 0)
+        assert 1 <= result.steps <= blanks * (1 + max_depth), "step bound exceeded"
+
+
+@settings(max_examples=15, deadline=None)
+@given(shapes)
+def test_results_do_not_depend_on_batch_composition(adapter: ModelAdapter, shape: dict) -> None:
+    gen_length, block_length = shape["blocks"]
+    decoder = text_decoder(shape["preset"], gen_length=gen_length)
+    requests = make_requests(shape["prompts"] + [7, 0], gen_length, seed=shape["seed"], fixed=shape["fixed"])
+    together = decoder.decode(RolloutEngine(adapter=adapter), requests, block_length)
+    for index in (0, len(requests) - 1):
+        [alone] = decoder.decode(RolloutEngine(adapter=adapter), [requests[index]], block_length)
+        assert torch.equal(alone.tokens, together[index].tokens)
+        assert (alone.steps, alone.row_forwards) == (together[index].steps, together[index].row_forwards)
+
+
+def assert_same_decode(a: SearchDecoder, b: SearchDecoder, adapter: ModelAdapter, gen_length: int = 16, block_length: int = 8) -> list:
+    requests = make_requests([3, 0, 5, 2], gen_length, seed=11, fixed=2)
+    first = a.decode(RolloutEngine(adapter=adapter), requests, block_length)
+    second = b.decode(RolloutEngine(adapter=adapter), requests, block_length)
+    for x, y in zip(first, second):
+        assert torch.equal(x.tokens, y.tokens)
+        assert torch.equal(x.commit_call, y.commit_call)
+        assert (x.steps, x.row_forwards) == (y.steps, y.row_forwards)
+    return first
+
+
+def test_adalook_with_closed_gate_is_ete(adapter: ModelAdapter) -> None:
+    results = assert_same_decode(text_decoder("adalook", "decoder.expansion.threshold=inf"), text_decoder("ete"), adapter)
+    assert any((r.commit_depth == 1).any() for r in results), "no lookahead happened: the test would prove nothing"
+
+
+def test_ete_without_trigger_is_fast_block(adapter: ModelAdapter) -> None:
+    assert_same_decode(text_decoder("ete", "decoder/trigger=never"), text_decoder("fast_block"), adapter)
+
+
+def test_fixed_depth_one_is_ete(adapter: ModelAdapter) -> None:
+    assert_same_decode(text_decoder("fixed_depth", "decoder.expansion.depth=1"), text_decoder("ete"), adapter)
+
+
+def test_adalook_with_open_gate_and_no_reevaluation_is_fixed_depth(adapter: ModelAdapter) -> None:
+    results = assert_same_decode(
+        text_decoder("adalook", "decoder.expansion.threshold=-inf", "decoder.expansion.max_depth=3", "decoder/selector=best_score"),
+        text_decoder("fixed_depth", "decoder.expansion.depth=3"),
+        adapter,
+    )
+    assert any((r.commit_depth >= 2).any() for r in results)
+
+
+def test_adalook_gate_and_reevaluation_change_the_search(adapter: ModelAdapter) -> None:
+    requests = make_requests([3, 0, 5, 2], 16, seed=11, fixed=2)
+    ete = text_decoder("ete").decode(RolloutEngine(adapter=adapter), requests, 8)
+    ada = text_decoder("adalook", "decoder.expansion.threshold=0.0").decode(RolloutEngine(adapter=adapter), requests, 8)
+    assert any((r.commit_depth >= 2).any() for r in ada), "the open gate never rolled deeper"
+    assert sum(r.row_forwards for r in ada) != sum(r.row_forwards for r in ete)
+
+
+def test_threshold_rule_commits_at_least_one_per_step(adapter: ModelAdapter) -> None:
+    requests = make_requests([3, 0, 5], 16, seed=5)
+    for threshold in (0.0, 0.5, 1.0):
+        _, canvases = decode_logged(text_decoder("fast_dllm", f"decoder.commit.threshold={threshold}"), adapter, requests, 8)
+        counts = [c.masked.sum(1) for c in canvases]
+        before = torch.full_like(counts[0], 16)
+        for now in counts:
+            assert ((before - now >= 1) | (before == 0)).all()
+            before = now
+        if threshold == 0.0:
+            assert len(canvases) == 2  # everything in a block at once
+        if threshold == 1.0:
+            assert len(canvases) == 16  # one per step
+
+
+@pytest.mark.parametrize("steps,fixed", [(16, 0), (8, 0), (4, 3), (12, 2)])
+def test_llada_schedule_commits_exactly_its_k(adapter: ModelAdapter, steps: int, fixed: int) -> None:
+    gen_length, block_length = 16, 4
+    requests = make_requests([2, 4], gen_length, seed=steps, fixed=fixed)
+    decoder = text_decoder("llada", f"decoder.commit.steps={steps}", gen_length=gen_length)
+    _, canvases = decode_logged(decoder, adapter, requests, block_length)
+    start = canvases[0].tokens.shape[1] - gen_length
+    per_block = steps // (gen_length // block_length)
+    for row, request in enumerate(requests):
+        expected = []
+        for block in range(gen_length // block_length):
+            cells = request.generation[block * block_length : (block + 1) * block_length]
+            masks = int((cells == MASK_ID).sum())
+            schedule = [masks // per_block + (1 if i < masks % per_block else 0) for i in range(per_block)]
+            expected += [k for k in schedule if k]
+        masked = [int(c.masked[row].sum()) for c in canvases]
+        total = int((request.generation == MASK_ID).sum())
+        commits = [a - b for a, b in zip([total] + masked, masked)]
+        assert [c for c in commits if c] == expected
+
+
+def test_adalook_counts_more_rows_than_steps(adapter: ModelAdapter) -> None:
+    requests = make_requests([3], 16, seed=2)
+    [result] = text_decoder("adalook").decode(RolloutEngine(adapter=adapter), requests, 8)
+    assert result.row_forwards > result.steps
+    assert math.isfinite(result.commit_confidence.sum().item())
