@@ -1,12 +1,14 @@
 """The search driver: the one decode loop that every decoder runs.
 
 Each round, for every unfinished sample of the batch at once: evaluate the root state (unless
-the previous round left a fresh evaluation), ask the trigger, let non-exploring samples apply
-the base commit rule, and run a lookahead for the exploring ones: candidates become
-hypotheses, all live hypotheses of all samples go through the engine together level by level,
-the scorer rates them, the expansion policy decides whether to roll deeper (with the
-selector's branch re-evaluation in between), and the selector's branch is adopted together with
-the evaluation it already has. Baselines are this same loop with the trigger set to never.
+the previous round left a fresh evaluation), ask the trigger, and run a lookahead for the
+exploring samples: candidates become hypotheses, all live hypotheses of all samples go through
+the engine together level by level, the scorer rates them, the expansion policy decides whether
+to roll deeper (with the selector's branch re-evaluation in between), and the selected branch
+is adopted together with the evaluation it already has. Then every sample applies the base
+commit rule to its state (explore, then exploit: an adopted branch's evaluation is used, never
+recomputed), except where the selector asked for a fresh lookahead from the adopted state.
+Baselines are this same loop with the trigger set to never.
 """
 
 from __future__ import annotations
@@ -104,18 +106,25 @@ class SearchDecoder:
             rows = active.nonzero().squeeze(1)
             root, evaluation = canvas.take(rows), cache.take(rows)
             explore = self.trigger.fires(root, evaluation, layout)
-            base = rows[~explore]
+            exploit = ~explore
+            explored = rows[explore]
+            if explored.numel():
+                # Explore: adopt the selected branch with the evaluation it already has. Unless
+                # the selector asks for a fresh lookahead from it, exploit that evaluation at once.
+                adopted, adopted_eval, restart = self._lookahead(engine, root.take(explore), evaluation.take(explore), explored, uid, layout)
+                root = root.put(explore.nonzero().squeeze(1), adopted)
+                evaluation = evaluation.put(explore.nonzero().squeeze(1), adopted_eval)
+                canvas = canvas.put(explored, adopted)
+                cache = cache.put(explored, adopted_eval)
+                exploit = exploit.clone()
+                exploit[explore.nonzero().squeeze(1)] = ~restart
+            base = rows[exploit]
             if base.numel():
-                sub, sub_eval = root.take(~explore), evaluation.take(~explore)
+                sub, sub_eval = root.take(exploit), evaluation.take(exploit)
                 chosen = self.commit.select(sub, sub_eval, layout)
                 committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.steps[base], 0, -1, layout, self.commit.block_budget)
                 canvas = canvas.put(base, committed)
                 fresh[base] = False
-            explored = rows[explore]
-            if explored.numel():
-                adopted, adopted_eval = self._lookahead(engine, root.take(explore), evaluation.take(explore), explored, uid, layout)
-                canvas = canvas.put(explored, adopted)
-                cache = cache.put(explored, adopted_eval)
             if on_round is not None:
                 on_round(canvas)
         else:
@@ -127,8 +136,12 @@ class SearchDecoder:
 
     def _lookahead(
         self, engine: RolloutEngine, root: Canvas, evaluation: Evaluation, sample: torch.Tensor, uid: torch.Tensor, layout: Layout
-    ) -> tuple[Canvas, Evaluation]:
-        """Roll hypotheses of all exploring samples level by level; return the adopted branches."""
+    ) -> tuple[Canvas, Evaluation, torch.Tensor]:
+        """Roll hypotheses of all exploring samples level by level.
+
+        Returns the adopted branches, their evaluations, and ``[S]`` restart flags (the selector
+        wants a fresh lookahead from the adopted state instead of exploiting it).
+        """
         assert self.candidates and self.scorer and self.expansion and self.selector
         positions, live = self.candidates.propose(root, evaluation, layout)
         samples, width = positions.shape
@@ -144,6 +157,7 @@ class SearchDecoder:
         scores = torch.zeros(samples * width)
         branch_eval = Evaluation.empty(samples * width, root.tokens.shape[1], self.commit.statistics)
         rolling = torch.ones(samples, dtype=torch.bool)
+        restarted = torch.zeros(samples, dtype=torch.bool)
         depth = 1
         while True:
             rows = (live & rolling[:, None]).flatten().nonzero().squeeze(1)
@@ -163,6 +177,7 @@ class SearchDecoder:
                 fires[rows] = self.trigger.fires(sub, sub_eval, layout)
                 pruned, restart = self.selector.prune(live, fires.view(samples, width), grid)
                 live = torch.where(go[:, None], pruned, live)
+                restarted |= go & restart
                 go &= ~restart
             rolling = go
             if not bool(rolling.any()):
@@ -178,7 +193,7 @@ class SearchDecoder:
             branches = branches.put(rows, rolled)
         best = self.selector.best(scores.view(samples, width), live)
         adopted = torch.arange(samples) * width + best
-        return branches.take(adopted), branch_eval.take(adopted)
+        return branches.take(adopted), branch_eval.take(adopted), restarted
 
     def _result(self, canvas: Canvas, engine: RolloutEngine, row: int, uid: int, layout: Layout) -> DecodeResult:
         gen = slice(layout.gen_start, layout.width)
