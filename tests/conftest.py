@@ -7,7 +7,8 @@ import torch
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.denoiser import BidirectionalDenoiser, DenoiserConfig
-from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.config import build, compose
+from dlmsearch.search.driver import DecodeRequest, SearchDecoder
 
 torch.set_num_threads(1)
 
@@ -44,3 +45,9 @@ def make_requests(prompt_lengths: list[int], gen_length: int, seed: int = 0, fix
             generation[cells] = torch.randint(0, MASK_ID, (fixed,), generator=generator)
         requests.append(DecodeRequest(uid=uid, prompt=prompt, generation=generation))
     return requests
+
+
+def text_decoder(preset: str, *overrides: str, gen_length: int = 16) -> SearchDecoder:
+    """A preset composed for left-to-right text (frontier at the block midpoint)."""
+    cfg = compose([f"+decoder={preset}", "task.frontier=midpoint", f"task.gen_length={gen_length}", *overrides])
+    return build(cfg, "decoder")

@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import MASK_ID, VOCAB, make_requests, tiny_denoiser
-from dlmsearch.config import build, compose
+from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine import RolloutEngine, hashed_uniform
 
@@ -26,10 +25,6 @@ class CountingModule(nn.Module):
         self.calls.append(input_ids.shape[0])
         return self.inner(input_ids, attention_mask=attention_mask)
 
-
-def text_decoder(preset: str, *overrides: str, gen_length: int = 16):
-    cfg = compose([f"+decoder={preset}", "task.frontier=midpoint", f"task.gen_length={gen_length}", *overrides])
-    return build(cfg, "decoder")
 
 
 @pytest.mark.parametrize("preset", ["llada", "fast_dllm", "ete", "adalook"])
@@ -133,3 +128,17 @@ def test_engine_rejects_bad_settings(adapter: ModelAdapter) -> None:
         RolloutEngine(adapter=adapter, row_budget=0)
     with pytest.raises(TypeError, match="temperature must be a number"):
         RolloutEngine(adapter=adapter, temperature="hot")  # type: ignore[arg-type]
+
+
+def test_prompt_longer_than_the_model_fails_clearly() -> None:
+    adapter = ModelAdapter(module=tiny_denoiser(max_len=40), mask_id=MASK_ID, vocab_size=VOCAB, max_length=40)
+    requests = make_requests([4, 30], 16)
+    with pytest.raises(ValueError, match=r"canvas of sample uid 1 \(prompt 30 \+ generation 16\) is 46 tokens, longer than the model's maximum length of 40"):
+        text_decoder("llada").decode(RolloutEngine(adapter=adapter), requests, block_length=8)
+
+
+def test_prompt_ids_outside_vocabulary_fail_clearly(adapter: ModelAdapter) -> None:
+    requests = make_requests([4, 3], 16)
+    requests[1].prompt[0] = 99
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 24\) in sample uid\(s\) \[1\]"):
+        text_decoder("llada").decode(RolloutEngine(adapter=adapter), requests, block_length=8)

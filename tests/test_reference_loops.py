@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import MASK_ID, make_requests, tiny_denoiser
-from dlmsearch.config import build, compose
+from conftest import MASK_ID, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine import RolloutEngine
 
@@ -64,10 +63,6 @@ def fast_dllm_reference(model, prompt: torch.Tensor, gen_length: int, block_leng
     return x[0, len(prompt) :], calls
 
 
-def decoder(preset: str, gen_length: int, *overrides: str):
-    return build(compose([f"+decoder={preset}", "task.frontier=midpoint", f"task.gen_length={gen_length}", *overrides]), "decoder")
-
-
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("gen_length,block_length,steps", [(16, 8, 16), (16, 4, 8), (24, 8, 9), (32, 32, 10)])
 def test_llada_matches_reference(seed: int, gen_length: int, block_length: int, steps: int) -> None:
@@ -75,7 +70,7 @@ def test_llada_matches_reference(seed: int, gen_length: int, block_length: int, 
     engine = RolloutEngine(adapter=ModelAdapter(module=model, mask_id=MASK_ID, vocab_size=24))
     [request] = make_requests([3 + seed], gen_length, seed=seed)
     expected, calls = llada_reference(model, request.prompt, gen_length, block_length, steps)
-    [result] = decoder("llada", gen_length, f"decoder.commit.steps={steps}").decode(engine, [request], block_length)
+    [result] = text_decoder("llada", f"decoder.commit.steps={steps}", gen_length=gen_length).decode(engine, [request], block_length)
     assert torch.equal(result.tokens, expected)
     assert result.steps == calls
 
@@ -87,7 +82,7 @@ def test_fast_dllm_matches_reference(seed: int, gen_length: int, block_length: i
     engine = RolloutEngine(adapter=ModelAdapter(module=model, mask_id=MASK_ID, vocab_size=24))
     [request] = make_requests([2 + seed], gen_length, seed=seed + 10)
     expected, calls = fast_dllm_reference(model, request.prompt, gen_length, block_length, threshold)
-    [result] = decoder("fast_dllm", gen_length, f"decoder.commit.threshold={threshold}").decode(engine, [request], block_length)
+    [result] = text_decoder("fast_dllm", f"decoder.commit.threshold={threshold}", gen_length=gen_length).decode(engine, [request], block_length)
     assert torch.equal(result.tokens, expected)
     assert result.steps == calls
     assert calls < gen_length or threshold == 0.9  # parallel commits happened where the threshold allows

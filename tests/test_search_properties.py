@@ -9,17 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import MASK_ID, make_requests
-from dlmsearch.config import build, compose, decoder_presets
+from conftest import MASK_ID, make_requests, text_decoder
+from dlmsearch.config import decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine import RolloutEngine
 from dlmsearch.search.state import Canvas
 
-
-def text_decoder(preset: str, *overrides: str, gen_length: int = 16) -> SearchDecoder:
-    cfg = compose([f"+decoder={preset}", "task.frontier=midpoint", f"task.gen_length={gen_length}", *overrides])
-    return build(cfg, "decoder")
 
 
 class RoundLog:

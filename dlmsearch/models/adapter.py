@@ -27,6 +27,7 @@ class ModelAdapter:
     shift_logits: bool = attrs.field(default=False, validator=check_type(bool))
     device: str = attrs.field(default="cpu", validator=check_type(str))
     dtype: str = attrs.field(default="float32", validator=check_choice("float32", "bfloat16", "float16"))
+    max_length: int | None = attrs.field(default=None, validator=check_type(int, optional=True))
 
     def __attrs_post_init__(self) -> None:
         if not 0 <= self.mask_id < self.vocab_size:
@@ -34,6 +35,11 @@ class ModelAdapter:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"model.device={self.device} but no CUDA device is available; use model.device=cpu")
         self.module = self.module.to(device=self.device, dtype=getattr(torch, self.dtype)).eval()
+
+    def check_length(self, length: int, what: str) -> None:
+        """Fail before decoding when a canvas cannot fit the model."""
+        if self.max_length is not None and length > self.max_length:
+            raise ValueError(f"{what} is {length} tokens, longer than the model's maximum length of {self.max_length}")
 
     @torch.no_grad()
     def logits(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ def load_denoiser(path: str | None, mask_id: int, vocab_size: int, device: str =
     module = BidirectionalDenoiser.load(directory)
     if module.config.vocab_size != vocab_size:
         raise ValueError(f"model.vocab_size={vocab_size} but the checkpoint in {directory} has {module.config.vocab_size}")
-    return ModelAdapter(module=module, mask_id=mask_id, vocab_size=vocab_size, device=device, dtype=dtype)
+    return ModelAdapter(module=module, mask_id=mask_id, vocab_size=vocab_size, device=device, dtype=dtype, max_length=module.config.max_len)
 
 
 def load_hf_model(
@@ -49,4 +49,7 @@ def load_hf_model(
     module = AutoModel.from_pretrained(
         str(directory), trust_remote_code=trust_remote_code, local_files_only=True, torch_dtype=getattr(torch, dtype)
     )
-    return ModelAdapter(module=module, mask_id=mask_id, vocab_size=vocab_size, shift_logits=shift_logits, device=device, dtype=dtype)
+    max_length = getattr(module.config, "max_sequence_length", None) or getattr(module.config, "max_position_embeddings", None)
+    return ModelAdapter(
+        module=module, mask_id=mask_id, vocab_size=vocab_size, shift_logits=shift_logits, device=device, dtype=dtype, max_length=max_length
+    )

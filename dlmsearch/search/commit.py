@@ -96,17 +96,22 @@ class LowConfidenceSchedule:
         return top_k_mask(ordering_scores(evaluation, self.ordering), eligible, k.clamp(min=1))
 
 
-@attrs.define
-class ThresholdRule:
-    """Fast-dLLM: commit every masked position of the current block with ``c >= threshold``,
-    and always at least the most confident one."""
+class _UntilBlockFull:
+    """Rules that stay in a block until it is full and read only the confidence."""
 
-    threshold: float = attrs.field(default=0.9, validator=[check_type(float), check_range(0.0, 1.0)])
     statistics: ClassVar[frozenset[str]] = frozenset()
     block_budget: ClassVar[None] = None
 
     def bind(self, layout: Layout) -> None:
         pass
+
+
+@attrs.define
+class ThresholdRule(_UntilBlockFull):
+    """Fast-dLLM: commit every masked position of the current block with ``c >= threshold``,
+    and always at least the most confident one."""
+
+    threshold: float = attrs.field(default=0.9, validator=[check_type(float), check_range(0.0, 1.0)])
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         eligible = canvas.masked & canvas.in_current_block(layout)
@@ -115,16 +120,11 @@ class ThresholdRule:
 
 
 @attrs.define
-class FactorRule:
+class FactorRule(_UntilBlockFull):
     """Fast-dLLM's factor rule: sort confidences descending; the r-th (1-based) is accepted
     while ``c_(r) >= 1 - factor / (r + 1)``; always at least one."""
 
     factor: float = attrs.field(default=1.0, validator=[check_type(float), check_range(0.0)])
-    statistics: ClassVar[frozenset[str]] = frozenset()
-    block_budget: ClassVar[None] = None
-
-    def bind(self, layout: Layout) -> None:
-        pass
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         eligible = canvas.masked & canvas.in_current_block(layout)

@@ -87,6 +87,11 @@ class SearchDecoder:
         if any(len(r.generation) != gen_length for r in requests):
             raise ValueError("all requests of a batch must share one generation length")
         layout = Layout(gen_start=max(len(r.prompt) for r in requests), gen_length=gen_length, block_length=block_length)
+        longest = max(requests, key=lambda r: len(r.prompt))
+        engine.adapter.check_length(len(longest.prompt) + gen_length, f"the canvas of sample uid {longest.uid} (prompt {len(longest.prompt)} + generation {gen_length})")
+        bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= engine.adapter.vocab_size)).any())]
+        if bad:
+            raise ValueError(f"prompt token ids outside the vocabulary [0, {engine.adapter.vocab_size}) in sample uid(s) {bad}")
         self.commit.bind(layout)
         mask_id = engine.mask_id
         canvas = initial_canvas([r.prompt for r in requests], [r.generation for r in requests], layout, mask_id, pad_id=mask_id)
