@@ -49,5 +49,5 @@ def make_requests(prompt_lengths: list[int], gen_length: int, seed: int = 0, fix
 
 def text_decoder(preset: str, *overrides: str, gen_length: int = 16) -> SearchDecoder:
     """A preset composed for left-to-right text (frontier at the block midpoint)."""
-    cfg = compose([f"+decoder={preset}", "task.frontier=midpoint", f"task.gen_length={gen_length}", *overrides])
+    cfg = compose([f"+decoder={preset}", "decoding=text", f"task.gen_length={gen_length}", *overrides])
     return build(cfg, "decoder")

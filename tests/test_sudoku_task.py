@@ -370,7 +370,6 @@ def test_task_items_and_limit() -> None:
     items = task.items()
     assert len(items) == 7
     assert task.source == "easy tier"
-    assert task.frontier == "all_masked"
     all_items = SudokuTask(tier="hard").items()
     assert len(all_items) == len(load_puzzles(tier_path("hard")))
     for item in items:
@@ -431,7 +430,5 @@ def test_task_rejects_bad_settings(tmp_path) -> None:
         SudokuTask(limit="5")
     with pytest.raises(ValueError, match="gen_length"):
         SudokuTask(gen_length=64)
-    with pytest.raises(ValueError, match="frontier"):
-        SudokuTask(frontier="left_to_right")
     with pytest.raises(FileNotFoundError):
         SudokuTask(path=str(tmp_path / "missing.txt")).items()

@@ -22,7 +22,6 @@ class Task(Protocol):
     name: str
     gen_length: int
     block_length: int
-    frontier: str  # "midpoint" for left-to-right text, "all_masked" for orderless tasks
 
     def items(self) -> list[TaskItem]:
         """The items to decode (never empty: an empty source is an error)."""

@@ -2,7 +2,8 @@
 
 Cells are tokens ``digit - 1`` (0..8); the mask token is 9. Clues sit in the canvas as
 committed tokens, blanks as masks, and there is no prompt: the whole 81-cell grid is one
-block, and the frontier is every masked cell (Sudoku has no left-to-right order).
+block. Decoder defaults that suit Sudoku (frontier = every masked cell, a high threshold)
+live in ``conf/decoding/sudoku.yaml``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ class SudokuTask:
     tier: str = attrs.field(default="easy", validator=check_choice(*TIERS))
     path: str | None = attrs.field(default=None, validator=check_type(str, optional=True))
     limit: int | None = attrs.field(default=None, validator=check_type(int, optional=True))
-    frontier: str = attrs.field(default="all_masked", validator=check_choice("midpoint", "all_masked"))
     gen_length: int = attrs.field(default=CELLS, validator=check_type(int))
     block_length: int = attrs.field(default=CELLS, validator=check_type(int))
     name: ClassVar[str] = "sudoku"
