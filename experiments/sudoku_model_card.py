@@ -110,6 +110,10 @@ def card(rows: list[dict], args: argparse.Namespace, command: str) -> str:
         "Steps are sequential model calls; row-forwards are rows summed over calls (the compute of a search). "
         f"Wall seconds are for the whole tier, batch {args.batch_size}, {torch.get_num_threads()} CPU threads.",
         "",
+        "Presets run with the Sudoku decoding defaults (`conf/decoding/sudoku.yaml`): "
+        + ", ".join(f"{k} = {v}" for k, v in compose([]).decoding.items())
+        + "; the extra rows change one thing each.",
+        "",
         "| tier | decoder | overrides | solved | mean steps | mean row-forwards | wall s |",
         "|---|---|---|---:|---:|---:|---:|",
     ]
