@@ -54,8 +54,9 @@ def read_done(path: Path) -> dict[str, dict[str, Any]]:
     return done
 
 
-def summarise(records: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-    """Aggregate counters; accuracy only over items the task could judge."""
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Aggregate counters; accuracy only over items the task could judge. Wall time is the
+    sum of the items' shares of their batches, so it survives resumes."""
     n = len(records)
     judged = [r["correct"] for r in records if r["correct"] is not None]
     mean = lambda key: round(sum(r[key] for r in records) / n, 3)  # noqa: E731
@@ -65,7 +66,7 @@ def summarise(records: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         "mean_steps": mean("steps"),
         "mean_row_forwards": mean("row_forwards"),
         "mean_tokens_committed": mean("tokens_committed"),
-        "wall_seconds": round(seconds, 2),
+        "wall_seconds": round(sum(r["wall_seconds"] for r in records), 2),
     }
 
 
@@ -92,7 +93,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     done = read_done(results_path)
     pending = [(uid, item) for uid, item in enumerate(items) if item.id not in done]
     cuda = str(adapter.device).startswith("cuda")
-    started = time.perf_counter()
     bar = tqdm(total=len(items), initial=len(items) - len(pending), desc=f"{decoder.name} on {task.name}", unit="item", dynamic_ncols=True)
     with results_path.open("a") as results, (out / "trace.jsonl").open("a") if cfg.trace else nullcontext() as traces:
         for start in range(0, len(pending), int(cfg.batch_size)):
@@ -123,7 +123,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 bar.set_postfix(correct=f"{100 * sum(judged) / len(judged):.1f}%")
     bar.close()
     records = [done[item.id] for item in items if item.id in done]
-    summary = {"decoder": decoder.name, "task": task.name, **summarise(records, time.perf_counter() - started), "config": to_plain(cfg)}
+    summary = {"decoder": decoder.name, "task": task.name, **summarise(records), "config": to_plain(cfg)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     summary["examples"] = [task.render(item, done[item.id]["output"]) for item in items[: int(cfg.examples)]]
     return summary

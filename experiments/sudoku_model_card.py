@@ -112,7 +112,7 @@ def card(rows: list[dict], args: argparse.Namespace, command: str) -> str:
         "",
         "Presets run with the Sudoku decoding defaults (`conf/decoding/sudoku.yaml`): "
         + ", ".join(f"{k} = {v}" for k, v in compose([]).decoding.items())
-        + "; the extra rows change one thing each.",
+        + "; the extra rows (below the presets of each tier) list what they override.",
         "",
         "| tier | decoder | overrides | solved | mean steps | mean row-forwards | wall s |",
         "|---|---|---|---:|---:|---:|---:|",
