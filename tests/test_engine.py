@@ -142,3 +142,12 @@ def test_prompt_ids_outside_vocabulary_fail_clearly(adapter: ModelAdapter) -> No
     requests[1].prompt[0] = 99
     with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 24\) in sample uid\(s\) \[1\]"):
         text_decoder("llada").decode(RolloutEngine(adapter=adapter), requests, block_length=8)
+
+
+def test_hf_model_path_must_be_a_local_model_directory(tmp_path) -> None:
+    from dlmsearch.models.loading import load_hf_model
+
+    with pytest.raises(ValueError, match="model.path is required"):
+        load_hf_model("???", mask_id=126336, vocab_size=126464)
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_hf_model(str(tmp_path), mask_id=126336, vocab_size=126464)
