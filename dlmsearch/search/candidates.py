@@ -10,7 +10,7 @@ import torch
 
 from dlmsearch.search.engine import Evaluation
 from dlmsearch.search.state import Canvas, Layout
-from dlmsearch.validation import check_range, check_type
+from dlmsearch.validation import check_type, number
 
 
 class CandidateGenerator(Protocol):
@@ -36,8 +36,8 @@ def _eligible(canvas: Canvas, layout: Layout) -> torch.Tensor:
 class InfoBandCandidates:
     """ETE: top-k masked positions (unlocked blocks) by ``-|c - c_info| + beta * (i - block start)``."""
 
-    k: int = attrs.field(default=4, validator=[check_type(int), check_range(1)])
-    c_info: float = attrs.field(default=0.2, validator=[check_type(float), check_range(0.0, 1.0)])
+    k: int = number(int, 1, default=4)
+    c_info: float = number(float, 0.0, 1.0, default=0.2)
     beta: float = attrs.field(default=0.0, validator=check_type(float))
 
     def propose(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +50,7 @@ class InfoBandCandidates:
 class TopConfidenceCandidates:
     """The k most confident masked positions."""
 
-    k: int = attrs.field(default=4, validator=[check_type(int), check_range(1)])
+    k: int = number(int, 1, default=4)
 
     def propose(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
         return top_k_positions(evaluation.confidence, _eligible(canvas, layout), self.k)
@@ -60,7 +60,7 @@ class TopConfidenceCandidates:
 class RandomCandidates:
     """k masked positions at random (seeded by the engine's counter-based draw)."""
 
-    k: int = attrs.field(default=4, validator=[check_type(int), check_range(1)])
+    k: int = number(int, 1, default=4)
 
     def propose(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
         return top_k_positions(evaluation.uniform, _eligible(canvas, layout), self.k)

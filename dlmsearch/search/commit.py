@@ -15,7 +15,7 @@ import torch
 
 from dlmsearch.search.engine import Evaluation
 from dlmsearch.search.state import Canvas, Layout
-from dlmsearch.validation import check_choice, check_range, check_type
+from dlmsearch.validation import check_choice, number
 
 ORDERINGS = ("confidence", "margin", "neg_entropy", "random")
 
@@ -74,7 +74,7 @@ class LowConfidenceSchedule:
     precomputed split. ``ordering=random`` gives random-order unmasking.
     """
 
-    steps: int = attrs.field(validator=[check_type(int), check_range(1)])
+    steps: int = number(int, 1)
     ordering: str = attrs.field(default="confidence", validator=check_choice(*ORDERINGS))
     block_budget: int | None = attrs.field(init=False, default=None)
 
@@ -111,7 +111,7 @@ class ThresholdRule(_UntilBlockFull):
     """Fast-dLLM: commit every masked position of the current block with ``c >= threshold``,
     and always at least the most confident one."""
 
-    threshold: float = attrs.field(default=0.9, validator=[check_type(float), check_range(0.0, 1.0)])
+    threshold: float = number(float, 0.0, 1.0, default=0.9)
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         eligible = canvas.masked & canvas.in_current_block(layout)
@@ -124,7 +124,7 @@ class FactorRule(_UntilBlockFull):
     """Fast-dLLM's factor rule: sort confidences descending; the r-th (1-based) is accepted
     while ``c_(r) >= 1 - factor / (r + 1)``; always at least one."""
 
-    factor: float = attrs.field(default=1.0, validator=[check_type(float), check_range(0.0)])
+    factor: float = number(float, 0.0, default=1.0)
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         eligible = canvas.masked & canvas.in_current_block(layout)
@@ -142,8 +142,8 @@ class FastBlockRule:
     steps, then the decoder moves on; every step commits ``c >= threshold`` in all unlocked
     blocks (earlier unfinished blocks included), and at least the current block's best."""
 
-    budget: int = attrs.field(default=8, validator=[check_type(int), check_range(1)])
-    threshold: float = attrs.field(default=0.9, validator=[check_type(float), check_range(0.0, 1.0)])
+    budget: int = number(int, 1, default=8)
+    threshold: float = number(float, 0.0, 1.0, default=0.9)
     statistics: ClassVar[frozenset[str]] = frozenset()
 
     @property

@@ -117,12 +117,12 @@ class SearchDecoder:
                 # Explore: adopt the selected branch with the evaluation it already has. Unless
                 # the selector asks for a fresh lookahead from it, exploit that evaluation at once.
                 adopted, adopted_eval, restart = self._lookahead(engine, root.take(explore), evaluation.take(explore), explored, uid, layout)
-                root = root.put(explore.nonzero().squeeze(1), adopted)
-                evaluation = evaluation.put(explore.nonzero().squeeze(1), adopted_eval)
+                at = explore.nonzero().squeeze(1)  # positions of the exploring samples within ``rows``
+                root, evaluation = root.put(at, adopted), evaluation.put(at, adopted_eval)
                 canvas = canvas.put(explored, adopted)
                 cache = cache.put(explored, adopted_eval)
                 exploit = exploit.clone()
-                exploit[explore.nonzero().squeeze(1)] = ~restart
+                exploit[at] = ~restart
             base = rows[exploit]
             if base.numel():
                 sub, sub_eval = root.take(exploit), evaluation.take(exploit)

@@ -15,7 +15,8 @@ import attrs
 import torch
 
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.validation import check_range, check_type
+from dlmsearch.search.rows import put_rows, take_rows
+from dlmsearch.validation import check_type, number
 
 STATISTICS = ("margin", "entropy")
 
@@ -31,20 +32,11 @@ class Evaluation:
     entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution
 
     def take(self, index: torch.Tensor) -> "Evaluation":
-        return Evaluation(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index] for f in attrs.fields(Evaluation)})
+        return take_rows(self, index)
 
     def put(self, index: torch.Tensor, other: "Evaluation") -> "Evaluation":
         """A copy with the rows at ``index`` replaced by ``other``."""
-        values = {}
-        for f in attrs.fields(Evaluation):
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if mine is None or theirs is None:
-                values[f.name] = None
-                continue
-            mine = mine.clone()
-            mine[index] = theirs
-            values[f.name] = mine
-        return Evaluation(**values)
+        return put_rows(self, index, other)
 
     @staticmethod
     def empty(rows: int, width: int, statistics: frozenset[str]) -> "Evaluation":
@@ -97,8 +89,8 @@ class RolloutEngine:
     """Batched, chunked, counted model evaluation."""
 
     adapter: ModelAdapter
-    row_budget: int = attrs.field(default=64, validator=[check_type(int), check_range(1)])
-    temperature: float = attrs.field(default=0.0, validator=[check_type(float), check_range(0.0)])
+    row_budget: int = number(int, 1, default=64)
+    temperature: float = number(float, 0.0, default=0.0)
     seed: int = attrs.field(default=0, validator=check_type(int))
     steps: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     row_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Protocol
 
 import attrs
 import torch
 
-from dlmsearch.validation import check_choice, check_range, check_type
+from dlmsearch.validation import check_choice, check_type, number
 
 
 class ExpansionPolicy(Protocol):
@@ -23,7 +22,7 @@ class ExpansionPolicy(Protocol):
 class FixedDepth:
     """Always roll out to ``depth`` (``depth=1`` is ETE's one-step lookahead)."""
 
-    depth: int = attrs.field(default=1, validator=[check_type(int), check_range(1)])
+    depth: int = number(int, 1, default=1)
     accumulate: bool = attrs.field(default=False, validator=check_type(bool))
 
     @property
@@ -49,7 +48,7 @@ class VarianceGate:
     ``threshold`` (``continue_if=below`` flips the direction), up to ``max_depth``."""
 
     threshold: float = attrs.field(default=0.5, validator=check_type(float))
-    max_depth: int = attrs.field(default=3, validator=[check_type(int), check_range(1)])
+    max_depth: int = number(int, 1, default=3)
     continue_if: str = attrs.field(default="above", validator=check_choice("above", "below"))
     accumulate: bool = attrs.field(default=False, validator=check_type(bool))
 

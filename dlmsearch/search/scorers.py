@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Protocol
 
 import attrs
@@ -10,7 +9,7 @@ import torch
 
 from dlmsearch.search.engine import Evaluation
 from dlmsearch.search.state import Canvas, Layout
-from dlmsearch.validation import check_range, check_type
+from dlmsearch.validation import check_type, number
 
 
 class Scorer(Protocol):
@@ -31,9 +30,9 @@ class UnlockGainScorer:
     hypothesis that unlocks something, and among themselves by their own confidence.
     """
 
-    threshold: float = attrs.field(default=0.9, validator=[check_type(float), check_range(0.0, 1.0)])
+    threshold: float = number(float, 0.0, 1.0, default=0.9)
     alpha: float = attrs.field(default=1.0, validator=check_type(float))
-    empty_floor: float = attrs.field(default=1e-6, validator=[check_type(float), check_range(1e-30, 1.0)])
+    empty_floor: float = number(float, 1e-30, 1.0, default=1e-6)
 
     def score(self, canvas: Canvas, evaluation: Evaluation, layout: Layout, committed_log_confidence: torch.Tensor) -> torch.Tensor:
         pool = canvas.masked & canvas.unlocked(layout) & (evaluation.confidence >= self.threshold)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import attrs
 import torch
 
+from dlmsearch.search.rows import map_rows, put_rows, take_rows
+
 
 @attrs.frozen
 class Layout:
@@ -68,20 +70,15 @@ class Canvas:
 
     def take(self, index: torch.Tensor) -> "Canvas":
         """The rows at ``index`` (a long index or a bool mask)."""
-        return Canvas(**{f.name: getattr(self, f.name)[index] for f in attrs.fields(Canvas)})
+        return take_rows(self, index)
 
     def put(self, index: torch.Tensor, other: "Canvas") -> "Canvas":
         """A copy with the rows at ``index`` replaced by ``other``."""
-        values = {}
-        for f in attrs.fields(Canvas):
-            tensor = getattr(self, f.name).clone()
-            tensor[index] = getattr(other, f.name)
-            values[f.name] = tensor
-        return Canvas(**values)
+        return put_rows(self, index, other)
 
     def repeat(self, times: int) -> "Canvas":
         """Each row repeated ``times`` times, consecutively (row-major ``[rows, times]``)."""
-        return Canvas(**{f.name: getattr(self, f.name).repeat_interleave(times, dim=0) for f in attrs.fields(Canvas)})
+        return map_rows(self, lambda tensor: tensor.repeat_interleave(times, dim=0))
 
     def unlocked(self, layout: Layout) -> torch.Tensor:
         """``[R, T]`` columns of blocks ``0..block`` (the prompt excluded)."""

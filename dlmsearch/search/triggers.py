@@ -9,7 +9,7 @@ import torch
 
 from dlmsearch.search.engine import Evaluation
 from dlmsearch.search.state import Canvas, Layout
-from dlmsearch.validation import check_choice, check_range, check_type
+from dlmsearch.validation import check_choice, number
 
 
 class Trigger(Protocol):
@@ -49,8 +49,8 @@ class FrontierConfidenceTrigger:
     masked position, for tasks without a left-to-right order such as Sudoku.
     """
 
-    gamma: float = attrs.field(default=0.8, validator=[check_type(float), check_range(0.0, 1.0)])
-    min_masked: int = attrs.field(default=0, validator=[check_type(int), check_range(0)])
+    gamma: float = number(float, 0.0, 1.0, default=0.8)
+    min_masked: int = number(int, 0, default=0)
     frontier: str = attrs.field(default="midpoint", validator=check_choice("midpoint", "all_masked"))
     explores: ClassVar[bool] = True
 
