@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
-from omegaconf.errors import ConfigKeyError
 
 from conftest import tiny_denoiser
 from dlmsearch.config import ConfigError, build, compose, decoder_presets

@@ -149,7 +149,6 @@ def test_llada_schedule_commits_exactly_its_k(adapter: ModelAdapter, steps: int,
     requests = make_requests([2, 4], gen_length, seed=steps, fixed=fixed)
     decoder = text_decoder("llada", f"decoder.commit.steps={steps}", gen_length=gen_length)
     _, canvases = decode_logged(decoder, adapter, requests, block_length)
-    start = canvases[0].tokens.shape[1] - gen_length
     per_block = steps // (gen_length // block_length)
     for row, request in enumerate(requests):
         expected = []

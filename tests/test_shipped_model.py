@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import torch
 
 from dlmsearch.config import build, compose
 from dlmsearch.models.loading import load_denoiser, shipped_sudoku_model_path
