@@ -18,8 +18,8 @@ from dlmsearch.search.engine import RolloutEngine
 from dlmsearch.tasks.base import Task, TaskItem
 
 
-def trace_events(result: DecodeResult) -> list[dict[str, Any]]:
-    """Per model call that led to commits: positions, tokens, confidences, depth and branch."""
+def trace_events(result: DecodeResult, task: Task) -> list[dict[str, Any]]:
+    """Per model call that led to commits: positions, tokens (ids and strings), confidences, depth and branch."""
     events = []
     for call in torch.unique(result.commit_call[result.commit_call >= 0]).tolist():
         at = (result.commit_call == call).nonzero().squeeze(1)
@@ -27,6 +27,7 @@ def trace_events(result: DecodeResult) -> list[dict[str, Any]]:
             "call": call,
             "positions": at.tolist(),
             "tokens": result.tokens[at].tolist(),
+            "strings": task.token_strings(result.tokens[at].tolist()),
             "confidences": [round(c, 5) for c in result.commit_confidence[at].tolist()],
             "depth": result.commit_depth[at].tolist(),
             "branch": result.commit_branch[at].tolist(),
@@ -106,6 +107,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 record = {
                     "id": item.id,
                     "output": task.output(item, result.tokens),
+                    **task.details(item, result.tokens),
                     "correct": task.judge(item, result.tokens),
                     "steps": result.steps,
                     "row_forwards": result.row_forwards,
@@ -115,7 +117,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 done[item.id] = record
                 results.write(json.dumps(record) + "\n")
                 if traces is not None:
-                    traces.write(json.dumps({"id": item.id, "events": trace_events(result)}) + "\n")
+                    traces.write(json.dumps({"id": item.id, "events": trace_events(result, task)}) + "\n")
             results.flush()
             bar.update(len(batch))
             judged = [r["correct"] for r in done.values() if r["correct"] is not None]

@@ -18,7 +18,7 @@ from dlmsearch.run import run
 from dlmsearch.search.expansion import FixedDepth
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = ["adalook", "ete", "fast_block", "fast_dllm", "fast_dllm_factor", "fixed_depth", "llada", "random"]
+PRESETS = ["adalook", "dream", "ete", "fast_block", "fast_dllm", "fast_dllm_factor", "fixed_depth", "llada", "random"]
 
 
 @pytest.fixture(scope="module")

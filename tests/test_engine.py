@@ -144,10 +144,13 @@ def test_prompt_ids_outside_vocabulary_fail_clearly(adapter: ModelAdapter) -> No
         text_decoder("llada").decode(RolloutEngine(adapter=adapter), requests, block_length=8)
 
 
-def test_hf_model_path_must_be_a_local_model_directory(tmp_path) -> None:
-    from dlmsearch.models.loading import load_hf_model
+def test_text_model_path_must_be_a_local_model_directory(tmp_path) -> None:
+    from dlmsearch.models.loading import load_text_model
 
+    ids = dict(mask_id=126336, vocab_size=126464, stop_ids=[126081])
     with pytest.raises(ValueError, match="model.path is required"):
-        load_hf_model("???", mask_id=126336, vocab_size=126464)
+        load_text_model("???", "llada", **ids)
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        load_text_model(str(tmp_path / "nowhere"), "llada", **ids)
     with pytest.raises(FileNotFoundError, match="has no config.json"):
-        load_hf_model(str(tmp_path), mask_id=126336, vocab_size=126464)
+        load_text_model(str(tmp_path), "llada", **ids)

@@ -28,13 +28,23 @@ class ModelAdapter:
     device: str = attrs.field(default="cpu", validator=check_type(str))
     dtype: str = attrs.field(default="float32", validator=check_choice("float32", "bfloat16", "float16"))
     max_length: int | None = attrs.field(default=None, validator=check_type(int, optional=True))
+    honours_padding: bool = attrs.field(default=True, validator=check_type(bool))  # False: rows are forwarded unpadded, grouped by prompt length
+    suppressed_ids: list[int] = attrs.field(factory=list)  # never proposed (LLaDA's logits_eos_inf)
+    deferred_ids: list[int] = attrs.field(factory=list)  # proposed with confidence 0, so committed last (confidence_eos_eot_inf)
 
     def __attrs_post_init__(self) -> None:
-        if not 0 <= self.mask_id < self.vocab_size:
-            raise ValueError(f"model.mask_id={self.mask_id} is outside the vocabulary [0, {self.vocab_size})")
+        for name, ids in (("mask_id", [self.mask_id]), ("suppressed id", self.suppressed_ids), ("deferred id", self.deferred_ids)):
+            outside = [i for i in ids if not 0 <= i < self.vocab_size]
+            if outside:
+                raise ValueError(f"model.{name}={outside[0]} is outside the vocabulary [0, {self.vocab_size})")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"model.device={self.device} but no CUDA device is available; use model.device=cpu")
         self.module = self.module.to(device=self.device, dtype=getattr(torch, self.dtype)).eval()
+
+    @property
+    def never_proposed(self) -> list[int]:
+        """Token ids whose logits are set to -inf before proposing: the mask, and any suppressed ids."""
+        return [self.mask_id, *self.suppressed_ids]
 
     def check_length(self, length: int, what: str) -> None:
         """Fail before decoding when a canvas cannot fit the model."""

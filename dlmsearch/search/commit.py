@@ -156,3 +156,41 @@ class FastBlockRule:
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         chosen = canvas.masked & canvas.unlocked(layout) & (evaluation.confidence >= self.threshold)
         return at_least_one(chosen, evaluation.confidence, canvas, layout)
+
+
+@attrs.define
+class DreamSchedule:
+    """Dream's schedule: with ``t, s`` consecutive points of ``linspace(1, eps, steps + 1)``, step
+    ``i`` commits ``floor(n_masked * (1 - s / t))`` positions (all that remain at the last step),
+    ranked by ``ordering``: ``confidence`` (Dream's ``maskgit_plus``), ``margin``
+    (``topk_margin``) or ``neg_entropy`` (``entropy``). A step may commit nothing, as upstream.
+
+    Upstream decodes the whole generation as one block; with several blocks the steps are split
+    evenly over them and the schedule restarts in each.
+    """
+
+    steps: int = number(int, 1)
+    ordering: str = attrs.field(default="confidence", validator=check_choice("confidence", "margin", "neg_entropy"))
+    eps: float = number(float, 0.0, 1.0, default=1e-3)
+    block_budget: int | None = attrs.field(init=False, default=None)
+
+    @property
+    def statistics(self) -> frozenset[str]:
+        return statistics_for(self.ordering)
+
+    def bind(self, layout: Layout) -> None:
+        if self.steps % layout.num_blocks:
+            raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
+        self.block_budget = self.steps // layout.num_blocks
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        assert self.block_budget is not None, "bind() the rule to a layout first"
+        eligible = canvas.masked & canvas.in_current_block(layout)
+        remaining = eligible.sum(dim=1)
+        timesteps = torch.linspace(1, self.eps, self.block_budget + 1)
+        step = canvas.block_step.clamp(max=self.block_budget - 1)
+        t, s = timesteps[step], timesteps[step + 1]
+        # float32 arithmetic in upstream's order, truncated as its int() does
+        k = (remaining.float() * (1 - s / t)).long()
+        k = torch.where(step >= self.block_budget - 1, remaining, k)
+        return top_k_mask(ordering_scores(evaluation, self.ordering), eligible, k)

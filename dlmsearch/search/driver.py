@@ -63,6 +63,7 @@ class SearchDecoder:
     expansion: ExpansionPolicy | None = None
     selector: Selector | None = None
     name: str = "custom"
+    block_length: int | None = None  # a decoder with its own block structure (Dream: one block); None: the task's
 
     def __attrs_post_init__(self) -> None:
         if self.trigger.explores:
@@ -83,6 +84,7 @@ class SearchDecoder:
         """
         if not requests:
             return []
+        block_length = self.block_length or block_length
         gen_length = len(requests[0].generation)
         if any(len(r.generation) != gen_length for r in requests):
             raise ValueError("all requests of a batch must share one generation length")
@@ -100,7 +102,10 @@ class SearchDecoder:
         uid = torch.tensor([r.uid for r in requests], dtype=torch.long)
         cache = Evaluation.empty(samples, layout.width, self.commit.statistics)
         fresh = torch.zeros(samples, dtype=torch.bool)
-        for _ in range(gen_length + 1):  # every round commits at least one position per sample
+        # Every round commits at least one position per sample, except the steps a fixed schedule
+        # may leave empty (Dream's first steps): at most its budget per block.
+        rounds = gen_length + 1 + (self.commit.block_budget or 0) * layout.num_blocks
+        for _ in range(rounds):
             active = canvas.masked.any(dim=1)
             if not bool(active.any()):
                 break
@@ -133,7 +138,7 @@ class SearchDecoder:
             if on_round is not None:
                 on_round(canvas)
         else:
-            raise RuntimeError(f"decoder {self.name!r} did not finish within {gen_length + 1} rounds")
+            raise RuntimeError(f"decoder {self.name!r} did not finish within {rounds} rounds")
         return [self._result(canvas, engine, i, int(uid[i]), layout) for i in range(samples)]
 
     def _evaluate(self, engine: RolloutEngine, canvas: Canvas, sample: torch.Tensor, uid: torch.Tensor, row_key: torch.Tensor) -> Evaluation:

@@ -125,33 +125,39 @@ class RolloutEngine:
         involved = torch.unique(sample)
         self.steps[involved] += 1
         self.row_forwards.index_add_(0, sample, torch.ones_like(sample))
-        # Drop columns that are padding in every row, so a row costs the same alone or batched.
-        first = int(attention.any(dim=0).long().argmax())
-        tokens, attention = tokens[:, first:], attention[:, first:]
         position = attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
         keys = [torch.tensor(self.seed), sample_uid[:, None], call[:, None], row_key[:, None], position]
         uniform = hashed_uniform(keys)
         draw = hashed_uniform(keys + [torch.tensor(1)]) if self.temperature > 0 else uniform
-        chunks = range(0, tokens.shape[0], self.row_budget)
-        parts = [
-            self._summarise(tokens[i : i + self.row_budget], attention[i : i + self.row_budget], draw[i : i + self.row_budget], statistics, sample_uid[i : i + self.row_budget])
-            for i in chunks
-        ]
-        pad = (first, 0)
-        return Evaluation(
-            token=torch.nn.functional.pad(torch.cat([p["token"] for p in parts]), pad, value=self.mask_id),
-            confidence=torch.nn.functional.pad(torch.cat([p["confidence"] for p in parts]), pad),
-            uniform=torch.nn.functional.pad(uniform, pad),
-            margin=torch.nn.functional.pad(torch.cat([p["margin"] for p in parts]), pad) if "margin" in statistics else None,
-            entropy=torch.nn.functional.pad(torch.cat([p["entropy"] for p in parts]), pad) if "entropy" in statistics else None,
-        )
+        rows, width = tokens.shape
+        out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}
+        out.update({name: torch.zeros(rows, width) for name in statistics})
+        for index, first in self._groups(attention):
+            part = self._summarise(tokens[index, first:], attention[index, first:], draw[index, first:], statistics, sample_uid[index])
+            for name, value in part.items():
+                out[name][index, first:] = value
+        return Evaluation(uniform=uniform, **out)
+
+    def _groups(self, attention: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+        """Row chunks of at most ``row_budget`` rows, each with the first column it needs.
+
+        Columns that are padding in every row of a chunk are dropped, so a row costs the same
+        alone or batched. A model that ignores the padding mask gets only rows of one prompt
+        length per chunk, hence no padding at all: its results cannot depend on the batch.
+        """
+        first = attention.long().argmax(dim=1)  # first real column of each row
+        if self.adapter.honours_padding:
+            starts = [(torch.arange(attention.shape[0]), int(first.min()))]
+        else:
+            starts = [((first == f).nonzero().squeeze(1), int(f)) for f in torch.unique(first).tolist()]
+        return [(index[i : i + self.row_budget], f) for index, f in starts for i in range(0, len(index), self.row_budget)]
 
     def _summarise(self, tokens: torch.Tensor, attention: torch.Tensor, draw: torch.Tensor, statistics: frozenset[str], uid: torch.Tensor) -> dict[str, torch.Tensor]:
         logits = self.adapter.logits(tokens, attention)
         bad = torch.isnan(logits).flatten(1).any(dim=1) & attention.any(dim=1).to(logits.device)
         if bool(bad.any()):
             raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad.cpu()].tolist()))}")
-        logits[..., self.mask_id] = -math.inf  # a committed token can never be the mask
+        logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
         probs = torch.softmax(logits, dim=-1)
         if self.temperature == 0:
             confidence, token = probs.max(dim=-1)
@@ -160,10 +166,13 @@ class RolloutEngine:
             draw = draw.to(tempered.device)[..., None] * tempered[..., -1:]
             token = torch.searchsorted(tempered, draw).squeeze(-1).clamp(max=logits.shape[-1] - 1)
             confidence = probs.gather(-1, token[..., None]).squeeze(-1)
+        if self.adapter.deferred_ids:
+            deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))
+            confidence = torch.where(deferred, 0.0, confidence)
         out = {"token": token.cpu(), "confidence": confidence.cpu()}
         if "margin" in statistics:
             top2 = probs.topk(2, dim=-1).values
             out["margin"] = (top2[..., 0] - top2[..., 1]).cpu()
         if "entropy" in statistics:
-            out["entropy"] = -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1).cpu()
+            out["entropy"] = -(probs * torch.log(probs + 1e-10)).sum(dim=-1).cpu()  # Dream's definition
         return out

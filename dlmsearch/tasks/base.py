@@ -32,5 +32,11 @@ class Task(Protocol):
     def output(self, item: TaskItem, tokens: torch.Tensor) -> str:
         """The generation as text for the results file."""
 
+    def details(self, item: TaskItem, tokens: torch.Tensor) -> dict[str, Any]:
+        """Extra per-item fields for the results file (e.g. the extracted answer); may be empty."""
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """A readable string per token id, for traces."""
+
     def render(self, item: TaskItem, output: str) -> str:
         """A human-readable view of the item and its generation (as written by :meth:`output`)."""

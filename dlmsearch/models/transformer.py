@@ -1,0 +1,136 @@
+"""A bidirectional Llama/Qwen2-style transformer: the native body of LLaDA and Dream.
+
+Both families are pre-norm transformers with RMSNorm, rotary positions, (grouped-query)
+attention without a causal mask and a SiLU-gated MLP; they differ only in a few switches
+(q/k/v bias, where RoPE is computed, tied head) and in parameter names, which
+``llada.py`` / ``dream.py`` map onto this module. Owning the forward means padding is exact
+(padded keys are masked and each row's positions start at its first real token), no remote
+code runs, and a later KV cache has a home.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+@attrs.frozen
+class TransformerConfig:
+    """The architecture, in family-neutral names (filled from a checkpoint's ``config.json``)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_length: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    qkv_bias: bool = False
+    activation: str = attrs.field(default="silu", validator=attrs.validators.in_(tuple(ACTIVATIONS)))
+    tie_embeddings: bool = False
+    rope_in_float32: bool = True  # LLaDA rotates in fp32 and casts back; Dream rotates in the model dtype
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, scaled in the input dtype (as both families do)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin`` of shape ``[rows, 1, length, head_dim]`` in float32 for integer positions."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return angles.cos(), angles.sin()
+
+
+class Block(nn.Module):
+    """Pre-norm attention and gated MLP with residuals."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        kv = config.num_kv_heads * config.head_dim
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.config.rope_in_float32:
+            return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
+        return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        c = self.config
+        rows, length, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.q_proj(h).view(rows, length, c.num_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(rows, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(rows, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        if c.num_kv_heads != c.num_heads:
+            k = k.repeat_interleave(c.num_heads // c.num_kv_heads, dim=1)
+            v = v.repeat_interleave(c.num_heads // c.num_kv_heads, dim=1)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
+        x = x + self.o_proj(attended.transpose(1, 2).reshape(rows, length, c.hidden_size))
+        h = self.mlp_norm(x)
+        return x + self.down_proj(ACTIVATIONS[c.activation](self.gate_proj(h)) * self.up_proj(h))
+
+
+class BidirectionalTransformer(nn.Module):
+    """Token ids ``[rows, length]`` (left-padded, with a padding mask) to logits ``[rows, length, vocab]``."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``attention_mask`` marks real tokens; padded keys are ignored and positions count real tokens only."""
+        if attention_mask is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            key_mask = None
+        else:
+            attention_mask = attention_mask.bool()
+            positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+            key_mask = attention_mask[:, None, None, :]
+        cos, sin = rotary_tables(positions, self.config.head_dim, self.config.rope_theta)
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x, cos, sin, key_mask)
+        x = self.norm(x)
+        return F.linear(x, self.embed.weight) if self.head is None else self.head(x)
