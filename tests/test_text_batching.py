@@ -1,0 +1,91 @@
+"""Batched equals alone for both text families: every preset gives each prompt of a mixed-length
+batch the tokens and counters it gets decoded by itself, with the native models (exact padding)
+and with a model that ignores the padding mask (the engine then never pads it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from conftest import text_decoder
+from dlmsearch.config import decoder_presets
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
+from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.engine import RolloutEngine
+
+VOCAB, MASK_ID, GEN, BLOCK = 64, 63, 16, 8
+
+
+def tiny_family_model(family: str, seed: int = 0) -> BidirectionalTransformer:
+    """A random native model shaped like the family (Dream: GQA, q/k/v bias, rotation in model dtype),
+    with a sharpened head so that confidences spread over (0, 1)."""
+    torch.manual_seed(seed)
+    dream = family == "dream"
+    config = TransformerConfig(
+        vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2 if dream else 4,
+        intermediate_size=64, max_length=128, rope_theta=1e6 if dream else 5e5, qkv_bias=dream, rope_in_float32=not dream,
+    )
+    model = BidirectionalTransformer(config)
+    with torch.no_grad():
+        model.head.weight.mul_(12.0)
+    return model.eval()
+
+
+class IgnoresPadding(nn.Module):
+    """Like the families' remote code: the padding mask is dropped."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.inner(input_ids)
+
+
+def adapter_for(family: str, honours_padding: bool) -> ModelAdapter:
+    model = tiny_family_model(family)
+    module = model if honours_padding else IgnoresPadding(model)
+    return ModelAdapter(module=module, mask_id=MASK_ID, vocab_size=VOCAB, shift_logits=family == "dream", honours_padding=honours_padding)
+
+
+ADAPTERS = {(f, h): adapter_for(f, h) for f in ("llada", "dream") for h in (True, False)}
+DECODERS = {p: text_decoder(p, gen_length=GEN) for p in decoder_presets()}
+
+
+def requests_for(lengths: list[int], seed: int) -> list[DecodeRequest]:
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        DecodeRequest(uid=uid, prompt=torch.randint(0, MASK_ID, (n,), generator=generator), generation=torch.full((GEN,), MASK_ID))
+        for uid, n in enumerate(lengths)
+    ]
+
+
+@pytest.mark.parametrize("honours_padding", [True, False], ids=["native", "ignores-padding"])
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("preset", decoder_presets())
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=4), seed=st.integers(0, 1000))
+def test_batched_equals_alone(preset: str, family: str, honours_padding: bool, lengths: list[int], seed: int) -> None:
+    engine = RolloutEngine(adapter=ADAPTERS[family, honours_padding], row_budget=3)
+    decoder = DECODERS[preset]
+    requests = requests_for(lengths, seed)
+    batched = decoder.decode(engine, requests, BLOCK)
+    for request, together in zip(requests, batched):
+        [alone] = decoder.decode(engine, [request], BLOCK)
+        assert torch.equal(together.tokens, alone.tokens), f"{preset}: prompt of length {len(request.prompt)}"
+        assert (together.steps, together.row_forwards) == (alone.steps, alone.row_forwards)
+
+
+def test_a_model_that_ignores_padding_never_sees_padding() -> None:
+    seen: list[int] = []
+    adapter = ADAPTERS["llada", False]
+    handle = adapter.module.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
+    try:
+        text_decoder("fast_dllm", gen_length=GEN).decode(RolloutEngine(adapter=adapter), requests_for([3, 9, 3], 0), BLOCK)
+    finally:
+        handle.remove()
+    assert set(seen) == {3 + GEN, 9 + GEN}
