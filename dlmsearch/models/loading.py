@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.denoiser import BidirectionalDenoiser
+
+if TYPE_CHECKING:
+    import torch
 
 
 def shipped_sudoku_model_path() -> Path:

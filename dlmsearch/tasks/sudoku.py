@@ -8,7 +8,7 @@ live in ``conf/decoding/sudoku.yaml``.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 import numpy as np
@@ -73,6 +73,13 @@ class SudokuTask:
 
     def output(self, item: TaskItem, tokens: torch.Tensor) -> str:
         return grid_to_string(tokens_to_grids(tokens))
+
+    def details(self, item: TaskItem, tokens: torch.Tensor) -> dict[str, Any]:
+        return {}
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Digits as written ("1".."9"); the mask as "_"."""
+        return ["_" if int(t) == SUDOKU_MASK_ID else str(int(t) + 1) for t in ids]
 
     def render(self, item: TaskItem, output: str) -> str:
         grid = np.array([int(c) for c in output], dtype=np.int8)

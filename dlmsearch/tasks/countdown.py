@@ -1,0 +1,134 @@
+"""Countdown: reach a target with an equation that uses each given number exactly once.
+
+Problems come from the 3-number split of d1 (256 problems, Apache-2.0) shipped inside the
+package, or ``task.path`` (JSONL with ``input`` "a,b,c" and ``output`` the target). The
+equation is read from the model's text only (:func:`extract_equation`) and checked by the safe
+evaluator of :mod:`dlmsearch.tasks.arithmetic`; the problem's numbers and target are used by the
+judge alone.
+"""
+
+from __future__ import annotations
+
+import string
+from importlib import resources
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from dlmsearch.tasks.arithmetic import InvalidExpression, evaluate, extract_equation, format_value, uses_exactly
+from dlmsearch.tasks.base import TaskItem
+from dlmsearch.tasks.text import TaskFileError, TextTask, read_jsonl
+from dlmsearch.validation import check_type
+
+# Our wording, in the spirit of d1's Countdown prompt: the rules, then the answer format.
+DEFAULT_TEMPLATE = (
+    "Using the numbers {numbers}, write an equation that equals {target}. Use each number exactly once, "
+    "and only +, -, *, / and parentheses. Reason step by step, then give only the equation, without "
+    "'=' or the result, inside <answer></answer>, for example <answer>(1 + 2) * 3</answer>."
+)
+PLACEHOLDERS = ("numbers", "target")
+
+
+def shipped_countdown_path() -> Path:
+    """The 3-number Countdown test split shipped inside the package."""
+    return Path(str(resources.files("dlmsearch") / "data" / "countdown" / "countdown_cd3_test.jsonl"))
+
+
+@attrs.frozen
+class CountdownProblem:
+    """The numbers to use (each once) and the target to reach."""
+
+    numbers: tuple[int, ...]
+    target: int
+
+
+@attrs.frozen
+class CountdownCheck:
+    """What the judge found: the equation, its value, and why it fails (None when it is correct)."""
+
+    equation: str | None
+    value: str | None
+    error: str | None
+
+    @property
+    def correct(self) -> bool:
+        return self.error is None
+
+
+def load_countdown(path: str | Path) -> list[tuple[str, CountdownProblem]]:
+    """``(id, problem)`` per line of a Countdown JSONL file; ids are ``stem:line``."""
+    file = Path(path).expanduser()
+    problems = []
+    for line, record in read_jsonl(file, ("input", "output")):
+        try:
+            numbers = tuple(int(str(n).strip()) for n in str(record["input"]).split(","))
+            target = int(str(record["output"]).strip())
+        except ValueError:
+            raise TaskFileError(f"{file}:{line}: 'input' must be whole numbers separated by commas and 'output' a whole number") from None
+        problems.append((f"{file.stem}:{line}", CountdownProblem(numbers=numbers, target=target)))
+    return problems
+
+
+def check_equation(equation: str | None, problem: CountdownProblem) -> CountdownCheck:
+    """Whether ``equation`` uses exactly the problem's numbers and evaluates to its target."""
+    if equation is None:
+        return CountdownCheck(equation=None, value=None, error="no equation found")
+    try:
+        evaluation = evaluate(equation)
+    except InvalidExpression as error:
+        return CountdownCheck(equation=equation, value=None, error=str(error))
+    value = format_value(evaluation.value)
+    if not uses_exactly(evaluation.numbers, problem.numbers):
+        used = ", ".join(map(str, evaluation.numbers))
+        return CountdownCheck(equation=equation, value=value, error=f"uses {used}, not each of {', '.join(map(str, problem.numbers))} once")
+    if evaluation.value != problem.target:
+        return CountdownCheck(equation=equation, value=value, error=f"equals {value}, not {problem.target}")
+    return CountdownCheck(equation=equation, value=value, error=None)
+
+
+def _check_template(instance: Any, attribute: "attrs.Attribute[Any]", value: str) -> None:
+    names = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+    unknown, missing = names - set(PLACEHOLDERS), set(PLACEHOLDERS) - names
+    if unknown or missing:
+        raise ValueError(f"{attribute.name} must contain {{numbers}} and {{target}} and no other placeholders; got {value!r}")
+
+
+@attrs.define(kw_only=True)
+class CountdownTask(TextTask):
+    """Countdown problems (the shipped split, or ``path``); the prompt is ``template`` filled in."""
+
+    template: str = attrs.field(default=DEFAULT_TEMPLATE, validator=[check_type(str), _check_template])
+    name: ClassVar[str] = "countdown"
+
+    @property
+    def source(self) -> str:
+        return self.path or "Countdown (3 numbers) test split"
+
+    def prompt(self, problem: CountdownProblem) -> str:
+        return self.template.format(numbers=", ".join(map(str, problem.numbers)), target=problem.target)
+
+    def sources(self) -> list[tuple[str, str, Any]]:
+        problems = load_countdown(self.path if self.path else shipped_countdown_path())
+        return [(id_, self.prompt(p), p) for id_, p in problems]
+
+    def check(self, item: TaskItem, text: str) -> CountdownCheck:
+        return check_equation(extract_equation(text), item.reference)
+
+    def judge(self, item: TaskItem, tokens: torch.Tensor) -> bool:
+        return self.check(item, self.decode(tokens)).correct
+
+    def details(self, item: TaskItem, tokens: torch.Tensor) -> dict[str, Any]:
+        found = self.check(item, self.decode(tokens))
+        return {"equation": found.equation, "value": found.value, "error": found.error}
+
+    def render(self, item: TaskItem, output: str) -> str:
+        problem, found = item.reference, self.check(item, output)
+        verdict = "correct" if found.correct else f"WRONG ({found.error})"
+        return "\n".join([
+            f"[{item.id}] numbers {', '.join(map(str, problem.numbers))} -> {problem.target}",
+            "--- output:",
+            output.strip(),
+            f"--- equation: {found.equation} = {found.value}: {verdict}",
+        ])
