@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import attrs
 import pytest
 import torch
 
@@ -51,3 +54,35 @@ def text_decoder(preset: str, *overrides: str, gen_length: int = 16) -> SearchDe
     """A preset composed for left-to-right text (frontier at the block midpoint)."""
     cfg = compose([f"+decoder={preset}", "decoding=text", f"task.gen_length={gen_length}", *overrides])
     return build(cfg, "decoder")
+
+
+@attrs.frozen
+class TextCheckpoint:
+    """A tiny random checkpoint of a text family, built with the family's own code, plus its tokenizer."""
+
+    directory: Path
+    sharded: Path  # the same weights in two shards
+    upstream: torch.nn.Module
+    mask_id: int
+    vocab_size: int
+    stop_ids: list[int]
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TextCheckpoint]:
+    """Tiny LLaDA and Dream checkpoints with the real vocabularies and special ids (built once)."""
+    from tiny_checkpoints import build_dream, build_llada, upstream_missing_reason
+    from tiny_tokenizer import write_tokenizer
+
+    reason = upstream_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    specs = {}
+    for family, build in (("llada", build_llada), ("dream", build_dream)):
+        cfg = compose([f"model={family}", "model.path=unused"]).model
+        root = tmp_path_factory.mktemp(f"tiny_{family}")
+        upstream = build(root / "model")
+        build(root / "sharded", shards=2)
+        write_tokenizer(root / "model", family)
+        specs[family] = TextCheckpoint(root / "model", root / "sharded", upstream, cfg.mask_id, cfg.vocab_size, list(cfg.stop_ids))
+    return specs
