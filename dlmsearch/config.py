@@ -7,6 +7,7 @@ from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -29,8 +30,11 @@ def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
         return hydra.utils.instantiate(cfg[key], _partial_=True)(**kwargs) if kwargs else hydra.utils.instantiate(cfg[key])
     except Exception as error:  # Hydra wraps the real cause; unwrap it into one line
         cause = error.__cause__ or error
-        detail = str(error).split("full_key:")[-1].strip() if "full_key:" in str(error) else key
-        raise ConfigError(f"{detail}: {type(cause).__name__}: {cause}") from error
+        detail = str(error).split("full_key:")[-1].strip().splitlines()[0] if "full_key:" in str(error) else key
+        if isinstance(cause, MissingMandatoryValue):
+            raise ConfigError(f"{detail} is required (the config leaves it as ???): add {detail}=...") from error
+        message = str(cause).split("\n    full_key:")[0].strip()
+        raise ConfigError(f"{detail}: {type(cause).__name__}: {message}") from error
 
 
 def to_plain(cfg: DictConfig) -> dict[str, Any]:

@@ -52,22 +52,31 @@ class ModelAdapter:
             raise ValueError(f"{what} is {length} tokens, longer than the model's maximum length of {self.max_length}")
 
     @torch.no_grad()
-    def logits(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Float32 logits ``[rows, length, vocab_size]`` for ``tokens [rows, length]``.
+    def logits(self, tokens: torch.Tensor, attention_mask: torch.Tensor, keep_from: int = 0) -> torch.Tensor:
+        """Float32 logits ``[rows, length - keep_from, vocab_size]`` for the columns from ``keep_from`` on.
 
         The padding mask is passed only when some row is padded, so models that ignore or
-        reject it still run unpadded batches.
+        reject it still run unpadded batches. Modules that take ``logits_from`` (the native
+        text models) apply their vocabulary head only where asked, which saves most of the
+        work for long prompts; others are sliced afterwards.
         """
         tokens = tokens.to(self.device)
         mask = None if bool(attention_mask.all()) else attention_mask.to(self.device)
-        output: Any = self.module(tokens, attention_mask=mask)
+        start = max(keep_from - 1, 0) if self.shift_logits else keep_from  # a shifted column reads its left neighbour
+        if getattr(self.module, "takes_logits_from", False):
+            output: Any = self.module(tokens, attention_mask=mask, logits_from=start)
+        else:
+            output = self.module(tokens, attention_mask=mask)
         logits = getattr(output, "logits", output)
-        if logits.shape[:2] != tokens.shape or logits.shape[-1] < self.vocab_size:
+        if logits.shape[:2] == tokens.shape:
+            logits = logits[:, start:]
+        expected = (tokens.shape[0], tokens.shape[1] - start)
+        if logits.shape[:2] != expected or logits.shape[-1] < self.vocab_size:
             raise ValueError(
                 f"model returned logits of shape {tuple(logits.shape)} for tokens {tuple(tokens.shape)}; "
                 f"expected [rows, length, >= {self.vocab_size}]"
             )
         logits = logits[..., : self.vocab_size].float()
         if self.shift_logits:
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)[:, keep_from - start :]
         return logits

@@ -119,8 +119,11 @@ class BidirectionalTransformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``attention_mask`` marks real tokens; padded keys are ignored and positions count real tokens only."""
+    takes_logits_from = True  # the engine may ask for logits of the generation region only
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_from: int = 0) -> torch.Tensor:
+        """Logits of columns ``logits_from:``. ``attention_mask`` marks real tokens; padded keys are
+        ignored and positions count real tokens only."""
         if attention_mask is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
             key_mask = None
@@ -132,5 +135,5 @@ class BidirectionalTransformer(nn.Module):
         x = self.embed(input_ids)
         for block in self.blocks:
             x = block(x, cos, sin, key_mask)
-        x = self.norm(x)
+        x = self.norm(x[:, logits_from:])
         return F.linear(x, self.embed.weight) if self.head is None else self.head(x)

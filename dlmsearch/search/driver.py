@@ -111,7 +111,7 @@ class SearchDecoder:
                 break
             need = (active & ~fresh).nonzero().squeeze(1)
             if need.numel():
-                cache = cache.put(need, self._evaluate(engine, canvas.take(need), need, uid, torch.zeros_like(need)))
+                cache = cache.put(need, self._evaluate(engine, canvas.take(need), need, uid, torch.zeros_like(need), layout))
                 fresh[need] = True
             rows = active.nonzero().squeeze(1)
             root, evaluation = canvas.take(rows), cache.take(rows)
@@ -141,8 +141,8 @@ class SearchDecoder:
             raise RuntimeError(f"decoder {self.name!r} did not finish within {rounds} rounds")
         return [self._result(canvas, engine, i, int(uid[i]), layout) for i in range(samples)]
 
-    def _evaluate(self, engine: RolloutEngine, canvas: Canvas, sample: torch.Tensor, uid: torch.Tensor, row_key: torch.Tensor) -> Evaluation:
-        return engine.evaluate(canvas.tokens, canvas.attention, sample, uid[sample], row_key, self.commit.statistics)
+    def _evaluate(self, engine: RolloutEngine, canvas: Canvas, sample: torch.Tensor, uid: torch.Tensor, row_key: torch.Tensor, layout: Layout) -> Evaluation:
+        return engine.evaluate(canvas.tokens, canvas.attention, sample, uid[sample], row_key, self.commit.statistics, layout.gen_start)
 
     def _lookahead(
         self, engine: RolloutEngine, root: Canvas, evaluation: Evaluation, sample: torch.Tensor, uid: torch.Tensor, layout: Layout
@@ -172,7 +172,7 @@ class SearchDecoder:
         while True:
             rows = (live & rolling[:, None]).flatten().nonzero().squeeze(1)
             sub = branches.take(rows)
-            sub_eval = self._evaluate(engine, sub, sample_row[rows], uid, 1 + branch_id[rows])
+            sub_eval = self._evaluate(engine, sub, sample_row[rows], uid, 1 + branch_id[rows], layout)
             branch_eval = branch_eval.put(rows, sub_eval)
             gained = self.scorer.score(sub, sub_eval, layout, step_log_conf[rows])
             scores = scores.clone()

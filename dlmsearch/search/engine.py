@@ -112,11 +112,14 @@ class RolloutEngine:
         sample_uid: torch.Tensor,
         row_key: torch.Tensor,
         statistics: frozenset[str] = frozenset(),
+        from_column: int = 0,
     ) -> Evaluation:
         """One step for every sample with a row here: forward all rows, summarise per position.
 
         ``sample`` indexes the counters; ``sample_uid`` (a dataset-wide id) and ``row_key`` (the
-        row's branch within its sample) key the seeded randomness.
+        row's branch within its sample) key the seeded randomness. Only columns from
+        ``from_column`` on (the generation region) are summarised: prompt logits are never
+        computed where the model allows it, and read as the mask with confidence 0.
         """
         unknown = set(statistics) - set(STATISTICS)
         if unknown:
@@ -133,9 +136,10 @@ class RolloutEngine:
         out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}
         out.update({name: torch.zeros(rows, width) for name in statistics})
         for index, first in self._groups(attention):
-            part = self._summarise(tokens[index, first:], attention[index, first:], draw[index, first:], statistics, sample_uid[index])
+            keep = max(from_column, first)
+            part = self._summarise(tokens[index, first:], attention[index, first:], draw[index, keep:], statistics, sample_uid[index], keep - first)
             for name, value in part.items():
-                out[name][index, first:] = value
+                out[name][index, keep:] = value
         return Evaluation(uniform=uniform, **out)
 
     def _groups(self, attention: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
@@ -152,8 +156,10 @@ class RolloutEngine:
             starts = [((first == f).nonzero().squeeze(1), int(f)) for f in torch.unique(first).tolist()]
         return [(index[i : i + self.row_budget], f) for index, f in starts for i in range(0, len(index), self.row_budget)]
 
-    def _summarise(self, tokens: torch.Tensor, attention: torch.Tensor, draw: torch.Tensor, statistics: frozenset[str], uid: torch.Tensor) -> dict[str, torch.Tensor]:
-        logits = self.adapter.logits(tokens, attention)
+    def _summarise(
+        self, tokens: torch.Tensor, attention: torch.Tensor, draw: torch.Tensor, statistics: frozenset[str], uid: torch.Tensor, keep_from: int
+    ) -> dict[str, torch.Tensor]:
+        logits = self.adapter.logits(tokens, attention, keep_from)
         bad = torch.isnan(logits).flatten(1).any(dim=1) & attention.any(dim=1).to(logits.device)
         if bool(bad.any()):
             raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad.cpu()].tolist()))}")
