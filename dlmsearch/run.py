@@ -93,9 +93,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     results_path = out / "results.jsonl"
     done = read_done(results_path)
     pending = [(uid, item) for uid, item in enumerate(items) if item.id not in done]
+    longest = max(items, key=lambda item: len(item.prompt) + len(item.generation))
+    adapter.check_length(len(longest.prompt) + len(longest.generation), f"the canvas of item {longest.id} (prompt {len(longest.prompt)} + generation {len(longest.generation)})")
     cuda = str(adapter.device).startswith("cuda")
     bar = tqdm(total=len(items), initial=len(items) - len(pending), desc=f"{decoder.name} on {task.name}", unit="item", dynamic_ncols=True)
-    with results_path.open("a") as results, (out / "trace.jsonl").open("a") if cfg.trace else nullcontext() as traces:
+    with bar, results_path.open("a") as results, (out / "trace.jsonl").open("a") if cfg.trace else nullcontext() as traces:
         for start in range(0, len(pending), int(cfg.batch_size)):
             batch = pending[start : start + int(cfg.batch_size)]
             tick = time.perf_counter()
@@ -123,7 +125,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             judged = [r["correct"] for r in done.values() if r["correct"] is not None]
             if judged:
                 bar.set_postfix(correct=f"{100 * sum(judged) / len(judged):.1f}%")
-    bar.close()
     records = [done[item.id] for item in items if item.id in done]
     summary = {"decoder": decoder.name, "task": task.name, **summarise(records), "config": to_plain(cfg)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -67,7 +67,7 @@ def load_text_model(
     import torch
 
     from dlmsearch.models.families import FAMILIES
-    from dlmsearch.models.native import load_native, read_config
+    from dlmsearch.models.native import checkpoint_family, load_native, read_config
 
     if path in (None, "", "???"):
         raise ValueError(f"model.path is required: the local directory of the {family} checkpoint (the Hub is never contacted)")
@@ -77,13 +77,14 @@ def load_text_model(
         raise ValueError(f"model.impl must be native or remote; got {impl!r}")
     directory = Path(path).expanduser()
     config = read_config(directory)
+    checked = checkpoint_family(directory, config, family)
     checkpoint_mask = config.get("mask_token_id")
     if checkpoint_mask is not None and checkpoint_mask != mask_id:
         raise ValueError(f"model.mask_id={mask_id} but {directory / 'config.json'} says mask_token_id={checkpoint_mask}")
     device, dtype = resolve_device(device, dtype)
     eos = stop_ids[:1]
     if impl == "native":
-        module = load_native(directory, FAMILIES[family], device, getattr(torch, dtype))
+        module = load_native(directory, config, checked, device, getattr(torch, dtype))
         max_length = module.config.max_length
     else:
         module = _load_remote(directory, dtype)
@@ -92,7 +93,7 @@ def load_text_model(
         module=module,
         mask_id=mask_id,
         vocab_size=vocab_size,
-        shift_logits=FAMILIES[family].shift_logits,
+        shift_logits=checked.shift_logits,
         device=device,
         dtype=dtype,
         max_length=max_length,

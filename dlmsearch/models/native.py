@@ -47,14 +47,18 @@ def weight_files(directory: Path) -> list[Path]:
     return files
 
 
-def load_native(directory: Path, family: Family, device: str, dtype: torch.dtype) -> BidirectionalTransformer:
-    """The checkpoint in ``directory`` as a native transformer on ``device`` in ``dtype``."""
+def checkpoint_family(directory: Path, config: dict[str, Any], expected: str) -> Family:
+    """The family of the checkpoint, which must be the one the user chose."""
+    found = family_of(config, str(directory / "config.json"))
+    if found.name != expected:
+        raise UnsupportedCheckpoint(f"model.path={directory} holds a {found.name} checkpoint; use model={found.name}")
+    return found
+
+
+def load_native(directory: Path, config: dict[str, Any], family: Family, device: str, dtype: torch.dtype) -> BidirectionalTransformer:
+    """The checkpoint in ``directory`` (its ``config.json`` already read) as a native transformer."""
     from safetensors import safe_open
 
-    config = read_config(directory)
-    found = family_of(config, str(directory / "config.json"))
-    if found is not family:
-        raise UnsupportedCheckpoint(f"model.path={directory} holds a {found.name} checkpoint; use model={found.name}")
     with torch.device("meta"):
         module = BidirectionalTransformer(family.read_config(config))
     state: dict[str, torch.Tensor] = {}

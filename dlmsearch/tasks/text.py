@@ -55,13 +55,18 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False) -> Any:
     if not any((directory / name).is_file() for name in TOKENIZER_FILES):
         raise FileNotFoundError(f"{directory} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     from transformers import AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # it warns about model_type while reading config.json for the tokenizer class
     try:
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=trust_remote_code)
     except Exception as error:  # transformers' errors are long; one line naming the directory
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         hint = " (its tokenizer is code in that directory: task.trust_remote_code=true)" if "trust_remote_code" in str(error) else ""
         raise ValueError(f"cannot load the tokenizer in {directory}: {type(error).__name__}: {first}{hint}") from error
+    finally:
+        transformers_logging.set_verbosity(verbosity)
 
 
 def read_text_file(path: str | Path) -> tuple[Path, list[str]]:
