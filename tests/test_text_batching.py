@@ -22,7 +22,7 @@ VOCAB, MASK_ID, GEN, BLOCK = 64, 63, 16, 8
 
 def tiny_family_model(family: str, seed: int = 0) -> BidirectionalTransformer:
     """A random native model shaped like the family (Dream: GQA, q/k/v bias, rotation in model dtype),
-    with a sharpened head so that confidences spread over (0, 1)."""
+    with sharper attention and head so that confidences spread over (0.3, 0.9)."""
     torch.manual_seed(seed)
     dream = family == "dream"
     config = TransformerConfig(
@@ -31,7 +31,10 @@ def tiny_family_model(family: str, seed: int = 0) -> BidirectionalTransformer:
     )
     model = BidirectionalTransformer(config)
     with torch.no_grad():
-        model.head.weight.mul_(12.0)
+        model.head.weight.mul_(8.0)
+        for block in model.blocks:
+            block.q_proj.weight.mul_(8.0)
+            block.k_proj.weight.mul_(8.0)
     return model.eval()
 
 
@@ -89,3 +92,57 @@ def test_a_model_that_ignores_padding_never_sees_padding() -> None:
     finally:
         handle.remove()
     assert set(seen) == {3 + GEN, 9 + GEN}
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("preset", ["fast_dllm", "adalook", "dream"])
+def test_sampling_is_seeded_and_batch_invariant(family: str, preset: str) -> None:
+    """Temperature > 0 draws from counter-based noise: same seed, same tokens, alone or batched."""
+    decoder = DECODERS[preset]
+    requests = requests_for([4, 9, 2], seed=5)
+
+    def decode(batch: list[DecodeRequest], seed: int) -> list[torch.Tensor]:
+        engine = RolloutEngine(adapter=ADAPTERS[family, True], temperature=1.5, seed=seed)
+        return [r.tokens for r in decoder.decode(engine, batch, BLOCK)]
+
+    batched = decode(requests, seed=3)
+    alone = [decode([r], seed=3)[0] for r in requests]
+    assert all(torch.equal(a, b) for a, b in zip(batched, alone))
+    greedy = [r.tokens for r in decoder.decode(RolloutEngine(adapter=ADAPTERS[family, True]), requests, BLOCK)]
+    assert any(not torch.equal(a, b) for a, b in zip(batched, greedy)), "temperature 1.5 changed nothing"
+    assert any(not torch.equal(a, b) for a, b in zip(batched, decode(requests, seed=4))), "the seed changed nothing"
+
+
+class FixedLogits(nn.Module):
+    """Returns the same designed logits for any input of its length."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("table", logits)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.table.expand(input_ids.shape[0], -1, -1).clone()  # fresh, as a real forward is
+
+
+def test_llada_end_of_text_switches() -> None:
+    """logits_eos_inf: EOS is never proposed; confidence_eos_eot_inf: EOS/EOT proposals get
+    confidence 0, so every rule ranks them last."""
+    eos, eot, length = 5, 6, 12
+    logits = torch.randn(1, length, VOCAB, generator=torch.Generator().manual_seed(0))
+    logits[0, 2:5, eos] = logits[0, 5:8, eot] = 20.0  # positions 2-4 propose EOS, 5-7 EOT
+    tokens = torch.full((1, length), MASK_ID)
+    attention = torch.ones_like(tokens, dtype=torch.bool)
+    one = torch.zeros(1, dtype=torch.long)
+
+    def evaluate(**switches):
+        engine = RolloutEngine(adapter=ModelAdapter(module=FixedLogits(logits), mask_id=MASK_ID, vocab_size=VOCAB, **switches))
+        engine.reset(1)
+        return engine.evaluate(tokens, attention, one, one, one)
+
+    plain = evaluate()
+    assert (plain.token[0, 2:5] == eos).all() and (plain.token[0, 5:8] == eot).all()
+    suppressed = evaluate(suppressed_ids=[eos])
+    assert not (suppressed.token == eos).any() and torch.equal(suppressed.token[0, 5:], plain.token[0, 5:])
+    deferred = evaluate(deferred_ids=[eos, eot])
+    assert torch.equal(deferred.token, plain.token)
+    assert (deferred.confidence[0, 2:8] == 0).all() and (deferred.confidence[0, 8:] > 0).all()

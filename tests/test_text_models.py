@@ -106,3 +106,22 @@ def test_bad_checkpoints_fail_with_one_line(checkpoints, tmp_path: Path) -> None
     (unsupported / "config.json").write_text(json.dumps({**config, "block_type": "sequential"}))
     with pytest.raises(UnsupportedCheckpoint, match="block_type='sequential'"):
         load_text_model(str(unsupported), "llada", *ids, device="cpu")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bfloat16_runs_and_agrees_with_float32(checkpoints, family: str) -> None:
+    spec = checkpoints[family]
+    half = load_text_model(str(spec.directory), family, spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="bfloat16")
+    assert next(half.module.parameters()).dtype == torch.bfloat16
+    ids = torch.randint(0, 1000, (2, 24), generator=torch.Generator().manual_seed(3))
+    ids[:, 16:] = spec.mask_id
+    attention = torch.ones_like(ids, dtype=torch.bool)
+    low, full = half.logits(ids, attention, 16), native(checkpoints, family).logits(ids, attention, 16)
+    assert torch.isfinite(low).all() and low.dtype == torch.float32
+    assert (low.argmax(-1) == full.argmax(-1)).float().mean() >= 0.75
+
+
+def test_remote_code_failure_is_one_clear_line(checkpoints) -> None:
+    spec = checkpoints["llada"]
+    with pytest.raises(RuntimeError, match="could not load the remote code .*the default model.impl=native does not need it"):
+        load_text_model(str(spec.directory), "llada", spec.mask_id, spec.vocab_size, spec.stop_ids, impl="remote", device="cpu")
