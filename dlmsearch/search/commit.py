@@ -66,13 +66,8 @@ class CommitRule(Protocol):
 
 
 @attrs.define
-class LowConfidenceSchedule:
-    """LLaDA's schedule: ``steps`` split evenly over blocks; each step commits the top-k of the
-    current block, k spread evenly over the block's steps with the remainder going first.
-
-    k is computed as ``ceil(remaining / steps_left_in_block)``, which equals the reference's
-    precomputed split. ``ordering=random`` gives random-order unmasking.
-    """
+class _FixedSteps:
+    """Schedules with a fixed number of ``steps``, split evenly over the blocks, ranking by ``ordering``."""
 
     steps: int = number(int, 1)
     ordering: str = attrs.field(default="confidence", validator=check_choice(*ORDERINGS))
@@ -86,6 +81,16 @@ class LowConfidenceSchedule:
         if self.steps % layout.num_blocks:
             raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
         self.block_budget = self.steps // layout.num_blocks
+
+
+@attrs.define
+class LowConfidenceSchedule(_FixedSteps):
+    """LLaDA's schedule: ``steps`` split evenly over blocks; each step commits the top-k of the
+    current block, k spread evenly over the block's steps with the remainder going first.
+
+    k is computed as ``ceil(remaining / steps_left_in_block)``, which equals the reference's
+    precomputed split. ``ordering=random`` gives random-order unmasking.
+    """
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         assert self.block_budget is not None, "bind() the rule to a layout first"
@@ -159,7 +164,7 @@ class FastBlockRule:
 
 
 @attrs.define
-class DreamSchedule:
+class DreamSchedule(_FixedSteps):
     """Dream's schedule: with ``t, s`` consecutive points of ``linspace(1, eps, steps + 1)``, step
     ``i`` commits ``floor(n_masked * (1 - s / t))`` positions (all that remain at the last step),
     ranked by ``ordering``: ``confidence`` (Dream's ``maskgit_plus``), ``margin``
@@ -169,19 +174,8 @@ class DreamSchedule:
     evenly over them and the schedule restarts in each.
     """
 
-    steps: int = number(int, 1)
     ordering: str = attrs.field(default="confidence", validator=check_choice("confidence", "margin", "neg_entropy"))
     eps: float = number(float, 0.0, 1.0, default=1e-3)
-    block_budget: int | None = attrs.field(init=False, default=None)
-
-    @property
-    def statistics(self) -> frozenset[str]:
-        return statistics_for(self.ordering)
-
-    def bind(self, layout: Layout) -> None:
-        if self.steps % layout.num_blocks:
-            raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
-        self.block_budget = self.steps // layout.num_blocks
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         assert self.block_budget is not None, "bind() the rule to a layout first"
