@@ -16,6 +16,7 @@ def _report(summary: dict) -> None:
         f"{summary['decoder']} on {summary['task']}: {summary['items']} items, "
         + (f"solved/correct {100 * accuracy:.1f} %, " if accuracy is not None else "")
         + f"mean steps {summary['mean_steps']:.2f}, mean row-forwards {summary['mean_row_forwards']:.2f}, "
+        f"mean token-forwards {summary['mean_token_forwards']:.0f}, "
         f"wall {summary['wall_seconds']:.1f} s"
     )
     for example in summary["examples"]:

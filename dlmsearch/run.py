@@ -60,12 +60,13 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     sum of the items' shares of their batches, so it survives resumes."""
     n = len(records)
     judged = [r["correct"] for r in records if r["correct"] is not None]
-    mean = lambda key: round(sum(r[key] for r in records) / n, 3)  # noqa: E731
+    mean = lambda key: round(sum(r.get(key, 0) for r in records) / n, 3)  # noqa: E731  (older records lack newer counters)
     return {
         "items": n,
         "accuracy": round(sum(judged) / len(judged), 4) if judged else None,
         "mean_steps": mean("steps"),
         "mean_row_forwards": mean("row_forwards"),
+        "mean_token_forwards": mean("token_forwards"),
         "mean_tokens_committed": mean("tokens_committed"),
         "wall_seconds": round(sum(r["wall_seconds"] for r in records), 2),
     }
@@ -113,6 +114,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                     "correct": task.judge(item, result.tokens),
                     "steps": result.steps,
                     "row_forwards": result.row_forwards,
+                    "token_forwards": result.token_forwards,
                     "tokens_committed": result.tokens_committed,
                     "wall_seconds": round(share, 4),
                 }

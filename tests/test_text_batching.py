@@ -146,3 +146,39 @@ def test_llada_end_of_text_switches() -> None:
     deferred = evaluate(deferred_ids=[eos, eot])
     assert torch.equal(deferred.token, plain.token)
     assert (deferred.confidence[0, 2:8] == 0).all() and (deferred.confidence[0, 8:] > 0).all()
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("preset", decoder_presets())
+@settings(max_examples=3, deadline=None)
+@given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=4), seed=st.integers(0, 1000))
+def test_cached_decoding_is_batch_invariant(preset: str, family: str, cache: str, lengths: list[int], seed: int) -> None:
+    """Lookahead branches share their sample's cache, rows of other samples keep their own."""
+    engine = RolloutEngine(adapter=ADAPTERS[family, True], row_budget=3, cache=cache)
+    decoder = DECODERS[preset]
+    requests = requests_for(lengths, seed)
+    batched = decoder.decode(engine, requests, BLOCK)
+    for request, together in zip(requests, batched):
+        [alone] = decoder.decode(engine, [request], BLOCK)
+        assert torch.equal(together.tokens, alone.tokens), f"{preset}: prompt of length {len(request.prompt)}"
+        assert (together.steps, together.row_forwards, together.token_forwards) == (alone.steps, alone.row_forwards, alone.token_forwards)
+
+
+@pytest.mark.parametrize("preset", ["fast_dllm", "adalook"])
+def test_caches_compute_fewer_positions(preset: str) -> None:
+    """token_forwards: every position of a full forward, only the window with a cache (branches included)."""
+    requests = requests_for([12, 9], seed=2)
+    counted = {}
+    for cache in ("none", "prefix", "dual"):
+        engine = RolloutEngine(adapter=ADAPTERS["llada", True], cache=cache)
+        results = DECODERS[preset].decode(engine, requests, BLOCK)
+        counted[cache] = [r.token_forwards for r in results]
+        if cache == "none":
+            assert all(r.token_forwards == r.row_forwards * (len(q.prompt) + GEN) for r, q in zip(results, requests))
+    assert all(n > p > d for n, p, d in zip(counted["none"], counted["prefix"], counted["dual"]))
+
+
+def test_a_cache_needs_a_model_that_can_cache() -> None:
+    with pytest.raises(ValueError, match="engine.cache=prefix needs a model that can cache"):
+        RolloutEngine(adapter=ADAPTERS["llada", False], cache="prefix")

@@ -1,4 +1,5 @@
-"""Token-for-token parity with the reference loops, decoding a mixed-length batch at once.
+"""Token-for-token parity with the reference loops (and Fast-dLLM's cached loops), decoding a
+mixed-length batch at once.
 
 The references (Fast-dLLM's ``generate()`` for LLaDA, Dream's ``diffusion_generate``) run one
 prompt at a time through the families' own modeling code; dlmsearch decodes all prompts of
@@ -15,7 +16,7 @@ from conftest import text_decoder
 from dlmsearch.models.loading import load_text_model
 from dlmsearch.search.driver import DecodeRequest
 from dlmsearch.search.engine import RolloutEngine
-from tiny_checkpoints import dream_generate, llada_generate, requires_upstream
+from tiny_checkpoints import dream_generate, llada_generate, llada_generate_cached, requires_upstream
 
 pytestmark = requires_upstream
 
@@ -30,9 +31,9 @@ def mixed_batch(spec, gen_length: int, seed: int = 0) -> list[DecodeRequest]:
     ]
 
 
-def engine_for(spec, family: str) -> RolloutEngine:
+def engine_for(spec, family: str, cache: str = "none") -> RolloutEngine:
     adapter = load_text_model(str(spec.directory), family, spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="float32")
-    return RolloutEngine(adapter=adapter)
+    return RolloutEngine(adapter=adapter, cache=cache)
 
 
 @pytest.mark.parametrize("gen_length,block_length,steps", [(16, 8, 16), (16, 8, 8), (24, 8, 12), (16, 16, 6)])
@@ -72,3 +73,32 @@ def test_dream_preset_matches_diffusion_generate(checkpoints, ordering: str, alg
         expected, calls = dream_generate(spec.upstream, request.prompt, steps=steps, gen_length=gen_length, alg=alg)
         assert torch.equal(result.tokens, expected), f"prompt length {len(request.prompt)}"
         assert result.steps == calls == steps
+
+
+def blocks_done_in_one_call(result, block_length: int) -> int:
+    """Blocks whose every position was committed by a single model call."""
+    calls = result.commit_call.view(-1, block_length)
+    return int((calls == calls[:, :1]).all(dim=1).sum())
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("preset,setting", [("llada", 8), ("llada", 16), ("fast_dllm", 0.9), ("fast_dllm", 0.5), ("fast_dllm", 0.2)])
+def test_cached_decoding_matches_fast_dllm_cache_loops(checkpoints, cache: str, preset: str, setting: float) -> None:
+    """``engine.cache=prefix|dual`` against ``generate_with_prefix_cache`` / ``generate_with_dual_cache``.
+
+    Tokens are identical. Fast-dLLM's cached loops always make one cached call after a block's
+    refresh call, even when the refresh call already filled the block (that call commits
+    nothing); dlmsearch does not, so upstream's count is ours plus the blocks done in one call.
+    """
+    spec, gen_length, block_length = checkpoints["llada"], 16, 8
+    requests = mixed_batch(spec, gen_length, seed=3)
+    override = f"decoder.commit.steps={setting}" if preset == "llada" else f"decoder.commit.threshold={setting}"
+    engine = engine_for(spec, "llada", cache=cache)
+    results = text_decoder(preset, override, gen_length=gen_length).decode(engine, requests, block_length)
+    for request, result in zip(requests, results):
+        expected, nfe = llada_generate_cached(
+            spec.upstream, request.prompt, cache=cache, steps=setting if preset == "llada" else gen_length, gen_length=gen_length,
+            block_length=block_length, threshold=None if preset == "llada" else setting, mask_id=spec.mask_id,
+        )
+        assert torch.equal(result.tokens, expected), f"prompt length {len(request.prompt)}"
+        assert result.steps + blocks_done_in_one_call(result, block_length) == nfe

@@ -51,32 +51,49 @@ class ModelAdapter:
         if self.max_length is not None and length > self.max_length:
             raise ValueError(f"{what} is {length} tokens, longer than the model's maximum length of {self.max_length}")
 
+    @property
+    def caches(self) -> bool:
+        """Whether the module can run a window of columns against cached keys and values."""
+        return getattr(self.module, "supports_kv_cache", False)
+
     @torch.no_grad()
     def logits(self, tokens: torch.Tensor, attention_mask: torch.Tensor, keep_from: int = 0) -> torch.Tensor:
-        """Float32 logits ``[rows, length - keep_from, vocab_size]`` for the columns from ``keep_from`` on.
+        """Float32 logits ``[rows, length - keep_from, vocab_size]`` for the columns from ``keep_from`` on."""
+        return self.window_logits(tokens, attention_mask, keep_from, tokens.shape[1])[0]
 
+    @torch.no_grad()
+    def window_logits(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int, high: int, past: list | None = None
+    ) -> tuple[torch.Tensor, list | None]:
+        """Float32 logits ``[rows, high - low, vocab_size]`` of columns ``low:high``, and the
+        module's keys and values where it gives them.
+
+        Without ``past`` the whole canvas is forwarded (bidirectional attention needs it);
+        modules that take ``logits_from`` (the native text models) apply their vocabulary head
+        only where asked, which saves most of the work for long prompts. With ``past`` (a KV
+        cache of the whole canvas) only the window itself is forwarded. A shifted model's
+        column reads its left neighbour's logits, so the window starts one column earlier.
         The padding mask is passed only when some row is padded, so models that ignore or
-        reject it still run unpadded batches. Modules that take ``logits_from`` (the native
-        text models) apply their vocabulary head only where asked, which saves most of the
-        work for long prompts; others are sliced afterwards.
+        reject it still run unpadded batches.
         """
         tokens = tokens.to(self.device)
         mask = None if bool(attention_mask.all()) else attention_mask.to(self.device)
-        start = max(keep_from - 1, 0) if self.shift_logits else keep_from  # a shifted column reads its left neighbour
-        if getattr(self.module, "takes_logits_from", False):
-            output: Any = self.module(tokens, attention_mask=mask, logits_from=start)
+        start = max(low - 1, 0) if self.shift_logits else low
+        kv = None
+        if past is not None:
+            raw, kv = self.module.run(tokens[:, start:high], mask, 0, past, start)
+        elif self.caches:
+            raw, kv = self.module.run(tokens, mask, start)
         else:
-            output = self.module(tokens, attention_mask=mask)
-        logits = getattr(output, "logits", output)
-        if logits.shape[:2] == tokens.shape:
-            logits = logits[:, start:]
-        expected = (tokens.shape[0], tokens.shape[1] - start)
-        if logits.shape[:2] != expected or logits.shape[-1] < self.vocab_size:
-            raise ValueError(
-                f"model returned logits of shape {tuple(logits.shape)} for tokens {tuple(tokens.shape)}; "
-                f"expected [rows, length, >= {self.vocab_size}]"
-            )
-        logits = logits[..., : self.vocab_size].float()
+            output: Any = self.module(tokens, attention_mask=mask)
+            raw = getattr(output, "logits", output)
+            if raw.shape[:2] != tokens.shape or raw.shape[-1] < self.vocab_size:
+                raise ValueError(
+                    f"model returned logits of shape {tuple(raw.shape)} for tokens {tuple(tokens.shape)}; "
+                    f"expected [rows, length, >= {self.vocab_size}]"
+                )
+            raw = raw[:, start:]
+        raw = raw[:, : high - start, : self.vocab_size].float()
         if self.shift_logits:
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)[:, keep_from - start :]
-        return logits
+            raw = torch.cat([raw[:, :1], raw[:, :-1]], dim=1)[:, low - start :]
+        return raw, kv

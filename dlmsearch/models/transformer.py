@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+KeyValues = tuple[torch.Tensor, torch.Tensor]  # [rows, kv_heads, columns, head_dim] each, rotated
 
 
 @attrs.frozen
@@ -91,7 +92,12 @@ class Block(nn.Module):
             return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
         return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None, past: KeyValues | None = None, start: int = 0
+    ) -> tuple[torch.Tensor, KeyValues]:
+        """The block over columns ``start : start + length``; keys and values of the other columns
+        come from ``past`` (a cache of the whole canvas), if given. Returns the new hidden states
+        and this call's rotated keys and values (what a cache stores)."""
         c = self.config
         rows, length, _ = x.shape
         h = self.attn_norm(x)
@@ -99,13 +105,18 @@ class Block(nn.Module):
         k = self.k_proj(h).view(rows, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(rows, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        fresh = (k, v)
+        if past is not None:
+            end = start + length
+            k = torch.cat([past[0][:, :, :start], k, past[0][:, :, end:]], dim=2)
+            v = torch.cat([past[1][:, :, :start], v, past[1][:, :, end:]], dim=2)
         if c.num_kv_heads != c.num_heads:
             k = k.repeat_interleave(c.num_heads // c.num_kv_heads, dim=1)
             v = v.repeat_interleave(c.num_heads // c.num_kv_heads, dim=1)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
         x = x + self.o_proj(attended.transpose(1, 2).reshape(rows, length, c.hidden_size))
         h = self.mlp_norm(x)
-        return x + self.down_proj(ACTIVATIONS[c.activation](self.gate_proj(h)) * self.up_proj(h))
+        return x + self.down_proj(ACTIVATIONS[c.activation](self.gate_proj(h)) * self.up_proj(h)), fresh
 
 
 class BidirectionalTransformer(nn.Module):
@@ -120,20 +131,42 @@ class BidirectionalTransformer(nn.Module):
         self.head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     takes_logits_from = True  # the engine may ask for logits of the generation region only
+    supports_kv_cache = True  # the engine may keep keys and values between calls (prefix / dual cache)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_from: int = 0) -> torch.Tensor:
         """Logits of columns ``logits_from:``. ``attention_mask`` marks real tokens; padded keys are
         ignored and positions count real tokens only."""
+        return self.run(input_ids, attention_mask, logits_from)[0]
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        logits_from: int = 0,
+        past: list[KeyValues] | None = None,
+        start: int = 0,
+    ) -> tuple[torch.Tensor, list[KeyValues]]:
+        """Logits of the given columns from ``logits_from`` on, and each layer's keys and values.
+
+        Without ``past``, ``input_ids`` is the whole canvas. With ``past`` (per layer, keys and
+        values of the whole canvas from an earlier call), ``input_ids`` holds only the columns
+        ``start : start + length`` and attends to the cached keys of all other columns;
+        ``attention_mask`` then still covers the whole canvas.
+        """
+        length = input_ids.shape[1]
         if attention_mask is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            width = length if past is None else past[0][0].shape[2]
+            positions = torch.arange(width, device=input_ids.device).expand(input_ids.shape[0], width)
             key_mask = None
         else:
             attention_mask = attention_mask.bool()
             positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-            key_mask = attention_mask[:, None, None, :]
-        cos, sin = rotary_tables(positions, self.config.head_dim, self.config.rope_theta)
+            key_mask = None if bool(attention_mask.all()) else attention_mask[:, None, None, :]
+        cos, sin = rotary_tables(positions[:, start : start + length], self.config.head_dim, self.config.rope_theta)
         x = self.embed(input_ids)
-        for block in self.blocks:
-            x = block(x, cos, sin, key_mask)
+        kv = []
+        for index, block in enumerate(self.blocks):
+            x, fresh = block(x, cos, sin, key_mask, None if past is None else past[index], start)
+            kv.append(fresh)
         x = self.norm(x[:, logits_from:])
-        return F.linear(x, self.embed.weight) if self.head is None else self.head(x)
+        return (F.linear(x, self.embed.weight) if self.head is None else self.head(x)), kv

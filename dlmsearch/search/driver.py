@@ -46,6 +46,7 @@ class DecodeResult:
     steps: int
     row_forwards: int
     tokens_committed: int
+    token_forwards: int  # positions the model computed for this sample (a cache's saving shows here)
     commit_call: torch.Tensor  # [n], -1 where the token was given
     commit_confidence: torch.Tensor
     commit_depth: torch.Tensor  # 0: base rule on the root; d >= 1: lookahead depth d
@@ -142,7 +143,7 @@ class SearchDecoder:
         return [self._result(canvas, engine, i, int(uid[i]), layout) for i in range(samples)]
 
     def _evaluate(self, engine: RolloutEngine, canvas: Canvas, sample: torch.Tensor, uid: torch.Tensor, row_key: torch.Tensor, layout: Layout) -> Evaluation:
-        return engine.evaluate(canvas.tokens, canvas.attention, sample, uid[sample], row_key, self.commit.statistics, layout.gen_start)
+        return engine.evaluate(canvas.tokens, canvas.attention, sample, uid[sample], row_key, self.commit.statistics, layout.gen_start, canvas.window(layout))
 
     def _lookahead(
         self, engine: RolloutEngine, root: Canvas, evaluation: Evaluation, sample: torch.Tensor, uid: torch.Tensor, layout: Layout
@@ -213,6 +214,7 @@ class SearchDecoder:
             tokens=canvas.tokens[row, gen].clone(),
             steps=int(engine.steps[row]),
             row_forwards=int(engine.row_forwards[row]),
+            token_forwards=int(engine.token_forwards[row]),
             tokens_committed=int((call >= 0).sum()),
             commit_call=call.clone(),
             commit_confidence=canvas.commit_confidence[row, gen].clone(),

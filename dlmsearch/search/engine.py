@@ -15,8 +15,9 @@ import attrs
 import torch
 
 from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.search.kv_cache import MODES, KVCache
 from dlmsearch.search.rows import put_rows, take_rows
-from dlmsearch.validation import check_type, number
+from dlmsearch.validation import check_choice, check_type, number
 
 STATISTICS = ("margin", "entropy")
 
@@ -48,6 +49,19 @@ class Evaluation:
             margin=zeros if "margin" in statistics else None,
             entropy=zeros if "entropy" in statistics else None,
         )
+
+
+@attrs.frozen
+class Forward:
+    """One model call's rows: their first real column, the columns summarised, whether they run
+    against the cache, which of them refresh it, and their cache windows."""
+
+    rows: torch.Tensor
+    first: int
+    columns: tuple[int, int]
+    cached: bool
+    refresh: torch.Tensor
+    query: torch.Tensor
 
 
 _MASK64 = (1 << 64) - 1
@@ -86,14 +100,25 @@ def hashed_uniform(keys: list[torch.Tensor]) -> torch.Tensor:
 
 @attrs.define(eq=False)
 class RolloutEngine:
-    """Batched, chunked, counted model evaluation."""
+    """Batched, chunked, counted model evaluation, with an optional approximate KV cache."""
 
     adapter: ModelAdapter
     row_budget: int = number(int, 1, default=64)
     temperature: float = number(float, 0.0, default=0.0)
     seed: int = attrs.field(default=0, validator=check_type(int))
+    cache: str = attrs.field(default="none", validator=check_choice(*MODES))
     steps: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     row_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
+    token_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
+    kv: KVCache = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.cache != "none" and not self.adapter.caches:
+            raise ValueError(
+                f"engine.cache={self.cache} needs a model that can cache keys and values (the native LLaDA and Dream "
+                f"models); {type(self.adapter.module).__name__} cannot: use engine.cache=none"
+            )
+        self.kv = KVCache(self.cache)
 
     @property
     def mask_id(self) -> int:
@@ -103,6 +128,8 @@ class RolloutEngine:
         """Zero the per-sample counters for a new batch of ``samples``."""
         self.steps = torch.zeros(samples, dtype=torch.long)
         self.row_forwards = torch.zeros(samples, dtype=torch.long)
+        self.token_forwards = torch.zeros(samples, dtype=torch.long)
+        self.kv.reset(samples)
 
     def evaluate(
         self,
@@ -113,13 +140,18 @@ class RolloutEngine:
         row_key: torch.Tensor,
         statistics: frozenset[str] = frozenset(),
         from_column: int = 0,
+        window: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Evaluation:
         """One step for every sample with a row here: forward all rows, summarise per position.
 
         ``sample`` indexes the counters; ``sample_uid`` (a dataset-wide id) and ``row_key`` (the
-        row's branch within its sample) key the seeded randomness. Only columns from
-        ``from_column`` on (the generation region) are summarised: prompt logits are never
-        computed where the model allows it, and read as the mask with confidence 0.
+        row's branch within its sample; 0 = the sample's root) key the seeded randomness. Only
+        columns from ``from_column`` on (the generation region) are summarised: prompt logits
+        are never computed where the model allows it, and read as the mask with confidence 0.
+        ``window`` (first and end column per row) is what the row is decoding; with a cache,
+        a root row refreshes its sample's cache when the window changes, and every row whose
+        sample's cache fits its window forwards only the window (columns outside it then read
+        as the mask with confidence 0).
         """
         unknown = set(statistics) - set(STATISTICS)
         if unknown:
@@ -135,31 +167,72 @@ class RolloutEngine:
         rows, width = tokens.shape
         out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}
         out.update({name: torch.zeros(rows, width) for name in statistics})
-        for index, first in self._groups(attention):
-            keep = max(from_column, first)
-            part = self._summarise(tokens[index, first:], attention[index, first:], draw[index, keep:], statistics, sample_uid[index], keep - first)
+        for forward in self._plan(attention, sample, row_key, from_column, window):
+            index, first = forward.rows, forward.first
+            low, high = forward.columns
+            past = self.kv.gather(sample[index], first) if forward.cached else None
+            part, kv = self._summarise(
+                tokens[index, first:], attention[index, first:], draw[index, low:high], statistics, sample_uid[index], low - first, high - first, past
+            )
             for name, value in part.items():
-                out[name][index, keep:] = value
+                out[name][index, low:high] = value
+            if forward.cached:
+                self.token_forwards.index_add_(0, sample[index], torch.full_like(index, high - low + int(self.adapter.shift_logits and low > 0)))
+            else:
+                self.token_forwards.index_add_(0, sample[index], attention[index].sum(dim=1))
+            if forward.refresh.any():
+                keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
+                self.kv.store(sample[index][forward.refresh], first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
         return Evaluation(uniform=uniform, **out)
 
-    def _groups(self, attention: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
-        """Row chunks of at most ``row_budget`` rows, each with the first column it needs.
+    def _plan(
+        self, attention: torch.Tensor, sample: torch.Tensor, row_key: torch.Tensor, from_column: int, window: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> list["Forward"]:
+        """The forwards of one step: row chunks of at most ``row_budget`` rows.
 
         Columns that are padding in every row of a chunk are dropped, so a row costs the same
         alone or batched. A model that ignores the padding mask gets only rows of one prompt
         length per chunk, hence no padding at all: its results cannot depend on the batch.
+        With a cache, rows whose sample's cache fits their window are forwarded per window;
+        the others get a full forward, whose keys and values refresh their sample's cache if
+        the row is the sample's root.
         """
+        rows, width = attention.shape
         first = attention.long().argmax(dim=1)  # first real column of each row
-        if self.adapter.honours_padding:
-            starts = [(torch.arange(attention.shape[0]), int(first.min()))]
+        if self.cache == "none" or window is None:
+            query, hit = torch.zeros(rows, 2, dtype=torch.long), torch.zeros(rows, dtype=torch.bool)
         else:
-            starts = [((first == f).nonzero().squeeze(1), int(f)) for f in torch.unique(first).tolist()]
-        return [(index[i : i + self.row_budget], f) for index, f in starts for i in range(0, len(index), self.row_budget)]
+            query = self.kv.query(window[0], window[1], width)
+            hit = self.kv.hits(sample, query)
+        groups: list[tuple[torch.Tensor, bool]] = []
+        full = (~hit).nonzero().squeeze(1)
+        if self.adapter.honours_padding:
+            groups.append((full, False))
+        else:
+            groups += [(full[first[full] == f], False) for f in torch.unique(first[full]).tolist()]
+        for low, high in torch.unique(query[hit], dim=0).tolist():
+            groups.append((((query == torch.tensor([low, high])).all(dim=1) & hit).nonzero().squeeze(1), True))
+        plan = []
+        for index, cached in groups:
+            for i in range(0, len(index), self.row_budget):
+                part = index[i : i + self.row_budget]
+                columns = tuple(query[part[0]].tolist()) if cached else (from_column, width)
+                refresh = ~hit[part] & (row_key[part] == 0) & (self.cache != "none") & (window is not None)
+                plan.append(Forward(part, int(first[part].min()), columns, cached, refresh, query[part]))
+        return plan
 
     def _summarise(
-        self, tokens: torch.Tensor, attention: torch.Tensor, draw: torch.Tensor, statistics: frozenset[str], uid: torch.Tensor, keep_from: int
-    ) -> dict[str, torch.Tensor]:
-        logits = self.adapter.logits(tokens, attention, keep_from)
+        self,
+        tokens: torch.Tensor,
+        attention: torch.Tensor,
+        draw: torch.Tensor,
+        statistics: frozenset[str],
+        uid: torch.Tensor,
+        low: int,
+        high: int,
+        past: list | None,
+    ) -> tuple[dict[str, torch.Tensor], list | None]:
+        logits, kv = self.adapter.window_logits(tokens, attention, low, high, past)
         bad = torch.isnan(logits).flatten(1).any(dim=1) & attention.any(dim=1).to(logits.device)
         if bool(bad.any()):
             raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad.cpu()].tolist()))}")
@@ -181,4 +254,4 @@ class RolloutEngine:
             out["margin"] = (top2[..., 0] - top2[..., 1]).cpu()
         if "entropy" in statistics:
             out["entropy"] = -(probs * torch.log(probs + 1e-10)).sum(dim=-1).cpu()  # Dream's definition
-        return out
+        return out, kv

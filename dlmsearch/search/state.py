@@ -85,6 +85,14 @@ class Canvas:
         blocks = layout.block_of_column(self.tokens.device)
         return (blocks[None, :] >= 0) & (blocks[None, :] <= self.block[:, None])
 
+    def window(self, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        """First and end column of the blocks being decoded: from the earliest block that still
+        holds a mask (fast block diffusion may leave some behind) to the end of the current one."""
+        blocks = layout.block_of_column(self.tokens.device)
+        pending = torch.where(self.masked, blocks[None, :], layout.num_blocks).min(dim=1).values
+        earliest = torch.minimum(pending, self.block)
+        return layout.block_start(earliest), layout.block_start(self.block + 1)
+
     def in_current_block(self, layout: Layout) -> torch.Tensor:
         """``[R, T]`` columns of each row's current block."""
         return layout.block_of_column(self.tokens.device)[None, :] == self.block[:, None]
