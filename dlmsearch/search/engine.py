@@ -233,9 +233,7 @@ class RolloutEngine:
         past: list | None,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
         logits, kv = self.adapter.window_logits(tokens, attention, low, high, past)
-        bad = torch.isnan(logits).flatten(1).any(dim=1) & attention.any(dim=1).to(logits.device)
-        if bool(bad.any()):
-            raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad.cpu()].tolist()))}")
+        nan = torch.isnan(logits).any(dim=-1)
         logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
         probs = torch.softmax(logits, dim=-1)
         if self.temperature == 0:
@@ -248,10 +246,16 @@ class RolloutEngine:
         if self.adapter.deferred_ids:
             deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))
             confidence = torch.where(deferred, 0.0, confidence)
-        out = {"token": token.cpu(), "confidence": confidence.cpu()}
+        summaries = {"confidence": confidence, "nan": nan.float()}
         if "margin" in statistics:
             top2 = probs.topk(2, dim=-1).values
-            out["margin"] = (top2[..., 0] - top2[..., 1]).cpu()
+            summaries["margin"] = top2[..., 0] - top2[..., 1]
         if "entropy" in statistics:
-            out["entropy"] = -(probs * torch.log(probs + 1e-10)).sum(dim=-1).cpu()  # Dream's definition
+            summaries["entropy"] = -(probs * torch.log(probs + 1e-10)).sum(dim=-1)  # Dream's definition
+        # One transfer of the step's float summaries and one of its tokens: no per-row synchronisation.
+        host = dict(zip(summaries, torch.stack(list(summaries.values())).cpu().unbind(0)))
+        bad = host.pop("nan").bool().any(dim=1) & attention[:, low:high].any(dim=1)
+        if bool(bad.any()):
+            raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad].tolist()))}")
+        out = {"token": token.cpu(), **host}
         return out, kv

@@ -1,0 +1,35 @@
+"""GPU checks (marked ``gpu``; skipped without CUDA): the native models and caches on CUDA in
+float32 and bfloat16. ``scripts/gpu_check.sh`` runs them with the engine benchmark."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import text_decoder
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.search.engine import RolloutEngine
+from test_text_batching import BLOCK, GEN, MASK_ID, VOCAB, requests_for, tiny_family_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def decode(family: str, device: str, dtype: str, cache: str, preset: str = "fast_dllm"):
+    adapter = ModelAdapter(module=tiny_family_model(family), mask_id=MASK_ID, vocab_size=VOCAB, shift_logits=family == "dream", device=device, dtype=dtype)
+    engine = RolloutEngine(adapter=adapter, cache=cache)
+    return text_decoder(preset, gen_length=GEN).decode(engine, requests_for([3, 9, 6], seed=0), BLOCK)
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_cuda_float32_agrees_with_cpu(family: str, cache: str) -> None:
+    cpu, cuda = decode(family, "cpu", "float32", cache), decode(family, "cuda", "float32", cache)
+    agree = sum(int((a.tokens == b.tokens).sum()) for a, b in zip(cpu, cuda)) / (len(cpu) * GEN)
+    assert agree >= 0.9
+
+
+@pytest.mark.parametrize("preset", ["fast_dllm", "adalook", "llada", "dream"])
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_cuda_bfloat16_decodes(preset: str, cache: str) -> None:
+    for result in decode("llada", "cuda", "bfloat16", cache, preset):
+        assert not (result.tokens == MASK_ID).any() and result.steps >= 1 and result.token_forwards > 0
