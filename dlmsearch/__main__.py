@@ -19,6 +19,12 @@ def _report(summary: dict) -> None:
         f"mean token-forwards {summary['mean_token_forwards']:.0f}, "
         f"wall {summary['wall_seconds']:.1f} s"
     )
+    print(
+        f"latency p50/p95/p99 {summary['latency_p50_s']:.3f}/{summary['latency_p95_s']:.3f}/{summary['latency_p99_s']:.3f} s per item, "
+        f"{summary['samples_per_s']} items/s, {summary['tokens_per_s']} tokens/s, peak RSS {summary['peak_rss_mb']} MB"
+        + (f", CUDA peak {summary['cuda_max_allocated_mb']} MB" if "cuda_max_allocated_mb" in summary else "")
+        + f"; errors {summary['errors']}, fallbacks {summary['fallbacks']}, deadline hits {summary['deadline_hits']}"
+    )
     for example in summary["examples"]:
         print(example)
 
@@ -28,15 +34,21 @@ def _main(cfg: DictConfig) -> None:
     if "decoder" not in cfg:
         print(f"no decoder chosen: add +decoder=NAME, one of: {', '.join(decoder_presets())}", file=sys.stderr)
         sys.exit(2)
-    from dlmsearch.run import run
+    from dlmsearch.run import Interrupted, run
 
     try:
         summary = run(cfg)
     except (ConfigError, FileNotFoundError, ValueError, TypeError, FloatingPointError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as stop:
+        print(f"\n{stop}", file=sys.stderr)
+        sys.exit(128 + stop.signum)
     _report(summary)
     print(f"results: {cfg.out_dir}")
+    if summary["errors"]:
+        print(f"{summary['errors']} item(s) ended in error (see the 'error' field in results.jsonl)", file=sys.stderr)
+        sys.exit(1)
 
 
 def main() -> None:

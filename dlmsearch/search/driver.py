@@ -13,6 +13,7 @@ Baselines are this same loop with the trigger set to never.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import attrs
@@ -47,6 +48,7 @@ class DecodeResult:
     row_forwards: int
     tokens_committed: int
     token_forwards: int  # positions the model computed for this sample (a cache's saving shows here)
+    deadline_hit: bool  # the time budget ran out and the sample was finished by the base rule alone
     commit_call: torch.Tensor  # [n], -1 where the token was given
     commit_confidence: torch.Tensor
     commit_depth: torch.Tensor  # 0: base rule on the root; d >= 1: lookahead depth d
@@ -78,11 +80,15 @@ class SearchDecoder:
         requests: list[DecodeRequest],
         block_length: int,
         on_round: Callable[[Canvas], None] | None = None,
+        deadline_s: float | None = None,
     ) -> list[DecodeResult]:
         """Decode a batch; each sample's result is independent of the others in the batch.
 
         ``on_round`` sees the root canvas of all samples after every round (for traces and tests).
+        Past ``deadline_s`` seconds, samples still decoding stop exploring and finish with the
+        base commit rule alone (their results say so).
         """
+        started = time.monotonic()
         if not requests:
             return []
         block_length = self.block_length or block_length
@@ -103,6 +109,7 @@ class SearchDecoder:
         uid = torch.tensor([r.uid for r in requests], dtype=torch.long)
         cache = Evaluation.empty(samples, layout.width, self.commit.statistics)
         fresh = torch.zeros(samples, dtype=torch.bool)
+        late = torch.zeros(samples, dtype=torch.bool)
         # Every round commits at least one position per sample, except the steps a fixed schedule
         # may leave empty (Dream's first steps): at most its budget per block.
         rounds = gen_length + 1 + (self.commit.block_budget or 0) * layout.num_blocks
@@ -116,7 +123,9 @@ class SearchDecoder:
                 fresh[need] = True
             rows = active.nonzero().squeeze(1)
             root, evaluation = canvas.take(rows), cache.take(rows)
-            explore = self.trigger.fires(root, evaluation, layout)
+            if deadline_s is not None and time.monotonic() - started > deadline_s:
+                late |= active
+            explore = self.trigger.fires(root, evaluation, layout) & ~late[rows]
             exploit = ~explore
             explored = rows[explore]
             if explored.numel():
@@ -140,7 +149,7 @@ class SearchDecoder:
                 on_round(canvas)
         else:
             raise RuntimeError(f"decoder {self.name!r} did not finish within {rounds} rounds")
-        return [self._result(canvas, engine, i, int(uid[i]), layout) for i in range(samples)]
+        return [self._result(canvas, engine, i, int(uid[i]), layout, bool(late[i])) for i in range(samples)]
 
     def _evaluate(self, engine: RolloutEngine, canvas: Canvas, sample: torch.Tensor, uid: torch.Tensor, row_key: torch.Tensor, layout: Layout) -> Evaluation:
         return engine.evaluate(canvas.tokens, canvas.attention, sample, uid[sample], row_key, self.commit.statistics, layout.gen_start, canvas.window(layout))
@@ -206,7 +215,7 @@ class SearchDecoder:
         adopted = torch.arange(samples) * width + best
         return branches.take(adopted), branch_eval.take(adopted), restarted
 
-    def _result(self, canvas: Canvas, engine: RolloutEngine, row: int, uid: int, layout: Layout) -> DecodeResult:
+    def _result(self, canvas: Canvas, engine: RolloutEngine, row: int, uid: int, layout: Layout, late: bool) -> DecodeResult:
         gen = slice(layout.gen_start, layout.width)
         call = canvas.commit_call[row, gen]
         return DecodeResult(
@@ -215,6 +224,7 @@ class SearchDecoder:
             steps=int(engine.steps[row]),
             row_forwards=int(engine.row_forwards[row]),
             token_forwards=int(engine.token_forwards[row]),
+            deadline_hit=late,
             tokens_committed=int((call >= 0).sum()),
             commit_call=call.clone(),
             commit_confidence=canvas.commit_confidence[row, gen].clone(),
