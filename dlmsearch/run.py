@@ -216,6 +216,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     Under ``torchrun`` the pending items are sharded over the ranks, each rank writes its own
     ``results.rank<r>.jsonl``, and rank 0 merges them into ``results.jsonl`` and the summary.
     """
+    out = Path(cfg.out_dir)
+    check_writable(out)  # before loading a model for minutes
     ranks = Ranks.from_environment()
     adapter = build(cfg, "model", **ranks.model_overrides(cfg))
     task = build(cfg, "task")
@@ -223,8 +225,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     decoding = Decoding(build(cfg, "decoder"), engine, task, build_fallback(cfg), cfg.get("deadline_s"))
     if int(cfg.batch_size) < 1:
         raise ValueError(f"batch_size must be at least 1, got {cfg.batch_size}")
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     items = task.items()
     longest = max(items, key=lambda item: len(item.prompt) + len(item.generation))
     adapter.check_length(len(longest.prompt) + len(longest.generation), f"the canvas of item {longest.id} (prompt {len(longest.prompt)} + generation {len(longest.generation)})")
