@@ -4,12 +4,14 @@ It evaluates any flat set of rows (several samples, each with several hypotheses
 in one forward call, chunked to ``row_budget`` rows, and returns per-position summaries that the
 components need. Vocabulary-sized tensors live only inside a call. It owns the counters:
 ``steps`` (sequential model calls: every row of one call counts once per sample) and
-``row_forwards`` (rows summed over calls, the real compute of a search).
+``row_forwards`` (rows summed over calls, the real compute of a search). A forward that runs
+out of device memory is split and retried (see ``RolloutEngine._forward``).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable, Iterator
 
 import attrs
 import torch
@@ -64,6 +66,14 @@ class Forward:
     query: torch.Tensor
 
 
+_OUT_OF_MEMORY = tuple({torch.OutOfMemoryError, getattr(torch.cuda, "OutOfMemoryError", torch.OutOfMemoryError)})
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """CUDA's (and torch's) out-of-memory error, or a RuntimeError that says it ran out of memory."""
+    return isinstance(error, _OUT_OF_MEMORY) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
+
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -111,6 +121,9 @@ class RolloutEngine:
     row_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     token_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     kv: KVCache = attrs.field(init=False)
+    budget: int | None = attrs.field(init=False, default=None)  # row budget lowered after running out of memory; None: row_budget
+    regrow_after: int = attrs.field(init=False, default=20)  # successful forwards before a lowered budget doubles again
+    successes: int = attrs.field(init=False, default=0)  # successful forwards since the budget last changed
 
     def __attrs_post_init__(self) -> None:
         if self.cache != "none" and not self.adapter.caches:
@@ -123,6 +136,11 @@ class RolloutEngine:
     @property
     def mask_id(self) -> int:
         return self.adapter.mask_id
+
+    @property
+    def current_budget(self) -> int:
+        """Rows per forward now: ``row_budget``, or less after an out-of-memory error."""
+        return self.row_budget if self.budget is None else min(self.budget, self.row_budget)
 
     def reset(self, samples: int) -> None:
         """Zero the per-sample counters for a new batch of ``samples``."""
@@ -167,28 +185,98 @@ class RolloutEngine:
         rows, width = tokens.shape
         out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}
         out.update({name: torch.zeros(rows, width) for name in statistics})
-        for forward in self._plan(attention, sample, row_key, from_column, window):
+
+        def run(forward: Forward) -> tuple[dict[str, torch.Tensor], list | None]:
             index, first = forward.rows, forward.first
             low, high = forward.columns
             past = self.kv.gather(sample[index], first) if forward.cached else None
-            part, kv = self._summarise(
+            return self._summarise(
                 tokens[index, first:], attention[index, first:], draw[index, low:high], statistics, sample_uid[index], low - first, high - first, past
             )
-            for name, value in part.items():
-                out[name][index, low:high] = value
-            if forward.cached:
-                self.token_forwards.index_add_(0, sample[index], torch.full_like(index, high - low + int(self.adapter.shift_logits and low > 0)))
-            else:
-                self.token_forwards.index_add_(0, sample[index], attention[index].sum(dim=1))
-            if forward.refresh.any():
-                keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
-                self.kv.store(sample[index][forward.refresh], first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
+
+        for planned in self._plan(attention, sample, row_key, from_column, window):
+            for forward, (part, kv) in self._forward(planned, run, sample_uid):
+                index, first = forward.rows, forward.first
+                low, high = forward.columns
+                for name, value in part.items():
+                    out[name][index, low:high] = value
+                if forward.cached:
+                    self.token_forwards.index_add_(0, sample[index], torch.full_like(index, high - low + int(self.adapter.shift_logits and low > 0)))
+                else:
+                    self.token_forwards.index_add_(0, sample[index], attention[index].sum(dim=1))
+                if forward.refresh.any():
+                    keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
+                    self.kv.store(sample[index][forward.refresh], first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
         return Evaluation(uniform=uniform, **out)
+
+    def _forward(
+        self,
+        forward: Forward,
+        run: Callable[[Forward], tuple[dict[str, torch.Tensor], list | None]],
+        sample_uid: torch.Tensor,
+        planned_rows: int | None = None,
+    ) -> Iterator[tuple[Forward, tuple[dict[str, torch.Tensor], list | None]]]:
+        """Run one planned forward, yielding each piece that ran and its result.
+
+        Out-of-memory back-off. When a forward of ``n`` rows runs out of memory (torch's or
+        CUDA's OutOfMemoryError, or a RuntimeError saying "out of memory"), the CUDA cache is
+        emptied and the forward is split into two of ``ceil(n / 2)`` and ``floor(n / 2)`` rows
+        (same first column and window; each keeps its own rows' cache refreshes and windows),
+        each retried the same way down to one row; a row that fails alone re-raises, naming its
+        sample uid and the rows tried. Each failure lowers ``current_budget`` to ``ceil(n / 2)``
+        for all later forwards (those already planned in this step are cut to it before they
+        run); after ``regrow_after`` (20) successful forwards in a row the budget doubles, up to
+        the configured ``row_budget`` (a budget that is still too large fails once more and halves
+        again). Results do not change: a row's logits do not depend on its batch, and the
+        counters count the logical step and its rows once, not the retries.
+        """
+        rows, budget = len(forward.rows), self.current_budget
+        if rows > budget:  # the budget dropped earlier in this step: no need to fail again first
+            for start in range(0, rows, budget):
+                yield from self._forward(self._piece(forward, slice(start, start + budget)), run, sample_uid)
+            return
+        try:
+            result = run(forward)
+        except RuntimeError as error:
+            if not _out_of_memory(error):
+                raise
+            if rows == 1:
+                uid = sorted(set(sample_uid[forward.rows].tolist()))
+                raise torch.OutOfMemoryError(
+                    f"out of memory forwarding a single row of sample uid(s) {uid} (split from a forward of "
+                    f"{planned_rows or rows} row(s); row_budget={self.row_budget}): {error}"
+                ) from error
+        else:
+            self._succeeded()
+            yield forward, result
+            return
+        # Retried outside the except clause, so that the failed attempt's tensors (held by its traceback) are freed.
+        half = (rows + 1) // 2
+        self.budget, self.successes = min(self.current_budget, half), 0
+        if str(self.adapter.device).startswith("cuda") and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        for part in (slice(0, half), slice(half, rows)):
+            yield from self._forward(self._piece(forward, part), run, sample_uid, planned_rows or rows)
+
+    @staticmethod
+    def _piece(forward: Forward, part: slice) -> Forward:
+        """Some of a forward's rows, with their cache refreshes and windows; same first column and columns."""
+        return attrs.evolve(forward, rows=forward.rows[part], refresh=forward.refresh[part], query=forward.query[part])
+
+    def _succeeded(self) -> None:
+        """Count a successful forward; a lowered budget doubles after ``regrow_after`` of them in a row."""
+        if self.budget is None:
+            return
+        self.successes += 1
+        if self.successes >= self.regrow_after:
+            self.budget, self.successes = 2 * self.budget, 0
+            if self.budget >= self.row_budget:
+                self.budget = None
 
     def _plan(
         self, attention: torch.Tensor, sample: torch.Tensor, row_key: torch.Tensor, from_column: int, window: tuple[torch.Tensor, torch.Tensor] | None
     ) -> list["Forward"]:
-        """The forwards of one step: row chunks of at most ``row_budget`` rows.
+        """The forwards of one step: row chunks of at most ``current_budget`` rows.
 
         Columns that are padding in every row of a chunk are dropped, so a row costs the same
         alone or batched. A model that ignores the padding mask gets only rows of one prompt
@@ -214,8 +302,8 @@ class RolloutEngine:
             groups.append((((query == torch.tensor([low, high])).all(dim=1) & hit).nonzero().squeeze(1), True))
         plan = []
         for index, cached in groups:
-            for i in range(0, len(index), self.row_budget):
-                part = index[i : i + self.row_budget]
+            for i in range(0, len(index), self.current_budget):
+                part = index[i : i + self.current_budget]
                 columns = tuple(query[part[0]].tolist()) if cached else (from_column, width)
                 refresh = ~hit[part] & (row_key[part] == 0) & (self.cache != "none") & (window is not None)
                 plan.append(Forward(part, int(first[part].min()), columns, cached, refresh, query[part]))

@@ -21,6 +21,22 @@ _PEERS: list[tuple[int, ...]] = [
 ]
 
 
+def clue_conflict(grid: np.ndarray) -> str | None:
+    """The first two equal digits sharing a row, column or box (1-based, e.g. ``digit 5 twice in
+    row 1 (r1c1 and r1c4)``), or None when the clues are consistent. Blanks (0) are ignored."""
+    grid = np.asarray(grid).reshape(CELLS)
+    filled = grid != 0
+    for name, unit in (("row", _ROW), ("column", _COL), ("box", _BOX)):
+        counts = np.bincount(unit[filled] * 10 + grid[filled], minlength=90)
+        if counts.max(initial=0) <= 1:
+            continue
+        u, digit = divmod(int(np.argmax(counts > 1)), 10)
+        first, second = np.flatnonzero((unit == u) & (grid == digit))[:2]
+        where = " and ".join(f"r{i // 9 + 1}c{i % 9 + 1}" for i in (first, second))
+        return f"digit {digit} twice in {name} {u + 1} ({where})"
+    return None
+
+
 def count_solutions(grid: np.ndarray, limit: int = 2, rng: np.random.Generator | None = None) -> tuple[int, np.ndarray | None]:
     """Count solutions up to ``limit`` (depth-first, fewest-candidates cell first).
 
