@@ -73,14 +73,16 @@ def requests_for(lengths: list[int], seed: int) -> list[DecodeRequest]:
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=4), seed=st.integers(0, 1000))
 def test_batched_equals_alone(preset: str, family: str, honours_padding: bool, lengths: list[int], seed: int) -> None:
-    engine = RolloutEngine(adapter=ADAPTERS[family, honours_padding], row_budget=3)
+    assert_batched_equals_alone(RolloutEngine(adapter=ADAPTERS[family, honours_padding], row_budget=3), preset, requests_for(lengths, seed))
+
+
+def assert_batched_equals_alone(engine: RolloutEngine, preset: str, requests: list[DecodeRequest]) -> None:
     decoder = DECODERS[preset]
-    requests = requests_for(lengths, seed)
     batched = decoder.decode(engine, requests, BLOCK)
     for request, together in zip(requests, batched):
         [alone] = decoder.decode(engine, [request], BLOCK)
         assert torch.equal(together.tokens, alone.tokens), f"{preset}: prompt of length {len(request.prompt)}"
-        assert (together.steps, together.row_forwards) == (alone.steps, alone.row_forwards)
+        assert (together.steps, together.row_forwards, together.token_forwards) == (alone.steps, alone.row_forwards, alone.token_forwards)
 
 
 def test_a_model_that_ignores_padding_never_sees_padding() -> None:
@@ -155,14 +157,7 @@ def test_llada_end_of_text_switches() -> None:
 @given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=4), seed=st.integers(0, 1000))
 def test_cached_decoding_is_batch_invariant(preset: str, family: str, cache: str, lengths: list[int], seed: int) -> None:
     """Lookahead branches share their sample's cache, rows of other samples keep their own."""
-    engine = RolloutEngine(adapter=ADAPTERS[family, True], row_budget=3, cache=cache)
-    decoder = DECODERS[preset]
-    requests = requests_for(lengths, seed)
-    batched = decoder.decode(engine, requests, BLOCK)
-    for request, together in zip(requests, batched):
-        [alone] = decoder.decode(engine, [request], BLOCK)
-        assert torch.equal(together.tokens, alone.tokens), f"{preset}: prompt of length {len(request.prompt)}"
-        assert (together.steps, together.row_forwards, together.token_forwards) == (alone.steps, alone.row_forwards, alone.token_forwards)
+    assert_batched_equals_alone(RolloutEngine(adapter=ADAPTERS[family, True], row_budget=3, cache=cache), preset, requests_for(lengths, seed))
 
 
 @pytest.mark.parametrize("preset", ["fast_dllm", "adalook"])
