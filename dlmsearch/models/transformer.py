@@ -161,7 +161,7 @@ class BidirectionalTransformer(nn.Module):
         else:
             attention_mask = attention_mask.bool()
             positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-            key_mask = None if bool(attention_mask.all()) else attention_mask[:, None, None, :]
+            key_mask = attention_mask[:, None, None, :]  # callers pass a mask only where rows are padded
         cos, sin = rotary_tables(positions[:, start : start + length], self.config.head_dim, self.config.rope_theta)
         x = self.embed(input_ids)
         kv = []

@@ -321,7 +321,6 @@ class RolloutEngine:
         past: list | None,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
         logits, kv = self.adapter.window_logits(tokens, attention, low, high, past)
-        nan = torch.isnan(logits).any(dim=-1)
         logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
         probs = torch.softmax(logits, dim=-1)
         if self.temperature == 0:
@@ -334,7 +333,7 @@ class RolloutEngine:
         if self.adapter.deferred_ids:
             deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))
             confidence = torch.where(deferred, 0.0, confidence)
-        summaries = {"confidence": confidence, "nan": nan.float()}
+        summaries = {"confidence": confidence, "nan": torch.isnan(probs[..., 0]).float()}  # NaN logits make the whole softmax NaN
         if "margin" in statistics:
             top2 = probs.topk(2, dim=-1).values
             summaries["margin"] = top2[..., 0] - top2[..., 1]
