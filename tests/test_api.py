@@ -57,7 +57,7 @@ def test_from_preset_mistakes_name_the_key() -> None:
         Decoder.from_preset("adalook", overrides={"decoder.expansion.max_dept": 3})
     with pytest.raises(ConfigError, match="max_depth"):
         Decoder.from_preset("adalook", overrides={"decoder.expansion.max_depth": "abc"})
-    with pytest.raises(ConfigError, match="Could not find 'decoder/expansion/deep'; options: fixed_depth, one_step, variance_gate"):
+    with pytest.raises(ConfigError, match="Could not find 'decoder/expansion/deep'; options: confidence_depth, fixed_depth, one_step, variance_gate"):
         Decoder.from_preset("adalook", overrides={"decoder/expansion": "deep"})
     with pytest.raises(ValueError, match=r"'model.device' .*Model.load"):
         Decoder.from_preset("adalook", overrides={"model.device": "cpu"})

@@ -163,6 +163,9 @@ class SearchDecoder:
         wants a fresh lookahead from the adopted state instead of exploiting it).
         """
         assert self.candidates and self.scorer and self.expansion and self.selector
+        # A policy that decides from the root (ConfidenceDepth) is bound to these samples first.
+        plan = getattr(self.expansion, "plan", None)
+        expansion = plan(root, evaluation, layout) if plan is not None else self.expansion
         positions, live = self.candidates.propose(root, evaluation, layout)
         samples, width = positions.shape
         sample_row = sample.repeat_interleave(width)
@@ -186,12 +189,12 @@ class SearchDecoder:
             branch_eval = branch_eval.put(rows, sub_eval)
             gained = self.scorer.score(sub, sub_eval, layout, step_log_conf[rows])
             scores = scores.clone()
-            scores[rows] = scores[rows] + gained if self.expansion.accumulate else gained
-            if depth >= self.expansion.max_depth:
+            scores[rows] = scores[rows] + gained if expansion.accumulate else gained
+            if depth >= expansion.max_depth:
                 break
             grid = scores.view(samples, width)
             finished = (~branches.masked.any(dim=1)).view(samples, width)
-            go = rolling & self.expansion.should_continue(grid, live, depth) & ~(live & finished).any(dim=1)
+            go = rolling & expansion.should_continue(grid, live, depth) & ~(live & finished).any(dim=1)
             if self.selector.reevaluates and bool(go.any()):
                 fires = torch.zeros(samples * width, dtype=torch.bool)
                 fires[rows] = self.trigger.fires(sub, sub_eval, layout)
