@@ -78,11 +78,11 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TextCheck
     if reason:
         pytest.skip(reason)
     specs = {}
-    for family, build in (("llada", build_llada), ("dream", build_dream)):
+    for family, build_checkpoint in (("llada", build_llada), ("dream", build_dream)):
         cfg = compose([f"model={family}", "model.path=unused"]).model
         root = tmp_path_factory.mktemp(f"tiny_{family}")
-        upstream = build(root / "model")
-        build(root / "sharded", shards=2)
+        upstream = build_checkpoint(root / "model")
+        build_checkpoint(root / "sharded", shards=2)
         write_tokenizer(root / "model", family)
         specs[family] = TextCheckpoint(root / "model", root / "sharded", upstream, cfg.mask_id, cfg.vocab_size, list(cfg.stop_ids))
     return specs

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dlmsearch.config import build, compose
+from dlmsearch.config import compose
 from dlmsearch.run import run
 
 ROOT = Path(__file__).resolve().parents[1]

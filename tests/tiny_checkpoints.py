@@ -381,6 +381,22 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def _check_ids(vocab_size: int, **ids: int) -> None:
+    for name, token in ids.items():
+        if not 0 <= token < vocab_size:
+            raise ValueError(f"{name}={token} is outside the vocabulary of {vocab_size}")
+
+
+def _write_checkpoint(directory: Path, model: torch.nn.Module, shards: int, config: dict[str, Any], generation: dict[str, Any]) -> None:
+    """``config.json``, ``generation_config.json`` and the weights of a float32 checkpoint."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    version = {"transformers_version": _transformers_version()}
+    _write_json(directory / "config.json", {**config, "torch_dtype": "float32", **version})
+    _write_json(directory / "generation_config.json", {"_from_model_config": True, **generation, **version})
+    _write_weights(directory, model.state_dict(), shards)
+
+
 def _transformers_version() -> str:
     import transformers
 
@@ -478,9 +494,7 @@ def build_llada(
     field) and the weights (``shards`` safetensors files). The returned model is the one whose
     weights were written.
     """
-    for name, token in (("mask_id", mask_id), ("eos_id", eos_id), ("eot_id", eot_id)):
-        if not 0 <= token < vocab_size:
-            raise ValueError(f"{name}={token} is outside the vocabulary of {vocab_size}")
+    _check_ids(vocab_size, mask_id=mask_id, eos_id=eos_id, eot_id=eot_id)
     package, _ = _llada_modules()
     fields = llada_config_dict(
         vocab_size=vocab_size, mask_id=mask_id, eos_id=eos_id, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
@@ -498,9 +512,7 @@ def build_llada(
         residual_writers=[b + "attn_out.weight" for b in blocks] + [b + "ff_out.weight" for b in blocks],
         mask_id=mask_id, sharpness=sharpness,
     )
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    _write_json(directory / "config.json", {
+    _write_checkpoint(directory, model, shards, {
         **fields,
         "model_type": "llada",
         "architectures": ["LLaDAModelLM"],
@@ -510,14 +522,7 @@ def build_llada(
             "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
         },
         "use_cache": False,
-        "torch_dtype": "float32",
-        "transformers_version": _transformers_version(),
-    })
-    _write_json(directory / "generation_config.json", {
-        "_from_model_config": True, "eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id,
-        "transformers_version": _transformers_version(),
-    })
-    _write_weights(directory, model.state_dict(), shards)
+    }, {"eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id})
     return model
 
 
@@ -587,9 +592,7 @@ def build_dream(
     ``auto_map``, the special ids), ``generation_config.json`` and the weights (``shards``
     safetensors files).
     """
-    for name, token in (("mask_id", mask_id), ("eos_id", eos_id)):
-        if not 0 <= token < vocab_size:
-            raise ValueError(f"{name}={token} is outside the vocabulary of {vocab_size}")
+    _check_ids(vocab_size, mask_id=mask_id, eos_id=eos_id)
     package = _dream_package()
     fields = dream_config_dict(
         vocab_size=vocab_size, mask_id=mask_id, eos_id=eos_id, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
@@ -607,21 +610,12 @@ def build_dream(
         residual_writers=[l + "self_attn.o_proj.weight" for l in layers] + [l + "mlp.down_proj.weight" for l in layers],
         mask_id=mask_id, sharpness=sharpness,
     )
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    _write_json(directory / "config.json", {
+    _write_checkpoint(directory, model, shards, {
         **fields,
         "model_type": "Dream",
         "architectures": ["DreamModel"],
         "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-        "torch_dtype": "float32",
-        "transformers_version": _transformers_version(),
-    })
-    _write_json(directory / "generation_config.json", {
-        "_from_model_config": True, "bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id,
-        "transformers_version": _transformers_version(),
-    })
-    _write_weights(directory, model.state_dict(), shards)
+    }, {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id})
     return model
 
 

@@ -33,10 +33,10 @@ class ModelAdapter:
     deferred_ids: list[int] = attrs.field(factory=list)  # proposed with confidence 0, so committed last (confidence_eos_eot_inf)
 
     def __attrs_post_init__(self) -> None:
-        for name, ids in (("mask_id", [self.mask_id]), ("suppressed id", self.suppressed_ids), ("deferred id", self.deferred_ids)):
+        for name, ids in (("model.mask_id=", [self.mask_id]), ("suppressed token id ", self.suppressed_ids), ("deferred token id ", self.deferred_ids)):
             outside = [i for i in ids if not 0 <= i < self.vocab_size]
             if outside:
-                raise ValueError(f"model.{name}={outside[0]} is outside the vocabulary [0, {self.vocab_size})")
+                raise ValueError(f"{name}{outside[0]} is outside the vocabulary [0, {self.vocab_size})")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"model.device={self.device} but no CUDA device is available; use model.device=cpu")
         self.module = self.module.to(device=self.device, dtype=getattr(torch, self.dtype)).eval()
