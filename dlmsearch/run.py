@@ -98,6 +98,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_row_forwards": mean("row_forwards"),
         "mean_token_forwards": mean("token_forwards"),
         "mean_tokens_committed": mean("tokens_committed"),
+        "mean_live_particles": mean("live_particles") if any("live_particles" in r for r in decoded) else 1.0,
         "wall_seconds": round(wall, 2),
         "latency_p50_s": round(percentile(latencies, 50), 4),
         "latency_p95_s": round(percentile(latencies, 95), 4),
@@ -150,7 +151,8 @@ class Decoding:
 
     def results(self, decoder: SearchDecoder, items: list[TaskItem], uids: list[int]) -> list[DecodeResult]:
         requests = [DecodeRequest(uid=u, prompt=i.prompt, generation=i.generation) for u, i in zip(uids, items)]
-        return decoder.decode(self.engine, requests, self.task.block_length, deadline_s=self.deadline_s)
+        verifier = self.task.verifier([i.question for i in items])  # built from the questions: never the references
+        return decoder.decode(self.engine, requests, self.task.block_length, deadline_s=self.deadline_s, verifier=verifier)
 
     def record(self, item: TaskItem, result: DecodeResult, share: float, fallback: str | None = None) -> dict[str, Any]:
         record = {
@@ -162,8 +164,11 @@ class Decoding:
             "row_forwards": result.row_forwards,
             "token_forwards": result.token_forwards,
             "tokens_committed": result.tokens_committed,
+            "live_particles": result.live_particles,
             "wall_seconds": round(share, 4),
         }
+        if result.accepted is not None:
+            record["verifier_accepted"] = result.accepted
         if result.deadline_hit:
             record["deadline_hit"] = True
         if fallback:

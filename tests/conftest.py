@@ -50,6 +50,23 @@ def make_requests(prompt_lengths: list[int], gen_length: int, seed: int = 0, fix
     return requests
 
 
+class NoRepeatVerifier:
+    """A task rule for the tiny models: no token twice in a row. Partial outputs that break it
+    are inconsistent; complete ones that keep it are accepted; the answer is the first token."""
+
+    checks_partial = True
+
+    def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        both = ~masked[:, 1:] & ~masked[:, :-1]
+        return ~(both & (tokens[:, 1:] == tokens[:, :-1])).any(dim=1)
+
+    def accepts(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self.consistent(sample, tokens, torch.zeros_like(tokens, dtype=torch.bool))
+
+    def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
+        return [str(int(row[0])) for row in tokens]
+
+
 def text_decoder(preset: str, *overrides: str, gen_length: int = 16) -> SearchDecoder:
     """A preset composed for left-to-right text (frontier at the block midpoint)."""
     cfg = compose([f"+decoder={preset}", "decoding=text", f"task.gen_length={gen_length}", *overrides])

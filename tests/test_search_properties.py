@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import MASK_ID, make_requests, text_decoder
+from conftest import MASK_ID, NoRepeatVerifier, make_requests, text_decoder
 from dlmsearch.config import decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.commit import DreamSchedule
@@ -20,19 +20,21 @@ from dlmsearch.search.state import Canvas
 
 
 class RoundLog:
-    """Records the root canvas after every round."""
+    """Records every slot's canvas after every round, and what each slot continued from."""
 
     def __init__(self) -> None:
         self.canvases: list[Canvas] = []
+        self.sources: list[torch.Tensor | None] = []
 
-    def __call__(self, canvas: Canvas) -> None:
+    def __call__(self, canvas: Canvas, source: torch.Tensor | None = None) -> None:
         self.canvases.append(canvas)
+        self.sources.append(source)
 
 
 def decode_logged(decoder: SearchDecoder, adapter: ModelAdapter, requests, block_length: int):
     log = RoundLog()
-    results = decoder.decode(RolloutEngine(adapter=adapter), requests, block_length, on_round=log)
-    return results, log.canvases
+    results = decoder.decode(RolloutEngine(adapter=adapter), requests, block_length, on_round=log, verifier=NoRepeatVerifier())
+    return results, log.canvases, log.sources
 
 
 shapes = st.fixed_dictionaries({
@@ -50,21 +52,25 @@ def test_unmasking_is_monotonic_and_complete(adapter: ModelAdapter, shape: dict)
     gen_length, block_length = shape["blocks"]
     requests = make_requests(shape["prompts"], gen_length, seed=shape["seed"], fixed=shape["fixed"])
     decoder = text_decoder(shape["preset"], gen_length=gen_length)
-    results, canvases = decode_logged(decoder, adapter, requests, block_length)
+    results, canvases, sources = decode_logged(decoder, adapter, requests, block_length)
     start = canvases[0].tokens.shape[1] - gen_length
+    size = decoder.population.size
     previous_masked = torch.zeros(0)
     previous_tokens = None
     fixed_schedule = isinstance(decoder.commit, DreamSchedule)  # Dream's early steps may commit nothing, as upstream
-    for canvas in canvases:
+    for canvas, source in zip(canvases, sources):
         if previous_tokens is not None:
+            if source is not None:  # a resampled slot continues from another slot's canvas
+                previous_masked, previous_tokens = previous_masked[source], previous_tokens[source]
             assert not (canvas.masked & ~previous_masked).any(), "a position was re-masked"
             committed = ~previous_masked & canvas.attention
             assert torch.equal(canvas.tokens[committed], previous_tokens[committed]), "a committed token changed"
             progressed = (previous_masked.sum(1) > canvas.masked.sum(1)) | (previous_masked.sum(1) == 0)
-            assert progressed.all() or fixed_schedule, "a round committed nothing for an unfinished sample"
+            # particles ended by the verifier, or of a stopped sample, no longer progress
+            assert progressed.all() or fixed_schedule or size > 1, "a round committed nothing for an unfinished sample"
         previous_masked, previous_tokens = canvas.masked, canvas.tokens
     for index, (request, result) in enumerate(zip(requests, results)):
-        row = canvases[-1].tokens[index]
+        row = canvases[-1].tokens[index * size]
         assert torch.equal(row[start - len(request.prompt) : start], request.prompt), "prompt modified"
         given_cells = request.generation != MASK_ID
         assert torch.equal(result.tokens[given_cells], request.generation[given_cells]), "a given cell changed"
@@ -73,6 +79,7 @@ def test_unmasking_is_monotonic_and_complete(adapter: ModelAdapter, shape: dict)
         assert result.tokens_committed == blanks
         max_depth = getattr(decoder.expansion, "max_depth", 0)
         bound = decoder.commit.steps if fixed_schedule else blanks * (1 + max_depth)
+        assert result.row_forwards <= result.steps * size * (1 + getattr(decoder.candidates, "k", 0)), "more rows than particles and branches"
         assert 1 <= result.steps <= bound, "step bound exceeded"
 
 
@@ -82,9 +89,10 @@ def test_results_do_not_depend_on_batch_composition(adapter: ModelAdapter, shape
     gen_length, block_length = shape["blocks"]
     decoder = text_decoder(shape["preset"], gen_length=gen_length)
     requests = make_requests(shape["prompts"] + [7, 0], gen_length, seed=shape["seed"], fixed=shape["fixed"])
-    together = decoder.decode(RolloutEngine(adapter=adapter), requests, block_length)
+    verifier = NoRepeatVerifier()
+    together = decoder.decode(RolloutEngine(adapter=adapter), requests, block_length, verifier=verifier)
     for index in (0, len(requests) - 1):
-        [alone] = decoder.decode(RolloutEngine(adapter=adapter), [requests[index]], block_length)
+        [alone] = decoder.decode(RolloutEngine(adapter=adapter), [requests[index]], block_length, verifier=verifier)
         assert torch.equal(alone.tokens, together[index].tokens)
         assert (alone.steps, alone.row_forwards) == (together[index].steps, together[index].row_forwards)
 
@@ -134,7 +142,7 @@ def test_adalook_gate_and_reevaluation_change_the_search(adapter: ModelAdapter) 
 def test_threshold_rule_commits_at_least_one_per_step(adapter: ModelAdapter) -> None:
     requests = make_requests([3, 0, 5], 16, seed=5)
     for threshold in (0.0, 0.5, 1.0):
-        _, canvases = decode_logged(text_decoder("fast_dllm", f"decoder.commit.threshold={threshold}"), adapter, requests, 8)
+        _, canvases, _ = decode_logged(text_decoder("fast_dllm", f"decoder.commit.threshold={threshold}"), adapter, requests, 8)
         counts = [c.masked.sum(1) for c in canvases]
         before = torch.full_like(counts[0], 16)
         for now in counts:
@@ -151,7 +159,7 @@ def test_llada_schedule_commits_exactly_its_k(adapter: ModelAdapter, steps: int,
     gen_length, block_length = 16, 4
     requests = make_requests([2, 4], gen_length, seed=steps, fixed=fixed)
     decoder = text_decoder("llada", f"decoder.commit.steps={steps}", gen_length=gen_length)
-    _, canvases = decode_logged(decoder, adapter, requests, block_length)
+    _, canvases, _ = decode_logged(decoder, adapter, requests, block_length)
     per_block = steps // (gen_length // block_length)
     for row, request in enumerate(requests):
         expected = []

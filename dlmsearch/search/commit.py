@@ -21,16 +21,19 @@ ORDERINGS = ("confidence", "margin", "neg_entropy", "random")
 
 
 def ordering_scores(evaluation: Evaluation, ordering: str) -> torch.Tensor:
-    """Higher is committed first: probability, top1-top2 margin, negative entropy, or random."""
+    """Higher is committed first: probability, top1-top2 margin, negative entropy, or random;
+    plus the evaluation's order noise where a population perturbs it."""
     if ordering == "confidence":
-        return evaluation.confidence
-    if ordering == "margin":
+        scores = evaluation.confidence
+    elif ordering == "margin":
         assert evaluation.margin is not None
-        return evaluation.margin
-    if ordering == "neg_entropy":
+        scores = evaluation.margin
+    elif ordering == "neg_entropy":
         assert evaluation.entropy is not None
-        return -evaluation.entropy
-    return evaluation.uniform
+        scores = -evaluation.entropy
+    else:
+        scores = evaluation.uniform
+    return scores if evaluation.order_noise is None else scores + evaluation.order_noise
 
 
 def statistics_for(ordering: str) -> frozenset[str]:
@@ -121,7 +124,7 @@ class ThresholdRule(_UntilBlockFull):
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         eligible = canvas.masked & canvas.in_current_block(layout)
         chosen = eligible & (evaluation.confidence >= self.threshold)
-        return at_least_one(chosen, evaluation.confidence, canvas, layout)
+        return at_least_one(chosen, ordering_scores(evaluation, "confidence"), canvas, layout)
 
 
 @attrs.define
@@ -138,7 +141,7 @@ class FactorRule(_UntilBlockFull):
         rank = torch.arange(1, ordered.shape[1] + 1, dtype=ordered.dtype)
         accepted = (ordered >= 1 - self.factor / (rank + 1)).long().cumprod(dim=1).sum(dim=1)
         chosen = top_k_mask(evaluation.confidence, eligible, accepted)
-        return at_least_one(chosen, evaluation.confidence, canvas, layout)
+        return at_least_one(chosen, ordering_scores(evaluation, "confidence"), canvas, layout)
 
 
 @attrs.define
@@ -160,7 +163,7 @@ class FastBlockRule:
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         chosen = canvas.masked & canvas.unlocked(layout) & (evaluation.confidence >= self.threshold)
-        return at_least_one(chosen, evaluation.confidence, canvas, layout)
+        return at_least_one(chosen, ordering_scores(evaluation, "confidence"), canvas, layout)
 
 
 @attrs.define

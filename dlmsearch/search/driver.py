@@ -9,6 +9,10 @@ is adopted together with the evaluation it already has. Then every sample applie
 commit rule to its state (explore, then exploit: an adopted branch's evaluation is used, never
 recomputed), except where the selector asked for a fresh lookahead from the adopted state.
 Baselines are this same loop with the trigger set to never.
+
+Width search is the same loop over more rows: with a population of P, each sample holds P
+slots (particles), every step above runs for all slots of all samples at once, and after each
+round the population may end, stop or resample particles (``dlmsearch.search.population``).
 """
 
 from __future__ import annotations
@@ -23,10 +27,14 @@ from dlmsearch.search.candidates import CandidateGenerator
 from dlmsearch.search.commit import CommitRule
 from dlmsearch.search.engine import Evaluation, RolloutEngine
 from dlmsearch.search.expansion import ExpansionPolicy
+from dlmsearch.search.population import Particles, Population
 from dlmsearch.search.scorers import Scorer
 from dlmsearch.search.selectors import Selector
 from dlmsearch.search.state import Canvas, Layout, initial_canvas
 from dlmsearch.search.triggers import NeverTrigger, Trigger
+from dlmsearch.tasks.base import Verifier
+
+BRANCH_KEYS = 1 << 16  # a row's randomness key: particle * BRANCH_KEYS + (0 for the root, 1 + branch)
 
 
 @attrs.frozen
@@ -53,6 +61,9 @@ class DecodeResult:
     commit_confidence: torch.Tensor
     commit_depth: torch.Tensor  # 0: base rule on the root; d >= 1: lookahead depth d
     commit_branch: torch.Tensor  # lookahead branch index, -1 for base commits
+    particle: int = 0  # the population's particle chosen as the output
+    live_particles: float = 1.0  # particles decoding, averaged over the sample's rounds
+    accepted: bool | None = None  # the task verifier's verdict on the output (None: not checked)
 
 
 @attrs.define
@@ -65,6 +76,7 @@ class SearchDecoder:
     scorer: Scorer | None = None
     expansion: ExpansionPolicy | None = None
     selector: Selector | None = None
+    population: Population = attrs.field(factory=Population)
     name: str = "custom"
     block_length: int | None = None  # a decoder with its own block structure (Dream: one block); None: the task's
 
@@ -79,18 +91,22 @@ class SearchDecoder:
         engine: RolloutEngine,
         requests: list[DecodeRequest],
         block_length: int,
-        on_round: Callable[[Canvas], None] | None = None,
+        on_round: Callable[[Canvas, torch.Tensor | None], None] | None = None,
         deadline_s: float | None = None,
+        verifier: Verifier | None = None,
     ) -> list[DecodeResult]:
         """Decode a batch; each sample's result is independent of the others in the batch.
 
-        ``on_round`` sees the root canvas of all samples after every round (for traces and tests).
+        ``on_round`` sees the canvases of all slots after every round, and the slot of the
+        previous round's canvases each continues from (None: its own), for traces and tests.
         Past ``deadline_s`` seconds, samples still decoding stop exploring and finish with the
-        base commit rule alone (their results say so).
+        base commit rule alone (their results say so). ``verifier`` is the task's check of the
+        batch's outputs, for populations that use one.
         """
         started = time.monotonic()
         if not requests:
             return []
+        self.population.check(verifier)
         block_length = self.block_length or block_length
         gen_length = len(requests[0].generation)
         if any(len(r.generation) != gen_length for r in requests):
@@ -103,23 +119,24 @@ class SearchDecoder:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {engine.adapter.vocab_size}) in sample uid(s) {bad}")
         self.commit.bind(layout)
         mask_id = engine.mask_id
-        canvas = initial_canvas([r.prompt for r in requests], [r.generation for r in requests], layout, mask_id, pad_id=mask_id)
-        samples = len(requests)
-        engine.reset(samples)
-        uid = torch.tensor([r.uid for r in requests], dtype=torch.long)
-        cache = Evaluation.empty(samples, layout.width, self.commit.statistics)
-        fresh = torch.zeros(samples, dtype=torch.bool)
-        late = torch.zeros(samples, dtype=torch.bool)
-        # Every round commits at least one position per sample, except the steps a fixed schedule
-        # may leave empty (Dream's first steps): at most its budget per block.
+        size = self.population.size
+        canvas = initial_canvas([r.prompt for r in requests for _ in range(size)], [r.generation for r in requests for _ in range(size)], layout, mask_id, pad_id=mask_id)
+        samples, slots = len(requests), len(requests) * size
+        engine.reset(samples, size)
+        particles = Particles.start(torch.tensor([r.uid for r in requests], dtype=torch.long), size, engine.seed)
+        cache = Evaluation.empty(slots, layout.width, self.commit.statistics)
+        fresh = torch.zeros(slots, dtype=torch.bool)
+        late = torch.zeros(slots, dtype=torch.bool)
+        # Every round commits at least one position per decoding slot, except the steps a fixed
+        # schedule may leave empty (Dream's first steps): at most its budget per block.
         rounds = gen_length + 1 + (self.commit.block_budget or 0) * layout.num_blocks
-        for _ in range(rounds):
-            active = canvas.masked.any(dim=1)
+        for round_index in range(rounds):
+            active = canvas.masked.any(dim=1) & particles.running()
             if not bool(active.any()):
                 break
             need = (active & ~fresh).nonzero().squeeze(1)
             if need.numel():
-                cache = cache.put(need, self._evaluate(engine, canvas.take(need), need, uid, torch.zeros_like(need), layout))
+                cache = cache.put(need, self._evaluate(engine, particles, canvas.take(need), need, torch.zeros_like(need), layout))
                 fresh[need] = True
             rows = active.nonzero().squeeze(1)
             root, evaluation = canvas.take(rows), cache.take(rows)
@@ -131,8 +148,8 @@ class SearchDecoder:
             if explored.numel():
                 # Explore: adopt the selected branch with the evaluation it already has. Unless
                 # the selector asks for a fresh lookahead from it, exploit that evaluation at once.
-                adopted, adopted_eval, restart = self._lookahead(engine, root.take(explore), evaluation.take(explore), explored, uid, layout)
-                at = explore.nonzero().squeeze(1)  # positions of the exploring samples within ``rows``
+                adopted, adopted_eval, restart = self._lookahead(engine, particles, root.take(explore), evaluation.take(explore), explored, layout)
+                at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
                 root, evaluation = root.put(at, adopted), evaluation.put(at, adopted_eval)
                 canvas = canvas.put(explored, adopted)
                 cache = cache.put(explored, adopted_eval)
@@ -141,23 +158,43 @@ class SearchDecoder:
             base = rows[exploit]
             if base.numel():
                 sub, sub_eval = root.take(exploit), evaluation.take(exploit)
-                chosen = self.commit.select(sub, sub_eval, layout)
-                committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.steps[base], 0, -1, layout, self.commit.block_budget)
+                call = engine.steps[engine.owner[base]]
+                chosen = self.commit.select(sub, self.population.perturb(sub_eval, sub, base, particles, call, layout), layout)
+                committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget)
                 canvas = canvas.put(base, committed)
                 fresh[base] = False
+            source = self.population.after_round(canvas, particles, layout, round_index, verifier)
+            if source is not None:
+                canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
+                engine.reorder_slots(source)
             if on_round is not None:
-                on_round(canvas)
+                on_round(canvas, source)
         else:
             raise RuntimeError(f"decoder {self.name!r} did not finish within {rounds} rounds")
-        return [self._result(canvas, engine, i, int(uid[i]), layout, bool(late[i])) for i in range(samples)]
+        chosen_slot = self.population.choose(canvas, particles, layout, verifier)
+        late_sample = late.view(samples, size).any(dim=1)
+        return [self._result(canvas, engine, particles, int(chosen_slot[i]), i, layout, bool(late_sample[i])) for i in range(samples)]
 
-    def _evaluate(self, engine: RolloutEngine, canvas: Canvas, sample: torch.Tensor, uid: torch.Tensor, row_key: torch.Tensor, layout: Layout) -> Evaluation:
-        return engine.evaluate(canvas.tokens, canvas.attention, sample, uid[sample], row_key, self.commit.statistics, layout.gen_start, canvas.window(layout))
+    def _evaluate(self, engine: RolloutEngine, particles: Particles, canvas: Canvas, slot: torch.Tensor, branch_key: torch.Tensor, layout: Layout) -> Evaluation:
+        """One engine step for rows of these slots (``branch_key``: 0 for roots, 1 + branch)."""
+        row_key = particles.particle[slot] * BRANCH_KEYS + branch_key
+        return engine.evaluate(
+            canvas.tokens,
+            canvas.attention,
+            slot,
+            particles.uid[slot],
+            row_key,
+            self.commit.statistics,
+            layout.gen_start,
+            canvas.window(layout),
+            temperature=self.population.token_temperature(particles, slot),
+            group=None if particles.size == 1 else particles.owner[slot] * BRANCH_KEYS + branch_key,
+        )
 
     def _lookahead(
-        self, engine: RolloutEngine, root: Canvas, evaluation: Evaluation, sample: torch.Tensor, uid: torch.Tensor, layout: Layout
+        self, engine: RolloutEngine, particles: Particles, root: Canvas, evaluation: Evaluation, sample: torch.Tensor, layout: Layout
     ) -> tuple[Canvas, Evaluation, torch.Tensor]:
-        """Roll hypotheses of all exploring samples level by level.
+        """Roll hypotheses of all exploring slots level by level (``sample``: their slots).
 
         Returns the adopted branches, their evaluations, and ``[S]`` restart flags (the selector
         wants a fresh lookahead from the adopted state instead of exploiting it).
@@ -175,7 +212,7 @@ class SearchDecoder:
         first &= live.flatten()[:, None]
         token = evaluation.token.repeat_interleave(width, dim=0)
         confidence = evaluation.confidence.repeat_interleave(width, dim=0)
-        branches = root.repeat(width).commit(first, token, confidence, engine.steps[sample_row], 1, branch_id, layout, self.commit.block_budget)
+        branches = root.repeat(width).commit(first, token, confidence, engine.steps[engine.owner[sample_row]], 1, branch_id, layout, self.commit.block_budget)
         step_log_conf = torch.log(evaluation.confidence.gather(1, positions).clamp(min=1e-30)).flatten()
         scores = torch.zeros(samples * width)
         branch_eval = Evaluation.empty(samples * width, root.tokens.shape[1], self.commit.statistics)
@@ -185,7 +222,7 @@ class SearchDecoder:
         while True:
             rows = (live & rolling[:, None]).flatten().nonzero().squeeze(1)
             sub = branches.take(rows)
-            sub_eval = self._evaluate(engine, sub, sample_row[rows], uid, 1 + branch_id[rows], layout)
+            sub_eval = self._evaluate(engine, particles, sub, sample_row[rows], 1 + branch_id[rows], layout)
             branch_eval = branch_eval.put(rows, sub_eval)
             gained = self.scorer.score(sub, sub_eval, layout, step_log_conf[rows])
             scores = scores.clone()
@@ -212,25 +249,29 @@ class SearchDecoder:
             step_log_conf = step_log_conf.clone()
             step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
             depth += 1
-            rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.steps[sample_row[rows]], depth, branch_id[rows], layout, self.commit.block_budget)
+            rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.steps[engine.owner[sample_row[rows]]], depth, branch_id[rows], layout, self.commit.block_budget)
             branches = branches.put(rows, rolled)
         best = self.selector.best(scores.view(samples, width), live)
         adopted = torch.arange(samples) * width + best
         return branches.take(adopted), branch_eval.take(adopted), restarted
 
-    def _result(self, canvas: Canvas, engine: RolloutEngine, row: int, uid: int, layout: Layout, late: bool) -> DecodeResult:
+    def _result(self, canvas: Canvas, engine: RolloutEngine, particles: Particles, slot: int, sample: int, layout: Layout, late: bool) -> DecodeResult:
         gen = slice(layout.gen_start, layout.width)
-        call = canvas.commit_call[row, gen]
+        call = canvas.commit_call[slot, gen]
+        verdict = int(particles.verdict[slot])
         return DecodeResult(
-            uid=uid,
-            tokens=canvas.tokens[row, gen].clone(),
-            steps=int(engine.steps[row]),
-            row_forwards=int(engine.row_forwards[row]),
-            token_forwards=int(engine.token_forwards[row]),
+            uid=int(particles.uid[slot]),
+            tokens=canvas.tokens[slot, gen].clone(),
+            steps=int(engine.steps[sample]),
+            row_forwards=int(engine.row_forwards[sample]),
+            token_forwards=int(engine.token_forwards[sample]),
             deadline_hit=late,
             tokens_committed=int((call >= 0).sum()),
             commit_call=call.clone(),
-            commit_confidence=canvas.commit_confidence[row, gen].clone(),
-            commit_depth=canvas.commit_depth[row, gen].clone(),
-            commit_branch=canvas.commit_branch[row, gen].clone(),
+            commit_confidence=canvas.commit_confidence[slot, gen].clone(),
+            commit_depth=canvas.commit_depth[slot, gen].clone(),
+            commit_branch=canvas.commit_branch[slot, gen].clone(),
+            particle=int(particles.particle[slot]),
+            live_particles=round(float(particles.live_total[sample] / particles.rounds[sample].clamp(min=1)), 3),
+            accepted=None if verdict < 0 else bool(verdict),
         )

@@ -4,8 +4,11 @@ It evaluates any flat set of rows (several samples, each with several hypotheses
 in one forward call, chunked to ``row_budget`` rows, and returns per-position summaries that the
 components need. Vocabulary-sized tensors live only inside a call. It owns the counters:
 ``steps`` (sequential model calls: every row of one call counts once per sample) and
-``row_forwards`` (rows summed over calls, the real compute of a search). A forward that runs
-out of device memory is split and retried (see ``RolloutEngine._forward``).
+``row_forwards`` (rows summed over calls, the real compute of a search). Rows belong to *slots*
+(one partial canvas each: a sample's particle in a population search, else the sample itself);
+counters are per sample, key/value caches per slot. Rows of one group (a sample's particles at
+the same branch) that hold the same canvas are forwarded once and count once. A forward that
+runs out of device memory is split and retried (see ``RolloutEngine._forward``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class Evaluation:
     uniform: torch.Tensor  # [R, T] float: a seeded uniform draw, for random orderings
     margin: torch.Tensor | None = None  # [R, T] top-1 minus top-2 probability
     entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution
+    order_noise: torch.Tensor | None = None  # [R, T] added to the commit order's scores (a population's particles diverge)
 
     def take(self, index: torch.Tensor) -> "Evaluation":
         return take_rows(self, index)
@@ -64,6 +68,7 @@ class Forward:
     cached: bool
     refresh: torch.Tensor
     query: torch.Tensor
+    distinct: int | None = None  # rows to compute, where some rows repeat others (None: all of them)
 
 
 _OUT_OF_MEMORY = tuple({torch.OutOfMemoryError, getattr(torch.cuda, "OutOfMemoryError", torch.OutOfMemoryError)})
@@ -92,6 +97,19 @@ def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
+def _merged(tokens: torch.Tensor, group: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Which rows must be computed, and for every row the first row of its group with the same
+    tokens (``None`` when no row repeats another)."""
+    rows = len(tokens)
+    if group is None or rows < 2:
+        return torch.ones(rows, dtype=torch.bool), None
+    _, inverse = torch.unique(torch.cat([group[:, None], tokens], dim=1), dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), rows, dtype=torch.long).scatter_reduce(0, inverse, torch.arange(rows), "amin")
+    copy_of = first[inverse]
+    computed = copy_of == torch.arange(rows)
+    return computed, None if bool(computed.all()) else copy_of
+
+
 def hashed_uniform(keys: list[torch.Tensor]) -> torch.Tensor:
     """Uniform [0, 1) numbers from a splitmix64 hash of integer keys (broadcast together).
 
@@ -118,6 +136,7 @@ class RolloutEngine:
     seed: int = attrs.field(default=0, validator=check_type(int))
     cache: str = attrs.field(default="none", validator=check_choice(*MODES))
     steps: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
+    owner: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))  # [slots] the sample each slot belongs to
     row_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     token_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     kv: KVCache = attrs.field(init=False)
@@ -142,12 +161,18 @@ class RolloutEngine:
         """Rows per forward now: ``row_budget``, or less after an out-of-memory error."""
         return self.row_budget if self.budget is None else min(self.budget, self.row_budget)
 
-    def reset(self, samples: int) -> None:
-        """Zero the per-sample counters for a new batch of ``samples``."""
+    def reset(self, samples: int, particles: int = 1) -> None:
+        """Zero the per-sample counters for a new batch of ``samples``, each with ``particles``
+        slots (consecutive: slot ``s * particles + p``)."""
         self.steps = torch.zeros(samples, dtype=torch.long)
         self.row_forwards = torch.zeros(samples, dtype=torch.long)
         self.token_forwards = torch.zeros(samples, dtype=torch.long)
-        self.kv.reset(samples)
+        self.owner = torch.arange(samples).repeat_interleave(particles)
+        self.kv.reset(samples * particles)
+
+    def reorder_slots(self, source: torch.Tensor) -> None:
+        """Slot ``i`` takes over slot ``source[i]``'s cache (a population resampled its particles)."""
+        self.kv.reorder(source)
 
     def evaluate(
         self,
@@ -159,51 +184,71 @@ class RolloutEngine:
         statistics: frozenset[str] = frozenset(),
         from_column: int = 0,
         window: tuple[torch.Tensor, torch.Tensor] | None = None,
+        temperature: torch.Tensor | None = None,
+        group: torch.Tensor | None = None,
     ) -> Evaluation:
         """One step for every sample with a row here: forward all rows, summarise per position.
 
-        ``sample`` indexes the counters; ``sample_uid`` (a dataset-wide id) and ``row_key`` (the
+        ``sample`` is each row's slot (its sample's counters, its own cache); ``sample_uid`` (a dataset-wide id) and ``row_key`` (the
         row's branch within its sample; 0 = the sample's root) key the seeded randomness. Only
         columns from ``from_column`` on (the generation region) are summarised: prompt logits
         are never computed where the model allows it, and read as the mask with confidence 0.
         ``window`` (first and end column per row) is what the row is decoding; with a cache,
         a root row refreshes its sample's cache when the window changes, and every row whose
         sample's cache fits its window forwards only the window (columns outside it then read
-        as the mask with confidence 0).
+        as the mask with confidence 0). ``temperature`` (per row) overrides the engine's own for
+        token sampling. Rows with equal ``group`` and the same tokens (particles of a sample that
+        reached the same canvas) share one forward, counted once; each keeps its own draws.
         """
         unknown = set(statistics) - set(STATISTICS)
         if unknown:
             raise ValueError(f"unknown statistics {sorted(unknown)}; available: {', '.join(STATISTICS)}")
-        call = self.steps[sample]
-        involved = torch.unique(sample)
-        self.steps[involved] += 1
-        self.row_forwards.index_add_(0, sample, torch.ones_like(sample))
+        owner = self.owner[sample]
+        call = self.steps[owner]
+        self.steps[torch.unique(owner)] += 1
         position = attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
         keys = [torch.tensor(self.seed), sample_uid[:, None], call[:, None], row_key[:, None], position]
         uniform = hashed_uniform(keys)
-        draw = hashed_uniform(keys + [torch.tensor(1)]) if self.temperature > 0 else uniform
+        if temperature is None and self.temperature > 0:
+            temperature = torch.full((len(sample),), self.temperature)
+        sampled = temperature is not None and bool((temperature > 0).any())
+        draw = hashed_uniform(keys + [torch.tensor(1)]) if sampled else uniform
         rows, width = tokens.shape
         out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}
         out.update({name: torch.zeros(rows, width) for name in statistics})
 
-        def run(forward: Forward) -> tuple[dict[str, torch.Tensor], list | None]:
+        def run(forward: Forward) -> tuple[dict[str, torch.Tensor], list | None, torch.Tensor]:
             index, first = forward.rows, forward.first
             low, high = forward.columns
             past = self.kv.gather(sample[index], first) if forward.cached else None
-            return self._summarise(
-                tokens[index, first:], attention[index, first:], draw[index, low:high], statistics, sample_uid[index], low - first, high - first, past
+            computed, copy_of = _merged(tokens[index, first:], group[index] if group is not None and not forward.cached else None)
+            part, kv = self._summarise(
+                tokens[index, first:],
+                attention[index, first:],
+                draw[index, low:high],
+                statistics,
+                sample_uid[index],
+                low - first,
+                high - first,
+                past,
+                None if temperature is None else temperature[index],
+                copy_of,
             )
+            return part, kv, computed
 
-        for planned in self._plan(attention, sample, row_key, from_column, window):
-            for forward, (part, kv) in self._forward(planned, run, sample_uid):
+        copy_of = None if group is None else _merged(tokens, group)[1]
+        for planned in self._plan(attention, sample, row_key, from_column, window, copy_of):
+            for forward, (part, kv, computed) in self._forward(planned, run, sample_uid):
                 index, first = forward.rows, forward.first
                 low, high = forward.columns
                 for name, value in part.items():
                     out[name][index, low:high] = value
+                counted = owner[index[computed]]
+                self.row_forwards.index_add_(0, counted, torch.ones_like(counted))
                 if forward.cached:
-                    self.token_forwards.index_add_(0, sample[index], torch.full_like(index, high - low + int(self.adapter.shift_logits and low > 0)))
+                    self.token_forwards.index_add_(0, counted, torch.full_like(counted, high - low + int(self.adapter.shift_logits and low > 0)))
                 else:
-                    self.token_forwards.index_add_(0, sample[index], attention[index].sum(dim=1))
+                    self.token_forwards.index_add_(0, counted, attention[index[computed]].sum(dim=1))
                 if forward.refresh.any():
                     keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
                     self.kv.store(sample[index][forward.refresh], first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
@@ -212,10 +257,10 @@ class RolloutEngine:
     def _forward(
         self,
         forward: Forward,
-        run: Callable[[Forward], tuple[dict[str, torch.Tensor], list | None]],
+        run: Callable[[Forward], tuple[dict[str, torch.Tensor], list | None, torch.Tensor]],
         sample_uid: torch.Tensor,
         planned_rows: int | None = None,
-    ) -> Iterator[tuple[Forward, tuple[dict[str, torch.Tensor], list | None]]]:
+    ) -> Iterator[tuple[Forward, tuple[dict[str, torch.Tensor], list | None, torch.Tensor]]]:
         """Run one planned forward, yielding each piece that ran and its result.
 
         Out-of-memory back-off. When a forward of ``n`` rows runs out of memory (torch's or
@@ -231,7 +276,7 @@ class RolloutEngine:
         counters count the logical step and its rows once, not the retries.
         """
         rows, budget = len(forward.rows), self.current_budget
-        if rows > budget:  # the budget dropped earlier in this step: no need to fail again first
+        if (forward.distinct or rows) > budget:  # the budget dropped earlier in this step: no need to fail again first
             for start in range(0, rows, budget):
                 yield from self._forward(self._piece(forward, slice(start, start + budget)), run, sample_uid)
             return
@@ -261,7 +306,7 @@ class RolloutEngine:
     @staticmethod
     def _piece(forward: Forward, part: slice) -> Forward:
         """Some of a forward's rows, with their cache refreshes and windows; same first column and columns."""
-        return attrs.evolve(forward, rows=forward.rows[part], refresh=forward.refresh[part], query=forward.query[part])
+        return attrs.evolve(forward, rows=forward.rows[part], refresh=forward.refresh[part], query=forward.query[part], distinct=None)
 
     def _succeeded(self) -> None:
         """Count a successful forward; a lowered budget doubles after ``regrow_after`` of them in a row."""
@@ -273,8 +318,27 @@ class RolloutEngine:
             if self.budget >= self.row_budget:
                 self.budget = None
 
+    def _chunks(self, index: torch.Tensor, copy_of: torch.Tensor | None) -> Iterator[torch.Tensor]:
+        """Rows ``index`` in chunks of at most ``current_budget`` distinct rows; rows that repeat
+        another (``copy_of``) ride in their original's chunk, so merging never depends on chunking."""
+        budget = self.current_budget
+        if copy_of is None:
+            for i in range(0, len(index), budget):
+                yield index[i : i + budget]
+            return
+        original = copy_of[index]
+        distinct = torch.unique(original)
+        for i in range(0, len(distinct), budget):
+            yield index[torch.isin(original, distinct[i : i + budget])]
+
     def _plan(
-        self, attention: torch.Tensor, sample: torch.Tensor, row_key: torch.Tensor, from_column: int, window: tuple[torch.Tensor, torch.Tensor] | None
+        self,
+        attention: torch.Tensor,
+        sample: torch.Tensor,
+        row_key: torch.Tensor,
+        from_column: int,
+        window: tuple[torch.Tensor, torch.Tensor] | None,
+        copy_of: torch.Tensor | None = None,
     ) -> list["Forward"]:
         """The forwards of one step: row chunks of at most ``current_budget`` rows.
 
@@ -283,7 +347,7 @@ class RolloutEngine:
         length per chunk, hence no padding at all: its results cannot depend on the batch.
         With a cache, rows whose sample's cache fits their window are forwarded per window;
         the others get a full forward, whose keys and values refresh their sample's cache if
-        the row is the sample's root.
+        the row is the sample's root. Rows that repeat another row (``copy_of``) travel with it.
         """
         rows, width = attention.shape
         first = attention.long().argmax(dim=1)  # first real column of each row
@@ -302,11 +366,11 @@ class RolloutEngine:
             groups.append((((query == torch.tensor([low, high])).all(dim=1) & hit).nonzero().squeeze(1), True))
         plan = []
         for index, cached in groups:
-            for i in range(0, len(index), self.current_budget):
-                part = index[i : i + self.current_budget]
+            for part in self._chunks(index, None if cached else copy_of):
                 columns = tuple(query[part[0]].tolist()) if cached else (from_column, width)
                 refresh = ~hit[part] & (row_key[part] == 0) & (self.cache != "none") & (window is not None)
-                plan.append(Forward(part, int(first[part].min()), columns, cached, refresh, query[part]))
+                distinct = None if cached or copy_of is None else len(torch.unique(copy_of[part]))
+                plan.append(Forward(part, int(first[part].min()), columns, cached, refresh, query[part], distinct))
         return plan
 
     def _summarise(
@@ -319,16 +383,27 @@ class RolloutEngine:
         low: int,
         high: int,
         past: list | None,
+        temperature: torch.Tensor | None = None,
+        copy_of: torch.Tensor | None = None,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
-        logits, kv = self.adapter.window_logits(tokens, attention, low, high, past)
+        if copy_of is None:
+            logits, kv = self.adapter.window_logits(tokens, attention, low, high, past)
+        else:  # rows that repeat an earlier row of their group: forward the distinct rows, then copy
+            distinct = torch.unique(copy_of)
+            logits, kv = self.adapter.window_logits(tokens[distinct], attention[distinct], low, high, past)
+            where = torch.searchsorted(distinct, copy_of).to(logits.device)
+            logits = logits[where]
+            kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
         logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
         probs = torch.softmax(logits, dim=-1)
-        if self.temperature == 0:
-            confidence, token = probs.max(dim=-1)
-        else:
-            tempered = torch.softmax(logits / self.temperature, dim=-1).cumsum(dim=-1)
+        confidence, token = probs.max(dim=-1)
+        if temperature is not None and bool((temperature > 0).any()):
+            hot = (temperature > 0).to(logits.device)
+            scale = temperature.clamp(min=1e-6).to(logits.device, logits.dtype)[:, None, None]
+            tempered = torch.softmax(logits / scale, dim=-1).cumsum(dim=-1)
             draw = draw.to(tempered.device)[..., None] * tempered[..., -1:]
-            token = torch.searchsorted(tempered, draw).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+            sampled = torch.searchsorted(tempered, draw).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+            token = torch.where(hot[:, None], sampled, token)
             confidence = probs.gather(-1, token[..., None]).squeeze(-1)
         if self.adapter.deferred_ids:
             deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))

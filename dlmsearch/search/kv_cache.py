@@ -31,6 +31,13 @@ class KVCache:
         self.layers = []
         self.window = torch.full((samples, 2), -1, dtype=torch.long)
 
+    def reorder(self, source: torch.Tensor) -> None:
+        """Slot ``i`` takes slot ``source[i]``'s keys, values and window."""
+        self.window = self.window[source]
+        if self.layers:
+            index = source.to(self.layers[0][0].device)
+            self.layers = [(keys[index], values[index]) for keys, values in self.layers]
+
     def query(self, start: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tensor:
         """``[rows, 2]`` columns a cached forward computes: the window (dual), or the window and
         everything after it (prefix)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import string
 from importlib import resources
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -88,6 +89,29 @@ def check_equation(equation: str | None, problem: CountdownProblem) -> Countdown
     return CountdownCheck(equation=equation, value=value, error=None)
 
 
+@attrs.frozen
+class CountdownVerifier:
+    """Accepts an output whose equation uses the given numbers once each and hits the target."""
+
+    decode: Callable[[torch.Tensor], str]
+    problems: tuple[CountdownProblem, ...]
+    checks_partial: ClassVar[bool] = False
+
+    def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        return torch.ones(len(tokens), dtype=torch.bool)
+
+    def accepts(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([check_equation(extract_equation(self.decode(row)), self.problems[int(s)]).correct for s, row in zip(sample, tokens)], dtype=torch.bool)
+
+    def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
+        """The value each equation reaches (equations that reach the same value vote together)."""
+        values = []
+        for s, row in zip(sample, tokens):
+            found = check_equation(extract_equation(self.decode(row)), self.problems[int(s)])
+            values.append(found.value if found.correct else None)
+        return values
+
+
 def _check_template(instance: Any, attribute: "attrs.Attribute[Any]", value: str) -> None:
     names = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
     unknown, missing = names - set(PLACEHOLDERS), set(PLACEHOLDERS) - names
@@ -112,6 +136,13 @@ class CountdownTask(TextTask):
     def sources(self) -> list[tuple[str, str, Any]]:
         problems = load_countdown(self.path if self.path else shipped_countdown_path())
         return [(id_, self.prompt(p), p) for id_, p in problems]
+
+    def question(self, text: str, reference: Any) -> CountdownProblem:
+        """The numbers and the target are the question itself."""
+        return reference
+
+    def verifier(self, questions: list[Any]) -> "CountdownVerifier":
+        return CountdownVerifier(self.decode, tuple(questions))
 
     def check(self, item: TaskItem, text: str) -> CountdownCheck:
         return check_equation(extract_equation(text), item.reference)

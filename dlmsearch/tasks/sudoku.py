@@ -37,7 +37,42 @@ def tokens_to_grids(tokens: torch.Tensor) -> np.ndarray:
 
 def puzzle_item(puzzle: SudokuPuzzle) -> TaskItem:
     """A puzzle as a canvas: no prompt, clues as fixed tokens, blanks masked."""
-    return TaskItem(id=puzzle.id, prompt=torch.zeros(0, dtype=torch.long), generation=grids_to_tokens(puzzle.puzzle[None])[0], reference=puzzle)
+    generation = grids_to_tokens(puzzle.puzzle[None])[0]
+    return TaskItem(id=puzzle.id, prompt=torch.zeros(0, dtype=torch.long), generation=generation, reference=puzzle, question=generation.clone())
+
+
+def _units() -> torch.Tensor:
+    """``[27, 9]`` cell indices of the rows, columns and boxes."""
+    cells = torch.arange(CELLS).view(9, 9)
+    boxes = cells.view(3, 3, 3, 3).permute(0, 2, 1, 3).reshape(9, 9)
+    return torch.cat([cells, cells.T, boxes])
+
+
+UNITS = _units()
+
+
+@attrs.frozen
+class SudokuVerifier:
+    """The rules: no digit twice in a row, column or box, and the clues kept. A grid that breaks
+    them can never be completed into a solution; a full grid that keeps them is one."""
+
+    clues: torch.Tensor  # [samples, 81] the puzzles as canvases (mask where blank)
+    checks_partial: ClassVar[bool] = True
+
+    def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        filled = ~masked & (tokens != SUDOKU_MASK_ID)
+        digits = torch.nn.functional.one_hot(torch.where(filled, tokens, 0), SUDOKU_MASK_ID) * filled[..., None]
+        clashes = digits[:, UNITS].sum(dim=2).amax(dim=(1, 2)) > 1
+        clues = self.clues[sample]
+        kept = ((clues == SUDOKU_MASK_ID) | (clues == tokens)).all(dim=1)
+        return ~clashes & kept
+
+    def accepts(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        complete = (tokens != SUDOKU_MASK_ID).all(dim=1)
+        return complete & self.consistent(sample, tokens, tokens == SUDOKU_MASK_ID)
+
+    def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
+        return [grid_to_string(tokens_to_grids(row)) for row in tokens]
 
 
 @attrs.define
@@ -76,6 +111,10 @@ class SudokuTask:
 
     def details(self, item: TaskItem, tokens: torch.Tensor) -> dict[str, Any]:
         return {}
+
+    def verifier(self, questions: list[Any]) -> SudokuVerifier:
+        """The rule check of the batch's puzzles (their clues, never their solutions)."""
+        return SudokuVerifier(torch.stack(questions))
 
     def token_strings(self, ids: list[int]) -> list[str]:
         """Digits as written ("1".."9"); the mask as "_"."""

@@ -18,13 +18,14 @@ included where the tokenizer adds one.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
 import torch
 
+from dlmsearch.tasks.answers import extract_answer, normalize_number
 from dlmsearch.tasks.base import TaskItem
 from dlmsearch.validation import check_range, check_type, number
 
@@ -111,6 +112,24 @@ def shorten(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
+@attrs.frozen
+class AnswerVerifier:
+    """The verifier of free-text tasks: no partial check, no acceptance, answers extracted from the text."""
+
+    decode: Callable[[torch.Tensor], str]
+    checks_partial: ClassVar[bool] = False
+
+    def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        return torch.ones(len(tokens), dtype=torch.bool)
+
+    def accepts(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(len(tokens), dtype=torch.bool)
+
+    def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
+        found = [extract_answer(self.decode(row)) for row in tokens]
+        return [None if a is None else (normalize_number(a) or a) for a in found]
+
+
 @attrs.define(kw_only=True)
 class TextTask:
     """Fields and behaviour shared by text tasks; subclasses supply :meth:`sources`.
@@ -160,6 +179,15 @@ class TextTask:
         """``(id, prompt text, reference)`` per item, in order."""
         raise NotImplementedError
 
+    def question(self, text: str, reference: Any) -> Any:
+        """What a verifier may see of an item: the prompt text (tasks whose reference holds no
+        answer, such as Countdown's numbers and target, may give more)."""
+        return text
+
+    def verifier(self, questions: list[Any]) -> "AnswerVerifier":
+        """Votes over the answers the texts state; a text task cannot accept an output alone."""
+        return AnswerVerifier(self.decode)
+
     # ----------------------------------------------------------------- encoding and decoding
 
     def encode(self, text: str) -> torch.Tensor:
@@ -190,7 +218,10 @@ class TextTask:
         if self.limit is not None:
             sources = sources[: self.limit]
         generation = torch.full((self.gen_length,), self.mask_id, dtype=torch.long)
-        return [TaskItem(id=id_, prompt=self.encode(text), generation=generation.clone(), reference=ref) for id_, text, ref in sources]
+        return [
+            TaskItem(id=id_, prompt=self.encode(text), generation=generation.clone(), reference=ref, question=self.question(text, ref))
+            for id_, text, ref in sources
+        ]
 
     def judge(self, item: TaskItem, tokens: torch.Tensor) -> bool | None:
         return None

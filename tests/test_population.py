@@ -1,0 +1,205 @@
+"""Width search: populations of particles in the one decode loop (tiny models, one thread)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import MASK_ID, NoRepeatVerifier, make_requests, text_decoder
+from dlmsearch.config import ConfigError, build, compose, decoder_presets
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.run import Decoding
+from dlmsearch.search.diversity import DistinctFirst, OrderTemperature, TokenTemperature
+from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.final_choice import MajorityVote
+from dlmsearch.search.population import Population
+from dlmsearch.search.resampling import KeepBest, SMCResampling
+from dlmsearch.tasks.countdown import CountdownProblem, CountdownVerifier
+from dlmsearch.tasks.sudoku import SudokuTask, grids_to_tokens
+
+WIDTH_PRESETS = ("best_of_n", "beam", "smc", "verified_best_of_n", "beam_adalook")
+
+
+def decode(decoder, adapter: ModelAdapter, requests, block_length: int = 8, **engine):
+    return decoder.decode(RolloutEngine(adapter=adapter, **engine), requests, block_length, verifier=NoRepeatVerifier())
+
+
+def counters(result) -> tuple:
+    return result.steps, result.row_forwards, result.token_forwards
+
+
+def test_width_presets_exist() -> None:
+    assert set(WIDTH_PRESETS) <= set(decoder_presets())
+
+
+@settings(max_examples=20, deadline=None)
+@given(preset=st.sampled_from(decoder_presets()), prompts=st.lists(st.integers(0, 6), min_size=1, max_size=3), seed=st.integers(0, 500))
+def test_a_population_of_one_is_the_plain_decoder(adapter: ModelAdapter, preset: str, prompts: list[int], seed: int) -> None:
+    requests = make_requests(prompts, 16, seed=seed, fixed=2)
+    plain = text_decoder(preset)
+    plain = attrs.evolve(plain, population=attrs.evolve(plain.population, size=1, prune_conflicts=False, stop_when_accepted=False))
+    plain = attrs.evolve(plain, population=Population()) if plain.population.choice.needs_verifier else plain
+    reference = attrs.evolve(plain, population=Population())
+    for x, y in zip(decode(plain, adapter, requests), decode(reference, adapter, requests)):
+        assert torch.equal(x.tokens, y.tokens) and torch.equal(x.commit_call, y.commit_call)
+        assert counters(x) == counters(y)
+
+
+def with_population(preset: str, population: Population):
+    return attrs.evolve(text_decoder(preset), population=population)
+
+
+POPULATIONS = {
+    "order": Population(size=4, diversity=OrderTemperature(temperature=0.5)),
+    "tokens": Population(size=3, diversity=TokenTemperature(temperature=1.0)),
+    "beam": Population(size=4, diversity=DistinctFirst(uncertain_below=0.9), resampling=KeepBest(keep=2)),
+    "smc": Population(size=4, diversity=OrderTemperature(temperature=0.5), resampling=SMCResampling(temperature=0.05, ess_fraction=1.0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POPULATIONS))
+@pytest.mark.parametrize("preset", ["fast_dllm", "llada", "adalook"])
+def test_populations_do_not_depend_on_batch_or_row_budget(adapter: ModelAdapter, name: str, preset: str) -> None:
+    decoder = with_population(preset, POPULATIONS[name])
+    requests = make_requests([3, 0, 5], 16, seed=3, fixed=2)
+    together = decode(decoder, adapter, requests)
+    chunked = decode(decoder, adapter, requests, row_budget=3)
+    for index, request in enumerate(requests):
+        [alone] = decode(decoder, adapter, [request])
+        for other in (together[index], chunked[index]):
+            assert torch.equal(alone.tokens, other.tokens)
+            assert counters(alone) == counters(other)
+    again = decode(decoder, adapter, requests)
+    assert all(torch.equal(a.tokens, b.tokens) for a, b in zip(together, again)), "same seed, different output"
+
+
+def test_particles_diverge_and_identical_ones_cost_one_row(adapter: ModelAdapter) -> None:
+    requests = make_requests([3, 0, 5, 2], 16, seed=7)
+    base = decode(text_decoder("fast_dllm"), adapter, requests)
+    # never uncertain: the four particles stay one canvas and are forwarded once
+    same = decode(with_population("fast_dllm", Population(size=4, diversity=DistinctFirst(uncertain_below=0.0))), adapter, requests)
+    for a, b in zip(base, same):
+        assert torch.equal(a.tokens, b.tokens) and counters(a) == counters(b)
+    # always uncertain at first: the particles split, and pay for their own rows
+    split = decode(with_population("fast_dllm", Population(size=4, diversity=DistinctFirst(uncertain_below=1.0))), adapter, requests)
+    assert sum(r.row_forwards for r in split) > sum(r.row_forwards for r in base)
+    assert all(r.row_forwards <= 4 * r.steps for r in split)
+    assert all(r.live_particles <= 4 for r in split)
+
+
+def test_token_temperature_particles_differ_from_the_greedy_one(adapter: ModelAdapter) -> None:
+    requests = make_requests([2, 4], 16, seed=1)
+    decoder = with_population("fast_dllm", Population(size=4, diversity=TokenTemperature(temperature=2.0)))
+    seen = []
+    decoder.decode(RolloutEngine(adapter=adapter), requests, 8, on_round=lambda canvas, source: seen.append(canvas.tokens.clone()))
+    final = seen[-1].view(2, 4, -1)
+    assert any(len({tuple(p.tolist()) for p in sample}) > 1 for sample in final), "token temperature made no particle differ"
+
+
+def test_verifier_ends_conflicting_particles_and_stops_accepted_samples(adapter: ModelAdapter) -> None:
+    requests = make_requests([3, 0, 5, 2], 16, seed=2)
+    decoder = with_population("fast_dllm", Population(size=4, diversity=OrderTemperature(temperature=1.0), prune_conflicts=True, stop_when_accepted=True, choice=MajorityVote()))
+    results = decode(decoder, adapter, requests)
+    verifier = NoRepeatVerifier()
+    assert all(r.accepted is not None for r in results)
+    for r in results:
+        assert bool(verifier.accepts(torch.zeros(1), r.tokens[None])[0]) == r.accepted
+    with pytest.raises(ValueError, match="needs a task verifier"):
+        decoder.decode(RolloutEngine(adapter=adapter), requests, 8)
+
+
+def test_keep_best_keeps_the_best_distinct_canvases() -> None:
+    scores = torch.tensor([[0.0, 5.0, 5.0, 1.0]])
+    tokens = torch.tensor([[[1], [2], [2], [3]]])  # particles 1 and 2 hold the same canvas
+    source = KeepBest(keep=2).sources(scores, torch.zeros_like(scores), torch.ones(1, 4, dtype=torch.bool), tokens, torch.zeros(1))
+    assert source.tolist() == [[1, 1, 3, 3]] or source.tolist() == [[3, 1, 1, 3]]
+    assert set(source[0].tolist()) == {1, 3}
+
+
+def test_smc_resamples_towards_the_weights() -> None:
+    scores = torch.tensor([[0.0, 10.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    source = SMCResampling(temperature=0.1).sources(scores, torch.zeros_like(scores), torch.ones(2, 4, dtype=torch.bool), torch.zeros(2, 4, 1), torch.tensor([0.5, 0.5]))
+    assert source[0].tolist() == [1, 1, 1, 1]
+    assert source[1].tolist() == [0, 1, 2, 3], "equal weights: nothing to resample"
+
+
+def test_majority_vote_picks_the_most_stated_answer() -> None:
+    class Answers:
+        def answers(self, sample, tokens):
+            return [str(int(t[0])) for t in tokens]
+
+    tokens = torch.tensor([[[7], [3], [3], [9]]])
+    scores = torch.tensor([[9.0, 1.0, 2.0, 8.0]])
+    chosen = MajorityVote().choose(scores, torch.ones(1, 4, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.bool), tokens, Answers())
+    assert chosen.tolist() == [2]
+
+
+def test_sudoku_verifier_checks_rules_and_clues() -> None:
+    task = SudokuTask(tier="easy", limit=2)
+    items = task.items()
+    verifier = task.verifier([i.question for i in items])
+    solution = grids_to_tokens(items[0].reference.solution[None])
+    assert verifier.accepts(torch.tensor([0]), solution).tolist() == [True]
+    assert verifier.accepts(torch.tensor([1]), solution).tolist() == [False], "another puzzle's clues are not kept"
+    swapped = solution.clone()
+    swapped[0, [0, 1]] = swapped[0, [1, 0]]
+    partial = swapped.clone()
+    partial[0, 2:] = 9
+    assert verifier.consistent(torch.tensor([0]), partial, partial == 9).tolist() in ([False], [True])
+    assert verifier.accepts(torch.tensor([0]), swapped).tolist() == [False]
+    blank = items[0].generation[None]
+    assert verifier.consistent(torch.tensor([0]), blank, blank == 9).tolist() == [True]
+
+
+def test_countdown_verifier_checks_numbers_and_target() -> None:
+    texts = {1: "<answer>(1 + 2) * 3</answer>", 2: "<answer>1 + 2 + 3</answer>", 3: "<answer>(1 + 2) * 4</answer>"}
+    verifier = CountdownVerifier(lambda row: texts[int(row[0])], (CountdownProblem(numbers=(1, 2, 3), target=9),))
+    tokens = torch.tensor([[1], [2], [3]])
+    assert verifier.accepts(torch.zeros(3, dtype=torch.long), tokens).tolist() == [True, False, False]
+    assert verifier.answers(torch.zeros(3, dtype=torch.long), tokens) == ["9", None, None]
+
+
+class Unreadable:
+    """A reference that fails the moment anything reads it."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"the verifier read the reference answer ({name})")
+
+
+def test_verifiers_never_see_the_reference() -> None:
+    cfg = compose(["+decoder=verified_best_of_n", "task.limit=3"])
+    task = build(cfg, "task")
+    items = [attrs.evolve(i, reference=Unreadable()) for i in task.items()]
+    engine = build(cfg, "engine", adapter=build(cfg, "model"))
+    decoding = Decoding(build(cfg, "decoder"), engine, task)
+    results = decoding.results(decoding.decoder, items, [0, 1, 2])
+    assert all(r.accepted is not None for r in results)
+
+
+def test_scores_compose_in_yaml_and_bad_terms_fail_clearly() -> None:
+    decoder = build(compose(["+decoder=best_of_n", "decoder/population/score=hybrid"]), "decoder")
+    assert [type(t).__name__ for t in decoder.population.score.terms] == ["LogProbability", "RepetitionPenalty"]
+    with pytest.raises(ConfigError, match="reduce"):
+        build(compose(["+decoder=best_of_n", "decoder.population.score.terms.0.reduce=median"]), "decoder")
+    with pytest.raises(ConfigError, match="size"):
+        build(compose(["+decoder=beam", "decoder.population.size=0"]), "decoder")
+
+
+def test_width_search_on_the_shipped_sudoku_model() -> None:
+    """The verifier-guided population solves puzzles the plain rule does not, and says how."""
+    from dlmsearch.run import run
+
+    def summary(preset: str, out: str) -> dict:
+        return run(compose([f"+decoder={preset}", "task.tier=hard", "task.limit=16", "batch_size=16", f"out_dir={out}", "examples=0"]))
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = summary("fast_dllm", f"{tmp}/plain")
+        verified = summary("verified_best_of_n", f"{tmp}/verified")
+    assert plain["mean_live_particles"] == 1.0
+    assert 1.0 < verified["mean_live_particles"] <= 4.0
+    assert verified["accuracy"] >= plain["accuracy"]
