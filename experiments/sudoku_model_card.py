@@ -2,7 +2,9 @@
 
 Each (tier, decoder) run goes through the normal runner into ``--runs/<tier>/<label>``, so an
 interrupted card resumes where it stopped. Writes the card (``README.md`` beside the shipped
-weights), a JSON table and an accuracy-vs-steps figure.
+weights) with Wilson 95 % intervals and exact sign tests against ``--baseline`` on the same
+puzzles, a JSON table, an accuracy-vs-steps figure, and, for the width presets
+(``--width``) at each population size (``--particles``), accuracy against row-forwards.
 
     python experiments/sudoku_model_card.py
     python experiments/sudoku_model_card.py --limit 20 --runs /tmp/card   # quick look
@@ -19,8 +21,11 @@ import torch
 from dlmsearch.config import compose, decoder_presets
 from dlmsearch.models.denoiser import BidirectionalDenoiser
 from dlmsearch.models.loading import shipped_sudoku_model_path
-from dlmsearch.run import run
+from dlmsearch.run import read_done, run
+from dlmsearch.sweeps.stats import sign_test, wilson_interval
 from dlmsearch.tasks.sudoku_files import TIERS, load_puzzles, tier_path
+
+TEXT_ONLY = ("dream",)  # presets whose schedule is meant for text (one block of the whole generation)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,8 +43,53 @@ def measure(tier: str, label: str, preset: str, overrides: list[str], args: argp
         f"out_dir={args.runs / tier / label}", f"model.path={args.model}", "examples=0", *overrides,
     ])
     summary = run(cfg)
-    return {"tier": tier, "label": label, "preset": preset, "overrides": overrides,
+    solved = {i: bool(r["correct"]) for i, r in read_done(args.runs / tier / label / "results.jsonl").items()}
+    low, high = wilson_interval(sum(solved.values()), len(solved))
+    return {"tier": tier, "label": label, "preset": preset, "overrides": overrides, "solved_ids": sorted(i for i, ok in solved.items() if ok),
+            "ids": sorted(solved), "wilson_low": low, "wilson_high": high, "mean_live_particles": summary.get("mean_live_particles", 1.0),
             **{k: summary[k] for k in ("items", "accuracy", "mean_steps", "mean_row_forwards", "wall_seconds")}}
+
+
+def paired(row: dict, baseline: dict) -> tuple[int, int, float]:
+    """Puzzles solved only by ``row``, only by ``baseline``, and the exact sign test's p-value."""
+    mine, theirs = set(row["solved_ids"]), set(baseline["solved_ids"])
+    assert row["ids"] == baseline["ids"], "paired tests need the same puzzles"
+    wins, losses = len(mine - theirs), len(theirs - mine)
+    return wins, losses, sign_test(wins, losses)
+
+
+def plot_width(rows: list[dict], widths: list[str], baseline: str, path: Path) -> None:
+    """Solve rate against mean row-forwards, one line per width preset over its population sizes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(TIERS), figsize=(6.5 * len(TIERS), 4.8), squeeze=False)
+    for axis, tier in zip(axes[0], TIERS):
+        tier_rows = [r for r in rows if r["tier"] == tier]
+        for preset in widths:
+            line = sorted((r for r in tier_rows if r["preset"] == preset and r.get("particles")), key=lambda r: r["particles"])
+            if not line:
+                continue
+            x, y = [r["mean_row_forwards"] for r in line], [100 * r["accuracy"] for r in line]
+            errors = [[100 * (r["accuracy"] - r["wilson_low"]) for r in line], [100 * (r["wilson_high"] - r["accuracy"]) for r in line]]
+            axis.errorbar(x, y, yerr=errors, marker="o", capsize=3, label=preset)
+            for r in line:
+                axis.annotate(f"P={r['particles']}", (r["mean_row_forwards"], 100 * r["accuracy"]), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        for r in (r for r in tier_rows if r["label"] == baseline):
+            axis.scatter([r["mean_row_forwards"]], [100 * r["accuracy"]], marker="*", s=160, color="black", zorder=5, label=baseline)
+            axis.axvline(2 * r["mean_row_forwards"], color="grey", linestyle=":", linewidth=1, label=f"2x {baseline} rows")
+        axis.set_xscale("log")
+        axis.set_xlabel("mean row-forwards per puzzle (every particle and branch, log scale)")
+        axis.set_ylabel("solved % (Wilson 95 % interval)")
+        axis.set_title(f"{tier} tier")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.suptitle("Width search on the shipped Sudoku denoiser: population size P = 1, 2, 4, 8")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -114,11 +164,21 @@ def card(rows: list[dict], args: argparse.Namespace, command: str) -> str:
         + ", ".join(f"{k} = {v}" for k, v in compose([]).decoding.items())
         + "; the extra rows (below the presets of each tier) list what they override.",
         "",
-        "| tier | decoder | overrides | solved | mean steps | mean row-forwards | wall s |",
-        "|---|---|---|---:|---:|---:|---:|",
+        f"Intervals are Wilson 95 %; the paired columns compare each decoder with `{args.baseline}` on the same puzzles "
+        "(solved only by this decoder / only by the baseline, and the exact two-sided sign-test p-value). "
+        "Live particles: the population's particles still decoding, averaged over a puzzle's rounds (1 without a population).",
+        "",
+        "| tier | decoder | overrides | solved | 95 % interval | mean steps | mean row-forwards | live particles | only this / only base | sign p | wall s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    lines += [f"| {r['tier']} | {r['label']} | {' '.join(r['overrides']) or '-'} | {100 * r['accuracy']:.1f} % | {r['mean_steps']:.1f} | "
-              f"{r['mean_row_forwards']:.1f} | {r['wall_seconds']:.0f} |" for r in rows]
+    base = {r["tier"]: r for r in rows if r["label"] == args.baseline}
+    for r in rows:
+        wins, losses, p = paired(r, base[r["tier"]]) if r["tier"] in base else (0, 0, 1.0)
+        lines.append(
+            f"| {r['tier']} | {r['label']} | {' '.join(r['overrides']) or '-'} | {100 * r['accuracy']:.1f} % | "
+            f"{100 * r['wilson_low']:.1f}-{100 * r['wilson_high']:.1f} | {r['mean_steps']:.1f} | {r['mean_row_forwards']:.1f} | "
+            f"{r['mean_live_particles']:.2f} | {wins} / {losses} | {p:.3g} | {r['wall_seconds']:.0f} |"
+        )
     lines += ["", f"Measured by `{command}`.", ""]
     return "\n".join(lines)
 
@@ -134,17 +194,32 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], help="extra row: label=preset:override,override")
     parser.add_argument("--card", type=Path, default=None, help="default: README.md beside the model")
     parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "sudoku_decoders.png")
+    parser.add_argument("--baseline", default="llada", help="the label every decoder is paired with")
+    parser.add_argument("--presets", nargs="*", default=None, help="presets to measure (default: every preset meant for Sudoku)")
+    parser.add_argument("--width", nargs="*", default=["best_of_n", "verified_best_of_n"], help="width presets swept over --particles")
+    parser.add_argument("--particles", type=int, nargs="*", default=[1, 2, 4, 8])
+    parser.add_argument("--width-figure", type=Path, default=ROOT / "docs" / "sudoku_width.png")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    variants = [(p, p, []) for p in decoder_presets()] + [parse_variant(v) for v in args.variant]
+    presets = args.presets if args.presets is not None else [p for p in decoder_presets() if p not in TEXT_ONLY]
+    variants = [(p, p, []) for p in presets] + [parse_variant(v) for v in args.variant]
+    default_size = {w: int(compose([f"+decoder={w}"]).decoder.population.size) for w in args.width}
+    # a sweep point at the preset's own size is the preset's run (measured once)
+    sizes = [(w, w, [], n) if n == default_size[w] else (f"{w}_P{n}", w, [f"decoder.population.size={n}"], n) for w in args.width for n in args.particles]
     rows = [measure(tier, label, preset, overrides, args) for tier in args.tiers for label, preset, overrides in variants]
+    rows += [{**measure(tier, label, preset, overrides, args), "particles": n} for tier in args.tiers for label, preset, overrides, n in sizes]
     args.runs.mkdir(parents=True, exist_ok=True)
     (args.runs / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
-    plot(rows, args.figure)
+    plot([r for r in rows if "particles" not in r], args.figure)
+    plot_width(rows, args.width, args.baseline, args.width_figure)
     command = "python experiments/sudoku_model_card.py" + "".join(f" --variant '{v}'" for v in args.variant)
+    if args.presets is not None:
+        command += " --presets " + " ".join(args.presets)
+    if args.card is not None:
+        command += f" --card {args.card.relative_to(ROOT) if args.card.is_absolute() and ROOT in args.card.parents else args.card}"
     (args.card or args.model / "README.md").write_text(card(rows, args, command))
     for r in rows:
-        print(f"{r['tier']:5} {r['label']:24} solved {100 * r['accuracy']:5.1f} %  steps {r['mean_steps']:6.1f}  rows {r['mean_row_forwards']:7.1f}")
+        print(f"{r['tier']:5} {r['label']:28} solved {100 * r['accuracy']:5.1f} %  steps {r['mean_steps']:6.1f}  rows {r['mean_row_forwards']:7.1f}")
 
 
 if __name__ == "__main__":

@@ -203,3 +203,18 @@ def test_width_search_on_the_shipped_sudoku_model() -> None:
     assert plain["mean_live_particles"] == 1.0
     assert 1.0 < verified["mean_live_particles"] <= 4.0
     assert verified["accuracy"] >= plain["accuracy"]
+
+
+def test_the_models_recheck_is_counted_as_one_more_step(adapter: ModelAdapter) -> None:
+    from dlmsearch.search.particle_scores import LogProbability, RemaskAgreement, WeightedSum
+
+    requests = make_requests([3, 0, 5], 16, seed=4)
+    population = Population(size=4, diversity=OrderTemperature(temperature=1.0))
+    plain = decode(with_population("fast_dllm", population), adapter, requests)
+    score = WeightedSum([LogProbability(weight=0.0), RemaskAgreement(groups=2)])
+    rechecked = decode(with_population("fast_dllm", attrs.evolve(population, score=score)), adapter, requests)
+    assert any(r.steps == p.steps + 1 for r, p in zip(rechecked, plain)), "no sample was rechecked: the test proves nothing"
+    for r, p in zip(rechecked, plain):
+        extra_rows = r.row_forwards - p.row_forwards
+        # one row per group and distinct complete particle (particles holding one canvas share their rows)
+        assert (r.steps - p.steps, extra_rows) == (0, 0) or (r.steps - p.steps == 1 and 2 <= extra_rows <= 8)

@@ -35,6 +35,7 @@ from dlmsearch.search.triggers import NeverTrigger, Trigger
 from dlmsearch.tasks.base import Verifier
 
 BRANCH_KEYS = 1 << 16  # a row's randomness key: particle * BRANCH_KEYS + (0 for the root, 1 + branch)
+RECHECK_KEY = BRANCH_KEYS - 1  # the rows of a population's final re-check by the model
 
 
 @attrs.frozen
@@ -171,7 +172,8 @@ class SearchDecoder:
                 on_round(canvas, source)
         else:
             raise RuntimeError(f"decoder {self.name!r} did not finish within {rounds} rounds")
-        chosen_slot = self.population.choose(canvas, particles, layout, verifier)
+        remask = self.population.recheck(canvas, particles, mask_id, lambda probe, slot: self._evaluate(engine, particles, probe, slot, torch.full_like(slot, RECHECK_KEY), layout))
+        chosen_slot = self.population.choose(canvas, particles, layout, verifier, remask)
         late_sample = late.view(samples, size).any(dim=1)
         return [self._result(canvas, engine, particles, int(chosen_slot[i]), i, layout, bool(late_sample[i])) for i in range(samples)]
 

@@ -26,6 +26,7 @@ class ParticleView:
     committed: torch.Tensor  # [R, n] committed by the decoder (not given)
     log_confidence: torch.Tensor  # [R, n] log-probability of each committed token when committed (0 elsewhere)
     verifier: Verifier | None
+    remask: torch.Tensor | None = None  # [R] the model's re-check of complete particles (see RemaskAgreement), where run
 
 
 class ParticleScore(Protocol):
@@ -80,6 +81,25 @@ class Consistency:
 
 
 @attrs.define
+class RemaskAgreement:
+    """The model checks a complete particle: its committed positions are masked again in
+    ``groups`` interleaved groups (one extra row per group, all in one extra step) and each is
+    scored by the model's view with the rest filled in: ``log c`` where the model's best token
+    is the committed one, ``log(1 - c)`` (a bound on the committed token's probability) where it
+    is not; the mean over positions. A contradiction (a Sudoku digit twice in a unit) is seen
+    from the other side, so this separates wrong complete outputs that the commit-time
+    probabilities cannot. Run once, at the final choice, over samples with more than one
+    complete candidate; elsewhere (resampling) the term is 0."""
+
+    weight: float = attrs.field(default=1.0, validator=check_type(float))
+    groups: int = number(int, 1, default=3)
+    needs_model: bool = attrs.field(default=True, init=False)
+
+    def __call__(self, view: ParticleView) -> torch.Tensor:
+        return torch.zeros(len(view.tokens)) if view.remask is None else view.remask
+
+
+@attrs.define
 class WeightedSum:
     """``sum(term.weight * term(view))`` over ``terms``."""
 
@@ -95,6 +115,11 @@ class WeightedSum:
     @property
     def needs_verifier(self) -> bool:
         return any(isinstance(t, Consistency) for t in self.terms)
+
+    @property
+    def remask_groups(self) -> int:
+        """Groups of the model's re-check of complete particles (0: no term asks for it)."""
+        return max((t.groups for t in self.terms if isinstance(t, RemaskAgreement)), default=0)
 
     def __call__(self, view: ParticleView) -> torch.Tensor:
         return sum(t.weight * t(view) for t in self.terms)

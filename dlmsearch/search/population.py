@@ -12,6 +12,8 @@ decoder, token for token.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import attrs
 import torch
 
@@ -124,11 +126,38 @@ class Population:
     def perturb(self, evaluation: Evaluation, canvas: Canvas, slots: torch.Tensor, particles: Particles, call: torch.Tensor, layout: Layout) -> Evaluation:
         return evaluation if self.size == 1 else self.diversity.perturb(evaluation, canvas, slots, particles, call, layout)
 
-    def view(self, canvas: Canvas, particles: Particles, layout: Layout, verifier: Verifier | None) -> ParticleView:
+    def view(self, canvas: Canvas, particles: Particles, layout: Layout, verifier: Verifier | None, remask: torch.Tensor | None = None) -> ParticleView:
         gen = slice(layout.gen_start, layout.width)
         committed = canvas.commit_call[:, gen] >= 0
         log_confidence = torch.where(committed, torch.log(canvas.commit_confidence[:, gen].clamp(min=1e-30)), 0.0)
-        return ParticleView(particles.owner, canvas.tokens[:, gen], canvas.masked[:, gen], committed, log_confidence, verifier)
+        return ParticleView(particles.owner, canvas.tokens[:, gen], canvas.masked[:, gen], committed, log_confidence, verifier, remask)
+
+    def recheck(self, canvas: Canvas, particles: Particles, mask_id: int, evaluate: Callable[[Canvas, torch.Tensor], Evaluation]) -> torch.Tensor | None:
+        """The model's re-check of complete particles (:class:`RemaskAgreement`), in one step
+        over every sample that still has a choice to make; None where no score asks for it."""
+        groups = self.score.remask_groups
+        samples, size = len(particles.stopped), self.size
+        if not groups or size == 1:
+            return None
+        complete = particles.alive & ~canvas.masked.any(dim=1) & ~particles.stopped[particles.owner]
+        choosing = complete.view(samples, size).sum(dim=1) > 1
+        slots = (complete & choosing[particles.owner]).nonzero().squeeze(1)
+        scores = torch.zeros(len(complete))
+        if not slots.numel():
+            return scores
+        rows = slots.repeat_interleave(groups)
+        group = torch.arange(groups).repeat(len(slots))
+        committed = canvas.commit_call[rows] >= 0
+        remasked = committed & ((committed.long().cumsum(dim=1) - 1) % groups == group[:, None])
+        probe = attrs.evolve(canvas.take(rows), tokens=torch.where(remasked, mask_id, canvas.tokens[rows]), masked=remasked)
+        evaluation = evaluate(probe, rows)
+        agree = evaluation.token == canvas.tokens[rows]
+        confidence = evaluation.confidence.clamp(1e-30, 1 - 1e-7)
+        log_p = torch.where(remasked, torch.where(agree, torch.log(confidence), torch.log1p(-confidence)), 0.0).sum(dim=1)
+        total = torch.zeros(len(complete)).index_add_(0, rows, log_p)
+        count = torch.zeros(len(complete)).index_add_(0, rows, remasked.sum(dim=1).float())
+        scores[slots] = total[slots] / count[slots].clamp(min=1)
+        return scores
 
     def after_round(self, canvas: Canvas, particles: Particles, layout: Layout, round_index: int, verifier: Verifier | None) -> torch.Tensor | None:
         """End conflicting particles, judge finished ones, stop accepted samples, and resample
@@ -177,12 +206,12 @@ class Population:
         particles.adopt(slots, moved)
         return slots
 
-    def choose(self, canvas: Canvas, particles: Particles, layout: Layout, verifier: Verifier | None) -> torch.Tensor:
+    def choose(self, canvas: Canvas, particles: Particles, layout: Layout, verifier: Verifier | None, remask: torch.Tensor | None = None) -> torch.Tensor:
         """``[samples]`` the slot whose canvas is each sample's output."""
         samples, size = len(particles.stopped), self.size
         if size == 1:
             return torch.arange(samples)
-        view = self.view(canvas, particles, layout, verifier)
+        view = self.view(canvas, particles, layout, verifier, remask)
         scores = self.score(view).view(samples, size)
         complete = (particles.alive & ~canvas.masked.any(dim=1)).view(samples, size)
         candidates = torch.where(complete.any(dim=1, keepdim=True), complete, ~canvas.masked.any(dim=1).view(samples, size))
