@@ -17,7 +17,8 @@ def _report(summary: dict) -> None:
         + (f"solved/correct {100 * accuracy:.1f} %, " if accuracy is not None else "")
         + f"mean steps {summary['mean_steps']:.2f}, mean row-forwards {summary['mean_row_forwards']:.2f}, "
         f"mean token-forwards {summary['mean_token_forwards']:.0f}, "
-        f"wall {summary['wall_seconds']:.1f} s"
+        + (f"mean live particles {summary['mean_live_particles']:.2f}, " if summary.get("mean_live_particles", 1.0) != 1.0 else "")
+        + f"wall {summary['wall_seconds']:.1f} s"
     )
     print(
         f"latency p50/p95/p99 {summary['latency_p50_s']:.3f}/{summary['latency_p95_s']:.3f}/{summary['latency_p99_s']:.3f} s per item, "

@@ -135,6 +135,8 @@ class Generation:
     tokens_committed: int
     correct: bool | None = None
     deadline_hit: bool = False  # ``deadline_s`` ran out and the base rule alone finished it
+    live_particles: float = 1.0  # a population's particles still decoding, averaged over the rounds
+    verifier_accepted: bool | None = None  # the task verifier's verdict, where the decoder asked for one
 
 
 @attrs.define(kw_only=True)
@@ -336,6 +338,8 @@ def _generation(task: Any, item: TaskItem, result: Any) -> Generation:
         tokens_committed=result.tokens_committed,
         correct=task.judge(item, result.tokens),
         deadline_hit=result.deadline_hit,
+        live_particles=result.live_particles,
+        verifier_accepted=result.accepted,
     )
 
 

@@ -218,3 +218,44 @@ def test_the_models_recheck_is_counted_as_one_more_step(adapter: ModelAdapter) -
         extra_rows = r.row_forwards - p.row_forwards
         # one row per group and distinct complete particle (particles holding one canvas share their rows)
         assert (r.steps - p.steps, extra_rows) == (0, 0) or (r.steps - p.steps == 1 and 2 <= extra_rows <= 8)
+
+
+populations = st.fixed_dictionaries({
+    "size": st.integers(1, 4),
+    "diversity": st.sampled_from([OrderTemperature(temperature=0.5), TokenTemperature(temperature=1.0), DistinctFirst(uncertain_below=0.9)]),
+    "resampling": st.sampled_from([None, KeepBest(keep=1), KeepBest(keep=2, every=2), SMCResampling(temperature=0.1, ess_fraction=1.0)]),
+    "prune": st.booleans(),
+    "stop": st.booleans(),
+})
+
+
+@settings(max_examples=20, deadline=None)
+@given(config=populations, preset=st.sampled_from(["fast_dllm", "llada", "ete", "adalook"]), prompts=st.lists(st.integers(0, 5), min_size=1, max_size=3), seed=st.integers(0, 300))
+def test_population_invariants(adapter: ModelAdapter, config: dict, preset: str, prompts: list[int], seed: int) -> None:
+    """Within every particle's lineage unmasking is monotonic and no committed or given cell
+    changes; results do not depend on the batch or on how rows are chunked into calls."""
+    from dlmsearch.search.resampling import NoResampling
+
+    population = Population(
+        size=config["size"], diversity=config["diversity"], resampling=config["resampling"] or NoResampling(),
+        prune_conflicts=config["prune"], stop_when_accepted=config["stop"],
+    )
+    decoder = with_population(preset, population)
+    requests = make_requests(prompts, 16, seed=seed, fixed=2)
+    canvases, sources = [], []
+    results = decoder.decode(RolloutEngine(adapter=adapter), requests, 8, verifier=NoRepeatVerifier(),
+                             on_round=lambda canvas, source: (canvases.append(canvas), sources.append(source)))
+    for before, after, source in zip(canvases, canvases[1:], sources[1:]):
+        if source is not None:
+            before = before.take(source)
+        assert not (after.masked & ~before.masked).any(), "a position was re-masked"
+        kept = ~before.masked & before.attention
+        assert torch.equal(after.tokens[kept], before.tokens[kept]), "a committed token changed"
+    for request, result in zip(requests, results):
+        given_cells = request.generation != MASK_ID
+        assert torch.equal(result.tokens[given_cells], request.generation[given_cells])
+        assert not (result.tokens == MASK_ID).any()
+    chunked = decode(decoder, adapter, requests, row_budget=2)
+    [alone] = decode(decoder, adapter, requests[-1:])
+    for other in (chunked[-1], results[-1]):
+        assert torch.equal(alone.tokens, other.tokens) and counters(alone) == counters(other)

@@ -216,5 +216,6 @@ class Population:
         complete = (particles.alive & ~canvas.masked.any(dim=1)).view(samples, size)
         candidates = torch.where(complete.any(dim=1, keepdim=True), complete, ~canvas.masked.any(dim=1).view(samples, size))
         accepted = (particles.verdict == 1).view(samples, size)
+        candidates = torch.where(particles.stopped[:, None], candidates & accepted, candidates)  # a stopped sample's output is what stopped it
         particle = self.choice.choose(scores, candidates, accepted, view.tokens.view(samples, size, -1), verifier)
         return torch.arange(samples) * size + particle
