@@ -114,3 +114,15 @@ def test_text_generate_matches_the_cli(checkpoints, family: str, preset: str, ca
         assert isinstance(generation.text, str) and generation.text == record["output"] and generation.correct is None
         assert all(getattr(generation, key) == record[key] for key in COUNTERS) and generation.steps > 0
         assert torch.equal(generation.tokens, _cli_tokens(trace, 16))
+
+
+@requires_upstream
+def test_width_search_on_a_text_model(checkpoints) -> None:
+    """A population on a text model: particles vote over the stated answers, with the hybrid score."""
+    model = Model.load("llada", path=checkpoints["llada"].directory, device="cpu")
+    overrides = ["decoder/population/choice=majority_vote", "decoder/population/score=hybrid", "decoder.population.size=3"]
+    generations = Decoder.from_preset("best_of_n", overrides=overrides).generate(model, PROMPTS, gen_length=16, block_length=8, batch_size=2)
+    plain = Decoder.from_preset("fast_dllm").generate(model, PROMPTS, gen_length=16, block_length=8, batch_size=2)
+    for generation, single in zip(generations, plain):
+        assert isinstance(generation.text, str) and 1.0 <= generation.live_particles <= 3.0
+        assert single.row_forwards <= generation.row_forwards <= 3 * generation.steps

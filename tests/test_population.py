@@ -259,3 +259,11 @@ def test_population_invariants(adapter: ModelAdapter, config: dict, preset: str,
     [alone] = decode(decoder, adapter, requests[-1:])
     for other in (chunked[-1], results[-1]):
         assert torch.equal(alone.tokens, other.tokens) and counters(alone) == counters(other)
+
+
+def test_pruning_needs_a_verifier_of_partial_outputs() -> None:
+    from dlmsearch.tasks.text import AnswerVerifier
+
+    with pytest.raises(ValueError, match="prune_conflicts=false"):
+        Population(size=2, prune_conflicts=True).check(AnswerVerifier(lambda row: ""))
+    Population(size=2, stop_when_accepted=True).check(AnswerVerifier(lambda row: ""))

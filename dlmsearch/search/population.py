@@ -118,7 +118,10 @@ class Population:
         if self.needs_verifier and verifier is None:
             raise ValueError("this decoder's population needs a task verifier (prune_conflicts, stop_when_accepted, a verified or voted choice, or a consistency score); the task gives none")
         if self.prune_conflicts and verifier is not None and not verifier.checks_partial:
-            raise ValueError(f"population.prune_conflicts needs a verifier that checks partial outputs; {type(verifier).__name__} does not")
+            raise ValueError(
+                f"population.prune_conflicts needs a verifier that checks partial outputs; this task's ({type(verifier).__name__}) "
+                "checks complete ones only: set decoder.population.prune_conflicts=false"
+            )
 
     def token_temperature(self, particles: Particles, slots: torch.Tensor) -> torch.Tensor | None:
         return None if self.size == 1 else self.diversity.token_temperature(particles, slots)
