@@ -173,6 +173,8 @@ def card(rows: list[dict], args: argparse.Namespace, command: str) -> str:
     ]
     base = {r["tier"]: r for r in rows if r["label"] == args.baseline}
     for r in rows:
+        if "particles" in r and not r["overrides"] and any(o["label"] == r["label"] and "particles" not in o for o in rows):
+            continue  # the sweep point at the preset's own size is the preset's row above
         wins, losses, p = paired(r, base[r["tier"]]) if r["tier"] in base else (0, 0, 1.0)
         lines.append(
             f"| {r['tier']} | {r['label']} | {' '.join(r['overrides']) or '-'} | {100 * r['accuracy']:.1f} % | "
