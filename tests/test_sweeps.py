@@ -340,3 +340,11 @@ def test_cli_multirun_of_an_experiment_is_collected(tmp_path: Path) -> None:
     assert "| 1 | arm=confdepth_D2 | 2 |" in markdown
     for name in ("accuracy_vs_steps.png", "accuracy_vs_row_forwards.png"):
         assert (sweep / name).read_bytes()[:8] == PNG
+
+
+def test_a_directory_of_links_compares_runs_of_several_sweeps(fake_sweep: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    compare = tmp_path_factory.mktemp("compare")
+    for name in ("0_base", "2_other"):
+        (compare / name).symlink_to(fake_sweep / name, target_is_directory=True)
+    sweep = collect(compare, baseline="decoder=llada")
+    assert [r["label"] for r in sweep.rows] == ["decoder=llada", "decoder=adalook"]

@@ -26,9 +26,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
 import sys
 from collections.abc import Iterable, Sequence
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +166,8 @@ def find_runs(sweep: Path) -> list[Run]:
     """Every directory under ``sweep`` with results, in job order."""
     if not sweep.is_dir():
         raise SweepError(f"{sweep} is not a directory")
-    directories = sorted({p.parent for p in sweep.rglob("results*.jsonl")})
+    # symbolic links are followed: a directory of links to runs of several sweeps compares them
+    directories = sorted({Path(root) for root, _, files in os.walk(sweep, followlinks=True) if any(fnmatch(f, "results*.jsonl") for f in files)})
     runs = []
     for directory in directories:
         overrides_path = directory / ".hydra" / "overrides.yaml"
