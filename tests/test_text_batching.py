@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from conftest import text_decoder
+from conftest import NoRepeatVerifier, text_decoder
 from dlmsearch.config import decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
@@ -77,10 +77,10 @@ def test_batched_equals_alone(preset: str, family: str, honours_padding: bool, l
 
 
 def assert_batched_equals_alone(engine: RolloutEngine, preset: str, requests: list[DecodeRequest]) -> None:
-    decoder = DECODERS[preset]
-    batched = decoder.decode(engine, requests, BLOCK)
+    decoder, verifier = DECODERS[preset], NoRepeatVerifier()  # a rule for the presets that prune by a task verifier
+    batched = decoder.decode(engine, requests, BLOCK, verifier=verifier)
     for request, together in zip(requests, batched):
-        [alone] = decoder.decode(engine, [request], BLOCK)
+        [alone] = decoder.decode(engine, [request], BLOCK, verifier=verifier)
         assert torch.equal(together.tokens, alone.tokens), f"{preset}: prompt of length {len(request.prompt)}"
         assert (together.steps, together.row_forwards, together.token_forwards) == (alone.steps, alone.row_forwards, alone.token_forwards)
 
