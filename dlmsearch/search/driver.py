@@ -159,7 +159,7 @@ class SearchDecoder:
             base = rows[exploit]
             if base.numel():
                 sub, sub_eval = root.take(exploit), evaluation.take(exploit)
-                call = engine.steps[engine.owner[base]]
+                call = engine.calls(base)
                 chosen = self.commit.select(sub, self.population.perturb(sub_eval, sub, base, particles, call, layout), layout)
                 committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget)
                 canvas = canvas.put(base, committed)
@@ -214,7 +214,7 @@ class SearchDecoder:
         first &= live.flatten()[:, None]
         token = evaluation.token.repeat_interleave(width, dim=0)
         confidence = evaluation.confidence.repeat_interleave(width, dim=0)
-        branches = root.repeat(width).commit(first, token, confidence, engine.steps[engine.owner[sample_row]], 1, branch_id, layout, self.commit.block_budget)
+        branches = root.repeat(width).commit(first, token, confidence, engine.calls(sample_row), 1, branch_id, layout, self.commit.block_budget)
         step_log_conf = torch.log(evaluation.confidence.gather(1, positions).clamp(min=1e-30)).flatten()
         scores = torch.zeros(samples * width)
         branch_eval = Evaluation.empty(samples * width, root.tokens.shape[1], self.commit.statistics)
@@ -251,7 +251,7 @@ class SearchDecoder:
             step_log_conf = step_log_conf.clone()
             step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
             depth += 1
-            rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.steps[engine.owner[sample_row[rows]]], depth, branch_id[rows], layout, self.commit.block_budget)
+            rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.calls(sample_row[rows]), depth, branch_id[rows], layout, self.commit.block_budget)
             branches = branches.put(rows, rolled)
         best = self.selector.best(scores.view(samples, width), live)
         adopted = torch.arange(samples) * width + best

@@ -97,17 +97,26 @@ def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def _merged(tokens: torch.Tensor, group: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Which rows must be computed, and for every row the first row of its group with the same
-    tokens (``None`` when no row repeats another)."""
+def _merged(tokens: torch.Tensor, group: torch.Tensor) -> torch.Tensor | None:
+    """For every row, the first row of its group with the same tokens (None when no row repeats another)."""
     rows = len(tokens)
-    if group is None or rows < 2:
-        return torch.ones(rows, dtype=torch.bool), None
+    if rows < 2:
+        return None
     _, inverse = torch.unique(torch.cat([group[:, None], tokens], dim=1), dim=0, return_inverse=True)
     first = torch.full((int(inverse.max()) + 1,), rows, dtype=torch.long).scatter_reduce(0, inverse, torch.arange(rows), "amin")
     copy_of = first[inverse]
-    computed = copy_of == torch.arange(rows)
-    return computed, None if bool(computed.all()) else copy_of
+    return None if bool((copy_of == torch.arange(rows)).all()) else copy_of
+
+
+def _within(index: torch.Tensor, copy_of: torch.Tensor | None) -> torch.Tensor:
+    """For a forward's rows ``index`` (ascending): the position of the row each one copies, or
+    its own where its original is not among them (a piece split off after running out of memory)."""
+    own = torch.arange(len(index))
+    if copy_of is None:
+        return own
+    original = copy_of[index]
+    position = torch.searchsorted(index, original).clamp(max=len(index) - 1)
+    return torch.where(index[position] == original, position, own)
 
 
 def hashed_uniform(keys: list[torch.Tensor]) -> torch.Tensor:
@@ -174,6 +183,10 @@ class RolloutEngine:
         """Slot ``i`` takes over slot ``source[i]``'s cache (a population resampled its particles)."""
         self.kv.reorder(source)
 
+    def calls(self, slots: torch.Tensor) -> torch.Tensor:
+        """The model calls made so far by the samples these slots belong to."""
+        return self.steps[self.owner[slots]]
+
     def evaluate(
         self,
         tokens: torch.Tensor,
@@ -221,7 +234,8 @@ class RolloutEngine:
             index, first = forward.rows, forward.first
             low, high = forward.columns
             past = self.kv.gather(sample[index], first) if forward.cached else None
-            computed, copy_of = _merged(tokens[index, first:], group[index] if group is not None and not forward.cached else None)
+            source = _within(index, None if forward.cached else copy_of)
+            computed = source == torch.arange(len(index))
             part, kv = self._summarise(
                 tokens[index, first:],
                 attention[index, first:],
@@ -232,11 +246,11 @@ class RolloutEngine:
                 high - first,
                 past,
                 None if temperature is None else temperature[index],
-                copy_of,
+                None if bool(computed.all()) else source,
             )
             return part, kv, computed
 
-        copy_of = None if group is None else _merged(tokens, group)[1]
+        copy_of = None if group is None else _merged(tokens, group)
         for planned in self._plan(attention, sample, row_key, from_column, window, copy_of):
             for forward, (part, kv, computed) in self._forward(planned, run, sample_uid):
                 index, first = forward.rows, forward.first
