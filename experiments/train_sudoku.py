@@ -12,7 +12,6 @@ the last checkpoint when started again with the same ``out_dir``.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from dlmsearch.models.denoiser import BidirectionalDenoiser, DenoiserConfig
 from dlmsearch.tasks.sudoku import SUDOKU_MASK_ID, SUDOKU_VOCAB, grids_to_tokens
 from dlmsearch.tasks.sudoku_files import load_puzzles, tier_path
 from dlmsearch.tasks.sudoku_grids import random_solved_grid, transform_grids
-from dlmsearch.training import checkpoint_solve_rate
+from dlmsearch.training import checkpoint_solve_rate, learning_rate, progress, trim_log
 
 
 class GridSampler:
@@ -55,28 +54,6 @@ def masked_diffusion_loss(model: BidirectionalDenoiser, tokens: torch.Tensor, ge
     masked[torch.arange(rows), forced] = True  # at least one masked cell per grid
     logits = model(torch.where(masked, SUDOKU_MASK_ID, tokens))
     return torch.nn.functional.cross_entropy(logits[masked], tokens[masked])
-
-
-def progress(cfg: DictConfig, step: int, train_seconds: float) -> float:
-    """Fraction of training done: by steps, or by CPU time when ``budget_minutes`` is set,
-    whichever is further, so the learning rate decays fully on a machine of any speed."""
-    by_steps = step / cfg.steps
-    by_time = train_seconds / (60 * cfg.budget_minutes) if cfg.budget_minutes else 0.0
-    return min(1.0, max(by_steps, by_time))
-
-
-def learning_rate(cfg: DictConfig, step: int, done: float) -> float:
-    """Linear warm-up over ``warmup_steps``, then cosine decay from ``lr`` to ``min_lr`` as ``done`` goes to 1."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * done))
-
-
-def trim_log(path: Path, step: int) -> None:
-    """Drop loss records past the checkpoint being resumed, so no step is logged twice."""
-    if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in lines))
 
 
 @hydra.main(version_base=None, config_path="../conf/train", config_name="sudoku")
@@ -130,11 +107,11 @@ def main(cfg: DictConfig) -> None:
     bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
     with (out / "loss.jsonl").open("a") as log:
         while True:
-            done = progress(cfg, step, train_seconds())
+            done = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes)
             if done >= 1.0:
                 break
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(cfg, step, done)
+                group["lr"] = learning_rate(step, done, cfg.lr, cfg.min_lr, cfg.warmup_steps)
             tokens = grids_to_tokens(sampler.sample(cfg.batch_size))
             loss = masked_diffusion_loss(model, tokens, generator)
             optimizer.zero_grad(set_to_none=True)
@@ -146,7 +123,7 @@ def main(cfg: DictConfig) -> None:
             bar.set_postfix(loss=f"{loss.item():.4f}")
             log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "lr": optimizer.param_groups[0]["lr"]}) + "\n")
             log.flush()
-            finished = progress(cfg, step, train_seconds()) >= 1.0
+            finished = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes) >= 1.0
             out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes
             if step % cfg.checkpoint_every == 0 or finished or out_of_time:
                 save(step)

@@ -104,9 +104,34 @@ def _expression_in(text: str) -> str | None:
     return best
 
 
+_STEP = re.compile(r"([\d\s+\-*/()]*\d[\d\s+\-*/()]*[+\-*/][\d\s+\-*/()]*\d[\d\s()]*)=\s*(\d+)")
+
+
+def chain_equation(line: str) -> str | None:
+    """One equation from worked steps on a line, ``"12*5=60,60-1=59"`` -> ``"(12*5)-1"``.
+
+    Each step's result is put back, as its expression in parentheses, where the next step uses
+    it (the first whole-number occurrence of it); the last step's expression is the equation.
+    None unless the line has at least two steps and every step's result is used by a later one.
+    The claimed results are links only: the judge evaluates the composed equation itself, so a
+    wrong intermediate result makes a wrong equation.
+    """
+    steps = [(m.group(1).strip(), m.group(2)) for m in _STEP.finditer(_normalise(line))]
+    if len(steps) < 2:
+        return None
+    expression = steps[-1][0]
+    for earlier, value in reversed(steps[:-1]):
+        use = re.search(rf"(?<!\d){value}(?!\d)", expression)
+        if use is None:
+            return None
+        expression = expression[: use.start()] + f"({earlier})" + expression[use.end() :]
+    return expression
+
+
 def extract_equation(text: str) -> str | None:
     """The equation a model wrote: inside the last ``<answer>...</answer>`` if there is one, else
-    on the last line that has digits and an operator; ``= target`` and prose are dropped."""
+    on the last line that has digits and an operator (worked steps on that line composed by
+    :func:`chain_equation`); ``= target`` and prose are dropped."""
     tagged = re.findall(r"<answer>(.*?)</answer>", text, flags=re.DOTALL | re.IGNORECASE)
     if tagged:
         return _expression_in(tagged[-1])
@@ -116,7 +141,7 @@ def extract_equation(text: str) -> str | None:
         if found:
             return found
     for line in reversed(text.splitlines()):
-        found = _expression_in(line)
+        found = chain_equation(line) or _expression_in(line)
         if found:
             return found
     return None

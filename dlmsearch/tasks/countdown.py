@@ -1,7 +1,9 @@
 """Countdown: reach a target with an equation that uses each given number exactly once.
 
-Problems come from the 3-number split of d1 (256 problems, Apache-2.0) shipped inside the
-package, or ``task.path`` (JSONL with ``input`` "a,b,c" and ``output`` the target). The
+Problems come from a tier shipped inside the package (``task.tier``: d1's 3-number split,
+256 problems, Apache-2.0, or the project's own held-out tiers made by
+``experiments/make_countdown_tiers.py``), or ``task.path`` (JSONL with ``input`` "a,b,c" and
+``output`` the target). The
 equation is read from the model's text only (:func:`extract_equation`) and checked by the safe
 evaluator of :mod:`dlmsearch.tasks.arithmetic`; the problem's numbers and target are used by the
 judge alone.
@@ -21,7 +23,7 @@ import torch
 from dlmsearch.tasks.arithmetic import InvalidExpression, evaluate, extract_equation, format_value, uses_exactly
 from dlmsearch.tasks.base import TaskItem
 from dlmsearch.tasks.text import TaskFileError, TextTask, read_jsonl
-from dlmsearch.validation import check_type
+from dlmsearch.validation import check_choice, check_type
 
 # Our wording, in the spirit of d1's Countdown prompt: the rules, then the answer format.
 DEFAULT_TEMPLATE = (
@@ -32,9 +34,21 @@ DEFAULT_TEMPLATE = (
 PLACEHOLDERS = ("numbers", "target")
 
 
-def shipped_countdown_path() -> Path:
-    """The 3-number Countdown test split shipped inside the package."""
-    return Path(str(resources.files("dlmsearch") / "data" / "countdown" / "countdown_cd3_test.jsonl"))
+# tier -> (file in dlmsearch/data/countdown/, what it holds)
+TIERS = {
+    "d1": ("countdown_cd3_test.jsonl", "d1's 3-number test split (numbers up to 100)"),
+    "small": ("countdown_small.jsonl", "256 problems, numbers 1-20"),
+    "medium": ("countdown_medium.jsonl", "256 problems, numbers 1-50"),
+    "large": ("countdown_large.jsonl", "256 problems, numbers 1-100"),
+    "validation": ("countdown_validation.jsonl", "128 problems, numbers 1-20 (training's checkpoint measure)"),
+}
+
+
+def shipped_countdown_path(tier: str = "d1") -> Path:
+    """A Countdown tier shipped inside the package."""
+    if tier not in TIERS:
+        raise ValueError(f"task.tier must be one of {', '.join(TIERS)}; got {tier!r}")
+    return Path(str(resources.files("dlmsearch") / "data" / "countdown" / TIERS[tier][0]))
 
 
 @attrs.frozen
@@ -124,17 +138,18 @@ class CountdownTask(TextTask):
     """Countdown problems (the shipped split, or ``path``); the prompt is ``template`` filled in."""
 
     template: str = attrs.field(default=DEFAULT_TEMPLATE, validator=[check_type(str), _check_template])
+    tier: str = attrs.field(default="d1", validator=[check_type(str), check_choice(*TIERS)])
     name: ClassVar[str] = "countdown"
 
     @property
     def source(self) -> str:
-        return self.path or "Countdown (3 numbers) test split"
+        return self.path or f"Countdown tier {self.tier}: {TIERS[self.tier][1]}"
 
     def prompt(self, problem: CountdownProblem) -> str:
         return self.template.format(numbers=", ".join(map(str, problem.numbers)), target=problem.target)
 
     def sources(self) -> list[tuple[str, str, Any]]:
-        problems = load_countdown(self.path if self.path else shipped_countdown_path())
+        problems = load_countdown(self.path if self.path else shipped_countdown_path(self.tier))
         return [(id_, self.prompt(p), p) for id_, p in problems]
 
     def question(self, text: str, reference: Any) -> CountdownProblem:

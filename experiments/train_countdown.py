@@ -1,0 +1,202 @@
+"""Train the Countdown model that dlmsearch ships, in LLaDA's checkpoint format, as LLaDA's SFT trains.
+
+Each row is the chat-templated prompt (encoded by the task itself, so training sees exactly the
+ids decoding sees) followed by a response of ``gen_length`` tokens: the worked answer
+``a op b=x,x op c=t``, ``<|eot_id|>``, then ``<|endoftext|>`` to the end. Only response tokens
+are masked, each with probability ``t ~ U(0, 1)`` per row; the loss is LLaDA's SFT loss
+(cross-entropy of masked tokens weighted by ``1/t``, divided by the response length).
+Problems are drawn on the fly (a curriculum from small numbers to larger ones), never with a
+number triple of a shipped tier. Checkpoints (weights, optimiser, step, RNG) are written every
+``checkpoint_every`` steps, with the held-out accuracy of ``eval_decoders``; starting again with
+the same ``out_dir`` resumes.
+
+    python experiments/train_countdown.py                              # resumable
+    python experiments/train_countdown.py max_minutes=60               # stop after an hour, resume later
+    python experiments/train_countdown.py steps=20 out_dir=/tmp/cd model.n_layers=1 checkpoint_every=10
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.models.llada_checkpoint import save_llada
+from dlmsearch.models.tokenizer_build import LLADA_CHAT_TEMPLATE, byte_level_bpe, save_tokenizer
+from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
+from dlmsearch.tasks.countdown import TIERS, CountdownTask, load_countdown, shipped_countdown_path
+from dlmsearch.tasks.countdown_problems import Problem, draw_problem, solutions
+from dlmsearch.training import checkpoint_accuracy, learning_rate, progress, trim_log
+
+# LLaDA's special tokens, at small ids just above the byte vocabulary.
+SPECIALS = {"<|startoftext|>": 300, "<|endoftext|>": 301, "<|mdm_mask|>": 302, "<|start_header_id|>": 303, "<|end_header_id|>": 304, "<|eot_id|>": 305}
+VOCAB_SIZE = 320
+WORDS = ("Make", "from", "user", "assistant", "\u010a\u010a")  # "\u010a\u010a": byte-level "\n\n"
+MASK_ID, EOS_ID, EOT_ID = SPECIALS["<|mdm_mask|>"], SPECIALS["<|endoftext|>"], SPECIALS["<|eot_id|>"]
+
+
+def write_countdown_tokenizer(directory: Path) -> None:
+    """The model's tokenizer: bytes, a few whole words, LLaDA's specials and chat template."""
+    save_tokenizer(directory, byte_level_bpe(SPECIALS, WORDS), bos="<|startoftext|>", eos="<|endoftext|>", pad="<|endoftext|>",
+                   mask="<|mdm_mask|>", chat_template=LLADA_CHAT_TEMPLATE)
+
+
+def held_out_triples() -> set[tuple[int, ...]]:
+    """Every number triple of every shipped tier: never trained on."""
+    return {tuple(sorted(p.numbers)) for tier in TIERS for _, p in load_countdown(shipped_countdown_path(tier))}
+
+
+class ProblemSampler:
+    """Training problems with one worked answer each, numbers growing with ``done`` (the curriculum)."""
+
+    def __init__(self, cfg: DictConfig, rng: np.random.Generator, excluded: set[tuple[int, ...]]) -> None:
+        self.cfg, self.rng, self.excluded = cfg, rng, excluded
+
+    def high(self, done: float) -> int:
+        c = self.cfg
+        return int(round(c.start_high + (c.high - c.start_high) * min(1.0, done / c.ramp)))
+
+    def draw(self, done: float) -> tuple[Problem, str]:
+        c = self.cfg
+        wide = done >= c.ramp and self.rng.random() < c.wide_fraction
+        while True:
+            problem = draw_problem(self.rng, 1, c.wide_high if wide else self.high(done))
+            if problem.key() not in self.excluded:
+                answers = solutions(problem.numbers)[problem.target]
+                return problem, answers[self.rng.integers(len(answers))]
+
+
+def encode_batch(task: CountdownTask, pairs: list[tuple[Problem, str]], gen_length: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Left-padded rows ``prompt + response`` with their attention mask, and where responses start."""
+    from dlmsearch.tasks.countdown import CountdownProblem
+
+    tokenizer = task._tokenizer
+    prompts = [task.encode(task.prompt(CountdownProblem(numbers=p.numbers, target=p.target))) for p, _ in pairs]
+    width = max(len(p) for p in prompts)
+    rows, masks = [], []
+    for prompt, (_, answer) in zip(prompts, pairs):
+        response = tokenizer(answer, add_special_tokens=False)["input_ids"] + [EOT_ID]
+        if len(response) > gen_length:
+            raise ValueError(f"answer {answer!r} is {len(response)} tokens, longer than gen_length={gen_length}")
+        response += [EOS_ID] * (gen_length - len(response))
+        pad = width - len(prompt)
+        rows.append([EOS_ID] * pad + prompt.tolist() + response)
+        masks.append([False] * pad + [True] * (len(prompt) + gen_length))
+    return torch.tensor(rows), torch.tensor(masks), width
+
+
+def sft_loss(model: BidirectionalTransformer, tokens: torch.Tensor, attention: torch.Tensor, start: int, generator: torch.Generator) -> tuple[torch.Tensor, float]:
+    """LLaDA's SFT loss on the response columns ``start:`` and the plain masked-token cross-entropy."""
+    rows, length = tokens.shape
+    eps = 1e-3
+    rate = (1 - eps) * torch.rand(rows, 1, generator=generator) + eps
+    masked = torch.zeros(rows, length, dtype=torch.bool)
+    masked[:, start:] = torch.rand(rows, length - start, generator=generator) < rate
+    logits = model(torch.where(masked, MASK_ID, tokens), attention_mask=attention, logits_from=start)
+    chosen = masked[:, start:]
+    losses = torch.nn.functional.cross_entropy(logits[chosen], tokens[:, start:][chosen], reduction="none")
+    weights = (1.0 / rate).expand(rows, length - start)[chosen]
+    return (losses * weights).sum() / (rows * (length - start)), losses.mean().item()
+
+
+def countdown_task(directory: Path, cfg: DictConfig, tier: str, block_length: int) -> CountdownTask:
+    return CountdownTask(tokenizer=str(directory), mask_id=MASK_ID, vocab_size=VOCAB_SIZE, stop_ids=(EOS_ID, EOT_ID), chat=True,
+                         gen_length=cfg.gen_length, block_length=block_length, template=cfg.template, tier=tier)
+
+
+@hydra.main(version_base=None, config_path="../conf/train", config_name="countdown")
+def main(cfg: DictConfig) -> None:
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out_dir)
+    model_dir = out / "model"
+    write_countdown_tokenizer(model_dir)
+    task = countdown_task(model_dir, cfg, "validation", cfg.gen_length)
+    eval_items = task.items()
+    rng = np.random.default_rng(cfg.seed)
+    sampler = ProblemSampler(cfg.curriculum, rng, held_out_triples())
+    m = cfg.model
+    model = BidirectionalTransformer(TransformerConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=m.d_model, num_layers=m.n_layers, num_heads=m.n_heads, num_kv_heads=m.n_heads,
+        intermediate_size=m.mlp_hidden_size, max_length=m.max_sequence_length, rope_theta=500000.0, tie_embeddings=False,
+    ))
+    for name, parameter in model.named_parameters():
+        if parameter.dim() == 2:
+            torch.nn.init.normal_(parameter, std=0.02)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    generator = torch.Generator().manual_seed(cfg.seed)
+    step, elapsed_before = 0, 0.0
+    checkpoint = out / "checkpoint.pt"
+    if checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
+        rng.bit_generator.state = state["numpy_rng"]
+        step, elapsed_before = state["step"], state["train_seconds"]
+        print(f"resumed from {checkpoint} at step {step}")
+        trim_log(out / "loss.jsonl", step)
+        trim_log(out / "eval.jsonl", step)
+    started = time.monotonic()
+    eval_seconds = 0.0  # checkpoint evaluation does not count as training time
+
+    def train_seconds() -> float:
+        return elapsed_before + time.monotonic() - started - eval_seconds
+
+    def save(step: int) -> None:
+        nonlocal eval_seconds
+        seconds = train_seconds()
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                 "numpy_rng": rng.bit_generator.state, "step": step, "train_seconds": seconds}
+        torch.save(state, out / "checkpoint.tmp")
+        (out / "checkpoint.tmp").replace(checkpoint)
+        save_llada(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
+        tick = time.monotonic()
+        adapter = ModelAdapter(module=model, mask_id=MASK_ID, vocab_size=VOCAB_SIZE, max_length=m.max_sequence_length)
+        measured = [checkpoint_accuracy(adapter, task, eval_items, decoder, ("task=countdown",)) for decoder in cfg.eval_decoders]
+        model.train()
+        eval_seconds += time.monotonic() - tick
+        record = {"step": step, "train_seconds": round(seconds, 1), "numbers_up_to": sampler.high(progress(step, cfg.steps, seconds, cfg.budget_minutes)),
+                  "eval_tier": cfg.eval_tier, "eval": measured}
+        with (out / "eval.jsonl").open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        tqdm.write(f"checkpoint step {step}: " + ", ".join(f"{e['decoder']} {e['accuracy']:.3f}" for e in measured))
+
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
+    with (out / "loss.jsonl").open("a") as log:
+        while True:
+            done = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes)
+            if done >= 1.0:
+                break
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, done, cfg.lr, cfg.min_lr, cfg.warmup_steps)
+            tokens, attention, start = encode_batch(task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length)
+            loss, plain = sft_loss(model, tokens, attention, start, generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.4f}", ce=f"{plain:.4f}")
+            log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "masked_ce": round(plain, 5), "lr": optimizer.param_groups[0]["lr"],
+                                  "seconds": round(train_seconds(), 1)}) + "\n")
+            log.flush()
+            finished = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes) >= 1.0
+            out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes
+            if step % cfg.checkpoint_every == 0 or finished or out_of_time:
+                save(step)
+            if out_of_time:
+                break
+    bar.close()
+
+
+if __name__ == "__main__":
+    main()
