@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# Inside the package, so a wheel carries every config (found through importlib.resources).
+CONF_DIR = Path(str(resources.files("dlmsearch") / "conf"))
+
+# ${package_data:NAME}: a directory shipped inside the package (dlmsearch/data/NAME), e.g. model=countdown's weights.
+OmegaConf.register_new_resolver("package_data", lambda name: str(resources.files("dlmsearch") / "data" / name), replace=True)
 
 
 class ConfigError(ValueError):

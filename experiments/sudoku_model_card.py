@@ -21,41 +21,16 @@ import torch
 from dlmsearch.config import compose, decoder_presets
 from dlmsearch.models.denoiser import BidirectionalDenoiser
 from dlmsearch.models.loading import shipped_sudoku_model_path
-from dlmsearch.run import read_done, run
-from dlmsearch.sweeps.stats import sign_test, wilson_interval
 from dlmsearch.tasks.sudoku_files import TIERS, load_puzzles, tier_path
+from decoder_table import measure as measure_run, paired, parse_variant, plot_accuracy_vs_steps
 
 TEXT_ONLY = ("dream",)  # presets whose schedule is meant for text (one block of the whole generation)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def parse_variant(text: str) -> tuple[str, str, list[str]]:
-    """``label=preset:override,override`` (overrides optional)."""
-    label, _, rest = text.partition("=")
-    preset, _, overrides = rest.partition(":")
-    return label, preset, [o for o in overrides.split(",") if o]
-
-
 def measure(tier: str, label: str, preset: str, overrides: list[str], args: argparse.Namespace) -> dict:
-    cfg = compose([
-        f"+decoder={preset}", f"task.tier={tier}", f"task.limit={args.limit or 'null'}", f"batch_size={args.batch_size}",
-        f"out_dir={args.runs / tier / label}", f"model.path={args.model}", "examples=0", *overrides,
-    ])
-    summary = run(cfg)
-    solved = {i: bool(r["correct"]) for i, r in read_done(args.runs / tier / label / "results.jsonl").items()}
-    low, high = wilson_interval(sum(solved.values()), len(solved))
-    return {"tier": tier, "label": label, "preset": preset, "overrides": overrides, "solved_ids": sorted(i for i, ok in solved.items() if ok),
-            "ids": sorted(solved), "wilson_low": low, "wilson_high": high, "mean_live_particles": summary.get("mean_live_particles", 1.0),
-            **{k: summary[k] for k in ("items", "accuracy", "mean_steps", "mean_row_forwards", "wall_seconds")}}
-
-
-def paired(row: dict, baseline: dict) -> tuple[int, int, float]:
-    """Puzzles solved only by ``row``, only by ``baseline``, and the exact sign test's p-value."""
-    mine, theirs = set(row["solved_ids"]), set(baseline["solved_ids"])
-    assert row["ids"] == baseline["ids"], "paired tests need the same puzzles"
-    wins, losses = len(mine - theirs), len(theirs - mine)
-    return wins, losses, sign_test(wins, losses)
+    return measure_run(args.runs / tier / label, tier, label, preset, overrides, [f"model.path={args.model}"], args.limit, args.batch_size)
 
 
 def plot_width(rows: list[dict], widths: list[str], baseline: str, path: Path) -> None:
@@ -92,28 +67,6 @@ def plot_width(rows: list[dict], widths: list[str], baseline: str, path: Path) -
     figure.savefig(path, dpi=120)
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, len(TIERS), figsize=(6 * len(TIERS), 4.5), squeeze=False)
-    for axis, tier in zip(axes[0], TIERS):
-        for row in (r for r in rows if r["tier"] == tier):
-            axis.scatter(row["mean_steps"], 100 * row["accuracy"], s=40)
-            axis.annotate(row["label"], (row["mean_steps"], 100 * row["accuracy"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        axis.set_xscale("log")
-        axis.set_xlabel("mean steps per puzzle (sequential model calls, log scale)")
-        axis.set_ylabel("solved %")
-        axis.set_title(f"{tier} tier")
-        axis.grid(alpha=0.3)
-    figure.suptitle("Shipped Sudoku denoiser: solve rate vs steps per decoder")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-
-
 def card(rows: list[dict], args: argparse.Namespace, command: str) -> str:
     model = BidirectionalDenoiser.load(args.model)
     params = sum(p.numel() for p in model.parameters())
@@ -141,7 +94,7 @@ def card(rows: list[dict], args: argparse.Namespace, command: str) -> str:
         lines += [
             f"- {training['steps']} steps in {training['train_seconds'] / 60:.1f} minutes of training on {m['cores']} CPU cores "
             f"({m['cpu']}, torch {m['torch']}); final loss (mean of the last 100 steps) {training['final_loss_last_100_steps']}.",
-            f"- Command: `{training['command']}`, then `python experiments/ship_sudoku_model.py`.",
+            f"- Command: `{training['command']}`, then `python experiments/ship_model.py`.",
             "",
             "Solve rate of the `llada` preset (confidence order) on the first 100 easy puzzles at each checkpoint:",
             "",
@@ -212,7 +165,7 @@ def main() -> None:
     rows += [{**measure(tier, label, preset, overrides, args), "particles": n} for tier in args.tiers for label, preset, overrides, n in sizes]
     args.runs.mkdir(parents=True, exist_ok=True)
     (args.runs / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
-    plot([r for r in rows if "particles" not in r], args.figure)
+    plot_accuracy_vs_steps([r for r in rows if "particles" not in r], list(TIERS), "Shipped Sudoku denoiser: solve rate vs steps per decoder", "puzzle", args.figure)
     plot_width(rows, args.width, args.baseline, args.width_figure)
     command = "python experiments/sudoku_model_card.py" + "".join(f" --variant '{v}'" for v in args.variant)
     if args.presets is not None:

@@ -111,7 +111,7 @@ def countdown_task(directory: Path, cfg: DictConfig, tier: str, block_length: in
                          gen_length=cfg.gen_length, block_length=block_length, template=cfg.template, tier=tier)
 
 
-@hydra.main(version_base=None, config_path="../conf/train", config_name="countdown")
+@hydra.main(version_base=None, config_path="conf/train", config_name="countdown")
 def main(cfg: DictConfig) -> None:
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)

@@ -56,7 +56,7 @@ def masked_diffusion_loss(model: BidirectionalDenoiser, tokens: torch.Tensor, ge
     return torch.nn.functional.cross_entropy(logits[masked], tokens[masked])
 
 
-@hydra.main(version_base=None, config_path="../conf/train", config_name="sudoku")
+@hydra.main(version_base=None, config_path="conf/train", config_name="sudoku")
 def main(cfg: DictConfig) -> None:
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import attrs
@@ -14,6 +15,8 @@ from dlmsearch.config import build, compose
 from dlmsearch.search.driver import DecodeRequest, SearchDecoder
 
 torch.set_num_threads(1)
+# The experiment scripts (training, tiers) are tested too: they import as modules from here.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 VOCAB = 24
 MASK_ID = 23

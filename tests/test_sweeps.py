@@ -20,7 +20,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from conftest import make_requests, text_decoder
-from dlmsearch.config import ConfigError, build, compose, decoder_presets
+from dlmsearch.config import CONF_DIR, ConfigError, build, compose, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine import RolloutEngine
@@ -255,7 +255,7 @@ def sweep_values(cfg, key: str) -> list[str]:
 
 
 def experiment_file(name: str):
-    return OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "experiment" / f"{name}.yaml")
+    return OmegaConf.load(CONF_DIR / "experiment" / f"{name}.yaml")
 
 
 @pytest.mark.parametrize(("name", "runs"), [("ablate_gate", 114), ("budget_curve", 45)])
@@ -266,7 +266,7 @@ def test_grid_sizes_are_the_documented_ones(name: str, runs: int) -> None:
     raw = experiment_file(name)
     overrides = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in raw.hydra.sweeper.params.items()])
     assert len(BasicSweeper.split_arguments(overrides, None)[0]) == runs
-    header = (Path(__file__).resolve().parents[1] / "conf" / "experiment" / f"{name}.yaml").read_text()
+    header = (CONF_DIR / "experiment" / f"{name}.yaml").read_text()
     assert f"= {runs} runs" in header
 
 

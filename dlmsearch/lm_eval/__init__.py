@@ -13,7 +13,7 @@ left-to-right likelihoods here, so ``loglikelihood`` tasks (multiple choice, per
 refused with a clear error.
 
 Model args (``--model_args k=v,k=v``): ``path`` (local checkpoint directory), ``family``
-(llada|dream), ``decoder`` (a preset of ``conf/decoder/``), ``gen_length`` (used when a request
+(llada|dream, or countdown: the shipped Countdown model, a LLaDA checkpoint, no path needed), ``decoder`` (a preset of ``conf/decoder/``), ``gen_length`` (used when a request
 gives no ``max_gen_toks``) and ``block_length``, ``batch_size``, ``cache`` (none|prefix|dual; unset: the config's, none),
 ``device`` (auto|cpu|cuda...), ``dtype``, ``chat`` (true: each context is one user turn of the
 tokenizer's chat template, Instruct models; false: raw text, Base models), ``temperature``
@@ -104,9 +104,9 @@ class DLMSearchLM(LM):
         **overrides: Any,
     ) -> None:
         super().__init__()
-        if family not in ("llada", "dream"):
-            raise ValueError(f"family must be llada or dream (a text model), got {family!r}")
-        if path is None:
+        if family not in ("llada", "dream", "countdown"):
+            raise ValueError(f"family must be llada or dream (a text model), or countdown (the shipped Countdown model), got {family!r}")
+        if path is None and family != "countdown":
             raise ValueError("model_args needs path=DIR: the local directory of the checkpoint (nothing is downloaded)")
         if isinstance(batch_size, str):  # "auto" / "auto:N": decoding uses a fixed batch
             log.warning("dlmsearch: batch_size=%s is not supported; decoding 8 at a time (model_args batch_size=N)", batch_size)

@@ -137,7 +137,7 @@ def _check_template(instance: Any, attribute: "attrs.Attribute[Any]", value: str
 class CountdownTask(TextTask):
     """Countdown problems (the shipped split, or ``path``); the prompt is ``template`` filled in."""
 
-    template: str = attrs.field(default=DEFAULT_TEMPLATE, validator=[check_type(str), _check_template])
+    template: str = attrs.field(default=DEFAULT_TEMPLATE, converter=lambda t: DEFAULT_TEMPLATE if t is None else t, validator=[check_type(str), _check_template])
     tier: str = attrs.field(default="d1", validator=[check_type(str), check_choice(*TIERS)])
     name: ClassVar[str] = "countdown"
 

@@ -1,0 +1,93 @@
+"""Copy a trained model into the package with a ``training.json`` that records how it was made
+(read from the training run's own files), and draw its learning curve.
+
+    python experiments/ship_model.py --train-dir runs/sudoku_train --command "python experiments/train_sudoku.py ..."
+    python experiments/ship_model.py --train-dir runs/countdown_train --dest dlmsearch/data/countdown_model \
+        --curve docs/countdown_learning_curve.png --command "python experiments/train_countdown.py ..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+from pathlib import Path
+
+import torch
+
+from dlmsearch.models.loading import shipped_sudoku_model_path
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def plot_curve(losses: list[dict], evals: list[dict], path: Path) -> None:
+    """Training loss (mean over 50-step windows) and each checkpoint's held-out accuracy, against steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    steps, values = np.array([r["step"] for r in losses]), np.array([r["loss"] for r in losses])
+    window = 50
+    if len(values) >= window:
+        left.plot(steps[window - 1:], np.convolve(values, np.ones(window) / window, mode="valid"))
+    left.set_xlabel("step")
+    left.set_ylabel("training loss (50-step mean)")
+    left.set_yscale("log")
+    left.grid(alpha=0.3)
+    measured = [e for e in evals if isinstance(e["eval"], list)]
+    for decoder in dict.fromkeys(m["decoder"] for e in measured for m in e["eval"]):
+        points = [(e["step"], 100 * m["accuracy"]) for e in measured for m in e["eval"] if m["decoder"] == decoder]
+        right.plot(*zip(*points), marker="o", label=decoder)
+    right.set_xlabel("step")
+    right.set_ylabel(f"held-out accuracy % ({measured[0]['eval_tier'] if measured else ''} tier)")
+    right.grid(alpha=0.3)
+    right.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--train-dir", type=Path, default=Path("runs/sudoku_train"))
+    parser.add_argument("--dest", type=Path, default=shipped_sudoku_model_path())
+    parser.add_argument("--command", default="python experiments/train_sudoku.py", help="the training command, recorded verbatim")
+    parser.add_argument("--curve", type=Path, default=None, help="also draw loss and held-out accuracy against steps (PNG)")
+    args = parser.parse_args()
+    state = torch.load(args.train_dir / "checkpoint.pt", weights_only=False, map_location="cpu")
+    losses = [json.loads(line) for line in (args.train_dir / "loss.jsonl").read_text().splitlines() if line]
+    evals = [json.loads(line) for line in (args.train_dir / "eval.jsonl").read_text().splitlines() if line]
+    args.dest.mkdir(parents=True, exist_ok=True)
+    for file in sorted((args.train_dir / "model").iterdir()):  # weights, config, and the tokenizer where there is one
+        if file.is_file() and not file.name.endswith(".tmp"):
+            shutil.copy2(file, args.dest / file.name)
+    tail = [r["loss"] for r in losses if r["step"] > state["step"] - 100]
+    record = {
+        "steps": state["step"],
+        "train_seconds": round(state["train_seconds"], 1),
+        "final_loss_last_100_steps": round(sum(tail) / len(tail), 4),
+        "checkpoint_evals": evals,
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()},
+        "command": args.command,
+    }
+    (args.dest / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    if args.curve:
+        plot_curve(losses, evals, args.curve)
+    print(f"shipped step {state['step']} ({state['train_seconds'] / 60:.1f} training minutes) to {args.dest}")
+
+
+if __name__ == "__main__":
+    main()
