@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the whole test suite on one CPU thread per test process.
+# Set up (scripts/setup.sh), run the whole test suite (one CPU thread per test process, one
+# process per core with pytest-xdist), then check that the wheel installs and runs (scripts/check_wheel.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-python -m pytest -q -p no:cacheprovider tests
+python -m pytest -q -p no:cacheprovider -n auto tests
+bash scripts/check_wheel.sh

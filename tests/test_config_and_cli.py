@@ -101,6 +101,7 @@ def test_cli_without_decoder_lists_presets(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines()[-1] == f"no decoder chosen: add +decoder=NAME, one of: {', '.join(decoder_presets())}"
 
 
+@pytest.mark.slow
 def test_cli_runs_from_another_directory_and_resumes(sudoku_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     first = cli("+decoder=fast_dllm", f"model.path={sudoku_model}", "task.limit=3", f"out_dir={out}", cwd=tmp_path)

@@ -72,6 +72,7 @@ def test_summary_reports_latency_throughput_memory(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.slow
 def test_interrupted_run_resumes_without_loss_or_duplicates(sig: signal.Signals, tmp_path: Path) -> None:
     args = ["+decoder=fast_dllm", "task.limit=24", "batch_size=2"]
     whole = tmp_path / "whole"
@@ -106,6 +107,7 @@ def torchrun(processes: int, *overrides: str, cwd: Path) -> subprocess.Completed
     return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=300)
 
 
+@pytest.mark.slow
 def test_torchrun_shards_and_merges_like_one_process(tmp_path: Path) -> None:
     args = ["+decoder=fast_dllm", "batch_size=2"]
     one = tmp_path / "one"

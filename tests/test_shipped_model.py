@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from dlmsearch.config import build, compose
 from dlmsearch.models.loading import load_denoiser, shipped_sudoku_model_path
@@ -33,6 +34,7 @@ def test_checkpoint_loads_with_the_expected_architecture() -> None:
     assert adapter.max_length == 81
 
 
+@pytest.mark.slow
 def test_confidence_order_solves_easy_puzzles() -> None:
     adapter = load_denoiser(None, mask_id=9, vocab_size=10)
     task = SudokuTask(tier="easy", limit=12)
@@ -44,6 +46,7 @@ def test_confidence_order_solves_easy_puzzles() -> None:
     assert all(r.steps == int((x.generation == 9).sum()) for r, x in zip(results, items))  # one cell per step
 
 
+@pytest.mark.slow
 def test_default_command_decodes_and_prints_a_board(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "dlmsearch", "+decoder=adalook", "task.limit=6", f"out_dir={tmp_path}"],

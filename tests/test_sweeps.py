@@ -348,3 +348,15 @@ def test_a_directory_of_links_compares_runs_of_several_sweeps(fake_sweep: Path, 
         (compare / name).symlink_to(fake_sweep / name, target_is_directory=True)
     sweep = collect(compare, baseline="decoder=llada")
     assert [r["label"] for r in sweep.rows] == ["decoder=llada", "decoder=adalook"]
+
+
+def test_statistics_agree_with_scipy() -> None:
+    """Wilson intervals and the exact sign test against scipy's own implementations."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for successes, trials in [(0, 10), (1, 10), (5, 10), (10, 10), (37, 256), (200, 256), (128, 256), (3, 7)]:
+        expected = scipy_stats.binomtest(successes, trials).proportion_ci(confidence_level=0.95, method="wilson")
+        low, high = wilson_interval(successes, trials)
+        assert low == pytest.approx(expected.low, abs=1e-12) and high == pytest.approx(expected.high, abs=1e-12)
+    for wins, losses in [(0, 0), (1, 0), (5, 1), (10, 2), (30, 31), (57, 3), (61, 3), (120, 80), (0, 40)]:
+        if wins + losses:
+            assert sign_test(wins, losses) == pytest.approx(scipy_stats.binomtest(wins, wins + losses, 0.5).pvalue, rel=1e-9, abs=1e-300)

@@ -39,6 +39,7 @@ def test_gsm8k_through_the_cli_api(checkpoints, family: str, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("family,preset", [("llada", "llada"), ("dream", "dream")])
+@pytest.mark.slow
 def test_cli_subprocess_writes_answers(checkpoints, family: str, preset: str, tmp_path: Path) -> None:
     spec = checkpoints[family]
     command = [sys.executable, "-m", "dlmsearch", f"+decoder={preset}", f"model={family}", f"model.path={spec.directory}", "task=gsm8k", "task.limit=2", *SMALL, f"out_dir={tmp_path}"]

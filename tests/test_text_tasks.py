@@ -450,9 +450,9 @@ def test_countdown_task(tokenizers: dict[str, Path]) -> None:
     assert "Using the numbers 30, 100, 93, write an equation that equals 23." in task.prompt_text(items[0])
     right = generation(task, "100 - 93 = 7, and 30 - 7 = 23.\n<answer>30 - (100 - 93)</answer>", ids(task, "<answer>1</answer>"))
     assert task.judge(items[0], right) is True
-    assert task.details(items[0], right) == {"equation": "30 - (100 - 93)", "value": "23", "error": None}
+    assert task.details(items[0], right) == {"equation": "30 - (100 - 93)", "value": "23", "why_wrong": None}
     reuse = generation(task, "<answer>30 - 7</answer>")
-    assert task.judge(items[0], reuse) is False and task.details(items[0], reuse)["error"].startswith("uses 30, 7")
+    assert task.judge(items[0], reuse) is False and task.details(items[0], reuse)["why_wrong"].startswith("uses 30, 7")
     unsafe = generation(task, "<answer>__import__('os')</answer>")
     assert task.judge(items[0], unsafe) is False and task.details(items[0], unsafe)["equation"] is None
     assert "correct" in task.render(items[0], task.output(items[0], right))

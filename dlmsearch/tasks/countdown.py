@@ -167,7 +167,7 @@ class CountdownTask(TextTask):
 
     def details(self, item: TaskItem, tokens: torch.Tensor) -> dict[str, Any]:
         found = self.check(item, self.decode(tokens))
-        return {"equation": found.equation, "value": found.value, "error": found.error}
+        return {"equation": found.equation, "value": found.value, "why_wrong": found.error}  # not "error": that marks a failed decode
 
     def render(self, item: TaskItem, output: str) -> str:
         problem, found = item.reference, self.check(item, output)

@@ -1,0 +1,61 @@
+"""Command line: ``python -m dlmsearch +decoder=adalook [overrides]``."""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from dlmsearch.config import CONF_DIR, ConfigError, decoder_presets
+
+
+def _report(summary: dict) -> None:
+    accuracy = summary["accuracy"]
+    print(
+        f"{summary['decoder']} on {summary['task']}: {summary['items']} items, "
+        + (f"solved/correct {100 * accuracy:.1f} %, " if accuracy is not None else "")
+        + f"mean steps {summary['mean_steps']:.2f}, mean row-forwards {summary['mean_row_forwards']:.2f}, "
+        f"mean token-forwards {summary['mean_token_forwards']:.0f}, "
+        + (f"mean live particles {summary['mean_live_particles']:.2f}, " if summary.get("mean_live_particles", 1.0) != 1.0 else "")
+        + f"wall {summary['wall_seconds']:.1f} s"
+    )
+    print(
+        f"latency p50/p95/p99 {summary['latency_p50_s']:.3f}/{summary['latency_p95_s']:.3f}/{summary['latency_p99_s']:.3f} s per item, "
+        f"{summary['samples_per_s']} items/s, {summary['tokens_per_s']} tokens/s, peak RSS {summary['peak_rss_mb']} MB"
+        + (f", CUDA peak {summary['cuda_max_allocated_mb']} MB" if "cuda_max_allocated_mb" in summary else "")
+        + f"; errors {summary['errors']}, fallbacks {summary['fallbacks']}, deadline hits {summary['deadline_hits']}"
+    )
+    for example in summary["examples"]:
+        print(example)
+
+
+@hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
+def _main(cfg: DictConfig) -> None:
+    if "decoder" not in cfg:
+        print(f"no decoder chosen: add +decoder=NAME, one of: {', '.join(decoder_presets())}", file=sys.stderr)
+        sys.exit(2)
+    from dlmsearch.run import Interrupted, run
+
+    try:
+        summary = run(cfg)
+    except (ConfigError, FileNotFoundError, ValueError, TypeError, FloatingPointError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except Interrupted as stop:
+        print(f"\n{stop}", file=sys.stderr)
+        sys.exit(128 + stop.signum)
+    _report(summary)
+    print(f"results: {cfg.out_dir}")
+    if summary["errors"]:
+        print(f"{summary['errors']} item(s) ended in error (see the 'error' field in results.jsonl)", file=sys.stderr)
+        sys.exit(1)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _main()
+
+
+if __name__ == "__main__":
+    main()

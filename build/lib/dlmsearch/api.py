@@ -1,0 +1,363 @@
+"""A Python API for notebooks and evaluation harnesses: load a model, pick a decoder, generate.
+
+```python
+from dlmsearch.api import Decoder, Model
+
+model = Model.load("llada", path="/models/LLaDA-8B-Instruct")            # or "dream", or "sudoku"
+decoder = Decoder.from_preset("adalook", overrides={"decoder.expansion.max_depth": 3})
+out = decoder.generate(model, ["What is 7 * 8?"], gen_length=256, block_length=32, cache="dual")
+print(out[0].text, out[0].steps, out[0].row_forwards)
+```
+
+Nothing here is a second implementation of the CLI: every object comes from a config composed
+from ``conf/`` by :func:`dlmsearch.config.compose` and built by :func:`dlmsearch.config.build`
+(the model through its loader, the decoder, the engine), prompts are encoded and outputs read
+back by the text tasks (chat template, cut at the first stop id), and each batch is decoded by
+:class:`dlmsearch.run.Decoding`, the CLI's own call of :meth:`SearchDecoder.decode`. So a
+prompt gives the same tokens and counters here as through ``python -m dlmsearch``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from dlmsearch.config import CONF_DIR, ConfigError, build, compose, decoder_presets
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.run import Decoding
+from dlmsearch.tasks.base import TaskItem
+from dlmsearch.tasks.sudoku import puzzle_item
+from dlmsearch.tasks.sudoku_files import PuzzleFileError, SudokuPuzzle, _parse_grid
+from dlmsearch.tasks.sudoku_grids import clue_conflict
+from dlmsearch.tasks.text import TextTask, load_tokenizer
+
+__all__ = ["Decoder", "Generation", "Model", "PromptList", "hydra_override"]
+
+# Keys a decoder may override (the rest belongs to Model.load or to generate's arguments).
+DECODER_KEYS = ("decoder", "engine", "decoding", "seed", "deadline_s")
+_PLAIN = re.compile(r"[A-Za-z_][\w./-]*")
+
+
+def hydra_override(key: str, value: Any) -> str:
+    """``key=value`` in Hydra's override grammar, for a Python value (str, number, bool, None, list, dict).
+
+    Strings are quoted unless they are plain names, so paths with spaces or commas survive;
+    a group choice (``decoder/expansion``) takes the option's name.
+    """
+    return f"{key}={_hydra_value(value)}"
+
+
+def _hydra_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        if _PLAIN.fullmatch(value) and value.lower() not in ("null", "true", "false", "nan", "inf"):
+            return value
+        # Hydra's quoted strings: backslashes double only before a quote or the end; ${ would interpolate
+        escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'").replace("${", "\\${")
+        return "'" + escaped + "'"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} as a config value")
+
+
+def _as_overrides(overrides: Mapping[str, Any] | Sequence[str] | None, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """Hydra override strings from a mapping (``{"decoder.commit.threshold": 0.8}``) or from
+    strings already written as Hydra overrides (``["decoder/expansion=fixed_depth"]``)."""
+    if overrides is None:
+        return ()
+    if isinstance(overrides, Mapping):
+        pairs = [(str(k), hydra_override(str(k), v)) for k, v in overrides.items()]
+    elif isinstance(overrides, Sequence) and not isinstance(overrides, str):
+        pairs = [(str(o).split("=", 1)[0].lstrip("+~"), str(o)) for o in overrides]
+    else:
+        raise TypeError(f"{what} must be a dict of key -> value or a list of 'key=value' strings, got {type(overrides).__name__}")
+    for key, _ in pairs:
+        root = re.split(r"[./]", key, maxsplit=1)[0]
+        if root not in allowed:
+            raise ValueError(f"{what}: {key!r} is not a key of {', '.join(allowed)}; {_WHERE.get(root, 'see conf/config.yaml')}")
+    return tuple(text for _, text in pairs)
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    """:func:`dlmsearch.config.compose`, with Hydra's composition errors as one line naming the key."""
+    from hydra.errors import HydraException
+
+    try:
+        return compose(overrides)
+    except HydraException as error:
+        text = str(error)
+        message = text.strip().splitlines()[0].rstrip(".")
+        if error.__cause__ is not None:
+            message += f" ({str(error.__cause__).splitlines()[0]})"
+        options = [line.strip() for line in text.split("Config search path")[0].splitlines() if line.startswith("\t")]
+        if options:
+            message += f"; options: {', '.join(options)}"
+        raise ConfigError(message) from error
+
+
+_WHERE = {
+    "model": "model settings go to Model.load(..., key=value)",
+    "task": "gen_length, block_length and chat are arguments of generate()",
+    "batch_size": "batch_size is an argument of generate()",
+}
+
+
+@attrs.frozen
+class Generation:
+    """One decoded prompt or puzzle and what it cost.
+
+    ``text`` is the generation as the CLI writes it (text: cut at the first stop id, special
+    tokens dropped; Sudoku: the 81-digit grid). ``tokens`` is the whole generation region,
+    stop tokens included. ``correct`` is the task's judge (Sudoku: the grid solves the puzzle),
+    None for free text.
+    """
+
+    text: str
+    tokens: torch.Tensor
+    steps: int
+    row_forwards: int
+    token_forwards: int
+    tokens_committed: int
+    correct: bool | None = None
+    deadline_hit: bool = False  # ``deadline_s`` ran out and the base rule alone finished it
+    live_particles: float = 1.0  # a population's particles still decoding, averaged over the rounds
+    verifier_accepted: bool | None = None  # the task verifier's verdict, where the decoder asked for one
+
+
+@attrs.define(kw_only=True)
+class PromptList(TextTask):
+    """The prompts given to :meth:`Decoder.generate`, encoded and read back as every text task does."""
+
+    prompts: list[str] = attrs.field(factory=list)
+    name: ClassVar[str] = "prompts"
+
+    def sources(self) -> list[tuple[str, str, Any]]:
+        return [(str(i), text, None) for i, text in enumerate(self.prompts)]
+
+
+@attrs.define(eq=False)
+class Model:
+    """A loaded model (``adapter``) with its tokenizer (text families) and the config it came from.
+
+    ``name`` is the config in ``conf/model/`` (``llada``, ``dream`` or ``sudoku``); ``overrides``
+    are the ``model.*`` settings it was loaded with, so that a decode composes the same config
+    as the CLI would.
+    """
+
+    name: str
+    adapter: ModelAdapter
+    config: DictConfig
+    overrides: tuple[str, ...] = ()
+    tokenizer: Any = None
+    _tasks: dict[tuple[Any, ...], PromptList] = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, family_or_config: str = "sudoku", path: str | Path | None = None, **model_overrides: Any) -> "Model":
+        """Load ``conf/model/<family_or_config>.yaml`` with ``model.path=path`` and ``model.<key>=<value>``
+        for each keyword (``device="cuda"``, ``dtype="bfloat16"``, ``logits_eos_inf=True``, ...).
+
+        LLaDA and Dream load from a local directory (weights, ``config.json``, tokenizer; nothing
+        is downloaded) through :func:`dlmsearch.models.loading.load_text_model`; ``sudoku`` is the
+        shipped denoiser (``path=None``) or any denoiser directory, through ``load_denoiser``.
+        """
+        available = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+        if family_or_config not in available:
+            raise ValueError(f"unknown model {family_or_config!r}; one of: {', '.join(available)}")
+        settings = {**({"path": str(Path(path).expanduser())} if path is not None else {}), **model_overrides}
+        overrides = tuple(hydra_override(f"model.{k}", v) for k, v in settings.items())
+        text = family_or_config != "sudoku"
+        cfg = _compose([f"model={family_or_config}", *overrides, *(["task=prompts"] if text else [])])
+        adapter = build(cfg, "model")
+        tokenizer = load_tokenizer(cfg.task.tokenizer, bool(cfg.task.trust_remote_code)) if text else None
+        return cls(name=family_or_config, adapter=adapter, config=cfg.model, overrides=overrides, tokenizer=tokenizer)
+
+    @property
+    def is_text(self) -> bool:
+        """Whether the model decodes text (LLaDA, Dream) rather than Sudoku grids."""
+        return self.tokenizer is not None
+
+    def _text_task(self, task_cfg: DictConfig, prompts: list[str]) -> PromptList:
+        """The composed ``task=prompts`` settings as a task over ``prompts`` (one per setting, reused)."""
+        fields = [f.name for f in attrs.fields(TextTask) if f.init and f.name not in ("path", "limit")]
+        values = {name: OmegaConf.select(task_cfg, name) for name in fields}
+        values = {k: (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v) for k, v in values.items()}
+        key = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(values.items()))
+        if key not in self._tasks:
+            self._tasks[key] = PromptList(**values)
+        task = self._tasks[key]
+        task.prompts = list(prompts)
+        return task
+
+
+@attrs.frozen
+class Decoder:
+    """A decoder preset (``conf/decoder/<preset>.yaml``) with overrides, ready to decode with any model.
+
+    The decoder is composed again for each :meth:`generate` call, together with the model and
+    the generation settings: presets read the task's numbers (``task.gen_length`` sets the
+    LLaDA and Dream schedules, ``decoding`` the thresholds), exactly as on the command line.
+    """
+
+    preset: str
+    overrides: tuple[str, ...] = ()
+    decoding: str | None = None
+
+    @classmethod
+    def from_preset(
+        cls, name: str, overrides: Mapping[str, Any] | Sequence[str] | None = None, decoding: str | None = None
+    ) -> "Decoder":
+        """A preset with overrides of ``decoder.*``, ``engine.*``, ``decoding.*``, ``seed`` or ``deadline_s``.
+
+        ``overrides`` is a dict (``{"decoder.commit.threshold": 0.8, "engine.cache": "dual",
+        "decoder/expansion": "fixed_depth"}``) or Hydra override strings. ``decoding`` picks the
+        task-dependent defaults (``"text"``: the papers', ``"sudoku"``: the shipped model's);
+        None uses the task's, as the CLI does (text for LLaDA/Dream, sudoku for puzzles).
+        A mistake (unknown preset or key, wrong type) fails here, naming the key.
+        """
+        if name not in decoder_presets():
+            raise ValueError(f"unknown decoder preset {name!r}; one of: {', '.join(decoder_presets())}")
+        decoder = cls(preset=name, overrides=_as_overrides(overrides, DECODER_KEYS, "Decoder.from_preset overrides"), decoding=decoding)
+        cfg = _compose(decoder._overrides())
+        build(cfg, "decoder")  # engine keys were checked by compose; its values are checked with the model, in generate
+        return decoder
+
+    @property
+    def name(self) -> str:
+        return self.preset
+
+    def _overrides(self, *settings: str) -> list[str]:
+        return [f"+decoder={self.preset}", *([hydra_override("decoding", self.decoding)] if self.decoding else []), *settings, *self.overrides]
+
+    def config(
+        self,
+        model: Model,
+        gen_length: int | None = None,
+        block_length: int | None = None,
+        chat: bool = True,
+        batch_size: int = 8,
+        **engine: Any,
+    ) -> DictConfig:
+        """The whole config a decode with these settings uses (what ``python -m dlmsearch`` would compose)."""
+        task: list[str] = []
+        if model.is_text:
+            task = ["task=prompts", hydra_override("task.chat", chat)]
+            task += [hydra_override("task.gen_length", gen_length or 256), hydra_override("task.block_length", block_length or 32)]
+        elif (gen_length, block_length) not in ((None, None), (81, 81)):
+            raise ValueError(f"a Sudoku canvas is one block of 81 cells: leave gen_length and block_length unset (got {gen_length}, {block_length})")
+        given = {k: v for k, v in engine.items() if v is not None}
+        unknown = set(given) - {"cache", "temperature", "seed", "row_budget"}
+        if unknown:
+            raise TypeError(f"unknown generate() argument(s): {', '.join(sorted(unknown))}")
+        settings = [hydra_override("seed" if k == "seed" else f"engine.{k}", v) for k, v in given.items()]
+        # Explicit generate() arguments win over the preset's overrides: they come last.
+        return _compose([*self._overrides(f"model={model.name}", *model.overrides, *task), hydra_override("batch_size", batch_size), *settings])
+
+    def generate(
+        self,
+        model: Model,
+        prompts: Sequence[str],
+        gen_length: int | None = None,
+        block_length: int | None = None,
+        chat: bool = True,
+        batch_size: int = 8,
+        cache: str | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+        row_budget: int | None = None,
+        progress: bool = False,
+    ) -> list[Generation]:
+        """Decode ``prompts`` (text models) or 81-character puzzles (``0`` or ``.`` for blanks; Sudoku).
+
+        Text: ``gen_length`` tokens (default 256) in blocks of ``block_length`` (default 32);
+        ``chat=True`` wraps each prompt in the tokenizer's chat template (Instruct models),
+        ``chat=False`` encodes the raw text (Base models). ``cache`` (none|prefix|dual),
+        ``temperature``, ``seed`` and ``row_budget`` override the engine's settings (None: the
+        preset's, else conf/engine). Prompts are decoded ``batch_size`` at a time, longest first
+        (results do not depend on the batch); item ``i`` keys its randomness with uid ``i``, as
+        the CLI does for the ``i``-th item of a task.
+        """
+        if isinstance(prompts, str):
+            raise TypeError("prompts must be a list of strings (got one string): generate(model, [prompt])")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        prompts = list(prompts)
+        if not prompts:
+            return []
+        cfg = self.config(model, gen_length, block_length, chat, batch_size, cache=cache, temperature=temperature, seed=seed, row_budget=row_budget)
+        decoder = build(cfg, "decoder")
+        engine = build(cfg, "engine", adapter=model.adapter)
+        if model.is_text:
+            bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
+            if bad:
+                raise TypeError(f"prompts[{bad[0]}] is a {type(prompts[bad[0]]).__name__}, not a string")
+            task: Any = model._text_task(cfg.task, prompts)
+            items = task.items()
+        else:
+            task = build(cfg, "task")
+            items = [puzzle_item(_puzzle(p, i)) for i, p in enumerate(prompts)]
+        decoding = Decoding(decoder, engine, task, deadline_s=cfg.get("deadline_s"))
+        order = sorted(range(len(items)), key=lambda i: -len(items[i].prompt))
+        results: list[Generation | None] = [None] * len(items)
+        bar = _progress(len(items), f"{decoder.name} on {len(items)} {'prompts' if model.is_text else 'puzzles'}") if progress else None
+        try:
+            for start in range(0, len(order), batch_size):
+                batch = order[start : start + batch_size]
+                decoded = decoding.results(decoder, [items[i] for i in batch], batch)
+                for i, result in zip(batch, decoded):
+                    results[i] = _generation(task, items[i], result)
+                if bar is not None:
+                    bar.update(len(batch))
+        finally:
+            if bar is not None:
+                bar.close()
+        return results  # type: ignore[return-value]
+
+
+def _generation(task: Any, item: TaskItem, result: Any) -> Generation:
+    return Generation(
+        text=task.output(item, result.tokens),
+        tokens=result.tokens,
+        steps=result.steps,
+        row_forwards=result.row_forwards,
+        token_forwards=result.token_forwards,
+        tokens_committed=result.tokens_committed,
+        correct=task.judge(item, result.tokens),
+        deadline_hit=result.deadline_hit,
+        live_particles=result.live_particles,
+        verifier_accepted=result.accepted,
+    )
+
+
+def _puzzle(text: Any, index: int) -> SudokuPuzzle:
+    """An 81-character puzzle string as the puzzle files are read (``0`` or ``.`` for blanks)."""
+    if not isinstance(text, str):
+        raise TypeError(f"puzzles[{index}] is a {type(text).__name__}, not an 81-character string")
+    try:
+        grid = _parse_grid(text, Path("puzzles"), index, "puzzle")
+    except PuzzleFileError as error:
+        raise ValueError(f"puzzles[{index}]: {str(error).split(': ', 1)[1]}") from None
+    conflict = clue_conflict(grid)
+    if conflict:
+        raise ValueError(f"puzzles[{index}]: the puzzle's clues contradict each other: {conflict}")
+    return SudokuPuzzle(id=str(index), puzzle=grid)
+
+
+def _progress(total: int, desc: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True)

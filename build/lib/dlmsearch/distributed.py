@@ -1,0 +1,94 @@
+"""Scale-out under ``torchrun``: which items a rank decodes, where it writes, and the merge.
+
+Each rank decodes every ``world``-th pending item into its own ``results.rank<r>.jsonl``; rank 0
+then merges all result files into ``results.jsonl`` in item order. Resuming reads every result
+file first, so a run can resume with another number of ranks (or none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import attrs
+import torch
+
+Item = TypeVar("Item")
+
+
+@attrs.frozen
+class Ranks:
+    """This process's rank among ``world`` processes (1 without torchrun)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @staticmethod
+    def from_environment() -> "Ranks":
+        """Read torchrun's environment and join its process group (gloo on CPU, nccl on CUDA)."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return Ranks()
+        import torch.distributed as dist
+
+        ranks = Ranks(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+        if not dist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend == "nccl":
+                torch.cuda.set_device(ranks.local_rank)
+            dist.init_process_group(backend)
+        return ranks
+
+    @property
+    def results_name(self) -> str:
+        return "results.jsonl" if self.world == 1 else f"results.rank{self.rank}.jsonl"
+
+    @property
+    def trace_name(self) -> str:
+        return "trace.jsonl" if self.world == 1 else f"trace.rank{self.rank}.jsonl"
+
+    def model_overrides(self, cfg: Any) -> dict[str, str]:
+        """One GPU per rank where the model would run on CUDA."""
+        if self.world > 1 and torch.cuda.is_available() and str(cfg.model.get("device", "")) in ("auto", "cuda"):
+            return {"device": f"cuda:{self.local_rank}"}
+        return {}
+
+    def shard(self, pending: list[Item]) -> list[Item]:
+        return pending[self.rank :: self.world]
+
+    def merge(
+        self, out: Path, item_ids: list[str], done: dict[str, dict[str, Any]], read: Callable[[Path], dict[str, dict[str, Any]]]
+    ) -> dict[str, dict[str, Any]]:
+        """Rank 0 folds every rank's results (and traces) into ``results.jsonl`` (``trace.jsonl``);
+        all ranks return the merged records (``done`` as it is where there is nothing to merge)."""
+        if self.world == 1 and not any(out.glob("results.rank*.jsonl")):
+            return done
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+        ranked = sorted(out.glob("results.rank*.jsonl"))
+        if self.rank == 0 and ranked:
+            done: dict[str, dict[str, Any]] = {}
+            for path in [out / "results.jsonl", *ranked]:
+                done.update(read(path))
+            ordered = [done[i] for i in item_ids if i in done] + [r for i, r in done.items() if i not in set(item_ids)]
+            staging = out / "results.jsonl.tmp"
+            staging.write_text("".join(json.dumps(r) + "\n" for r in ordered))
+            staging.replace(out / "results.jsonl")
+            for path in ranked:
+                path.unlink()
+            traces = sorted(out.glob("trace.rank*.jsonl"))
+            if traces:
+                with (out / "trace.jsonl").open("a") as merged:
+                    for path in traces:
+                        merged.write(path.read_text())
+                        path.unlink()
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+        return read(out / "results.jsonl")

@@ -1,0 +1,194 @@
+"""An lm-evaluation-harness backend: ``--model dlmsearch`` decodes ``generate_until`` requests.
+
+```bash
+python -m dlmsearch.lm_eval --model_args path=/models/LLaDA-8B-Instruct,family=llada,decoder=fast_dllm \
+    --tasks gsm8k --limit 50
+```
+
+Importing this module registers the model with lm-eval (``python -m dlmsearch.lm_eval`` does
+that, then runs lm-eval's own command line). Requests are decoded through :mod:`dlmsearch.api`
+(one model, one decoder, batches of ``batch_size``), so a context gives the same text as
+``python -m dlmsearch`` with ``task=prompts``. Masked diffusion decoding gives no
+left-to-right likelihoods here, so ``loglikelihood`` tasks (multiple choice, perplexity) are
+refused with a clear error.
+
+Model args (``--model_args k=v,k=v``): ``path`` (local checkpoint directory), ``family``
+(llada|dream, or countdown: the shipped Countdown model, a LLaDA checkpoint, no path needed), ``decoder`` (a preset of ``conf/decoder/``), ``gen_length`` (used when a request
+gives no ``max_gen_toks``) and ``block_length``, ``batch_size``, ``cache`` (none|prefix|dual; unset: the config's, none),
+``device`` (auto|cpu|cuda...), ``dtype``, ``chat`` (true: each context is one user turn of the
+tokenizer's chat template, Instruct models; false: raw text, Base models), ``temperature``
+(unset: the request's, greedy unless it samples), ``seed`` (unset: 0), ``decoding`` (text|sudoku), plus any
+``decoder.*``, ``engine.*``, ``decoding.*`` key (e.g. ``decoder.commit.threshold=0.8``) and
+``model.*`` key (e.g. ``model.logits_eos_inf=true``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+try:
+    import lm_eval.models  # noqa: F401  (lm-eval's own models stay registered beside ours)
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "dlmsearch.lm_eval needs lm-evaluation-harness: pip install 'dlmsearch[lm_eval]' (or pip install lm-eval)"
+    ) from error
+
+from dlmsearch.api import Decoder, Model
+
+__all__ = ["DLMSearchLM", "cut_at_stop", "gen_length_for"]
+
+log = logging.getLogger(__name__)
+
+LOGLIKELIHOOD_ERROR = (
+    "dlmsearch decodes; log-likelihood requests are not supported (output_type loglikelihood, "
+    "loglikelihood_rolling and multiple_choice tasks): masked diffusion decoding gives no left-to-right "
+    "likelihoods here. Choose generate_until tasks such as gsm8k."
+)
+MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+
+
+def cut_at_stop(text: str, until: Sequence[str]) -> str:
+    """``text`` up to the earliest occurrence of any stop sequence (empty ones ignored)."""
+    cut = len(text)
+    for stop in until:
+        if stop:
+            at = text.find(stop)
+            if 0 <= at < cut:
+                cut = at
+    return text[:cut]
+
+
+def gen_length_for(max_gen_toks: int, block_length: int) -> int:
+    """The generation length for ``max_gen_toks``: rounded up to whole blocks."""
+    if max_gen_toks < 1:
+        raise ValueError(f"max_gen_toks must be at least 1, got {max_gen_toks}")
+    return math.ceil(max_gen_toks / block_length) * block_length
+
+
+def _stops(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ValueError(f"generation kwarg 'until' must be a string or a list of strings, got {value!r}")
+
+
+@register_model("dlmsearch")
+class DLMSearchLM(LM):
+    """lm-eval's view of a dlmsearch decoder over a LLaDA or Dream checkpoint."""
+
+    def __init__(
+        self,
+        path: str | None = None,
+        family: str = "llada",
+        decoder: str = "adalook",
+        gen_length: int = 256,
+        block_length: int = 32,
+        batch_size: int | str = 8,
+        cache: str | None = None,
+        device: str | None = "auto",
+        dtype: str = "auto",
+        chat: bool = True,
+        temperature: float | None = None,
+        seed: int | None = None,
+        decoding: str | None = None,
+        max_batch_size: int | None = None,  # lm-eval passes it; decoding batches are fixed
+        trust_remote_code: bool | None = None,  # lm-eval's --trust_remote_code; tokenizers use the CLI's default
+        **overrides: Any,
+    ) -> None:
+        super().__init__()
+        if family not in ("llada", "dream", "countdown"):
+            raise ValueError(f"family must be llada or dream (a text model), or countdown (the shipped Countdown model), got {family!r}")
+        if path is None and family != "countdown":
+            raise ValueError("model_args needs path=DIR: the local directory of the checkpoint (nothing is downloaded)")
+        if isinstance(batch_size, str):  # "auto" / "auto:N": decoding uses a fixed batch
+            log.warning("dlmsearch: batch_size=%s is not supported; decoding 8 at a time (model_args batch_size=N)", batch_size)
+            batch_size = 8
+        for name, value in (("gen_length", gen_length), ("block_length", block_length), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        unknown = [k for k in overrides if k.split(".")[0].split("/")[0] not in ("model", "decoder", "engine", "decoding", "deadline_s")]
+        if unknown:
+            raise TypeError(f"unknown model_args: {', '.join(unknown)} (besides the named ones, model_args take decoder.*, engine.*, decoding.* and model.* keys)")
+        model_keys = {k[len("model.") :]: v for k, v in overrides.items() if k.startswith("model.")}
+        decoder_keys = {k: v for k, v in overrides.items() if not k.startswith("model.")}
+        self.model = Model.load(family, path=path, device=device or "auto", dtype=dtype, **model_keys)
+        self.decoder = Decoder.from_preset(decoder, overrides=decoder_keys, decoding=decoding)
+        self.gen_length, self.block_length, self.batch_size = gen_length, block_length, batch_size
+        self.chat, self.temperature, self.seed = bool(chat), temperature, seed
+        self.cache = cache
+        self._device = self.model.adapter.device
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "DLMSearchLM":
+        """``--model_args`` win over lm-eval's own ``--batch_size`` / ``--device`` (which always come, defaults included)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> "DLMSearchLM":
+        harness = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**harness, **arg_dict})
+
+    # ----------------------------------------------------------------- requests
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Decode each context; the text is cut at the first of the request's ``until`` strings.
+
+        Requests are grouped by generation length (``max_gen_toks``, else ``gen_length``, rounded
+        up to whole blocks) and temperature, each group decoded in batches of ``batch_size``.
+        """
+        groups: dict[tuple[int, float | None], list[int]] = {}
+        settings = []
+        for index, request in enumerate(requests):
+            context, gen_kwargs = request.args[0], dict(request.args[1] or {})
+            until = _stops(gen_kwargs.get("until"))
+            given = [gen_kwargs[k] for k in MAX_TOKEN_KEYS if gen_kwargs.get(k) is not None]
+            length = gen_length_for(int(given[0]) if given else self.gen_length, self.block_length)
+            settings.append((context, until))
+            groups.setdefault((length, self._temperature(gen_kwargs)), []).append(index)
+        texts: list[str] = [""] * len(requests)
+        for (length, temperature), indices in groups.items():
+            generations = self.decoder.generate(
+                self.model,
+                [settings[i][0] for i in indices],
+                gen_length=length,
+                block_length=self.block_length,
+                chat=self.chat,
+                batch_size=self.batch_size,
+                cache=self.cache,
+                temperature=temperature,
+                seed=self.seed,
+                progress=not disable_tqdm,
+            )
+            for i, generation in zip(indices, generations):
+                texts[i] = cut_at_stop(generation.text, settings[i][1])
+                self.cache_hook.add_partial("generate_until", requests[i].args, texts[i])
+        return texts
+
+    def _temperature(self, gen_kwargs: dict[str, Any]) -> float | None:
+        """The model arg ``temperature`` if given, else the request's (0 unless it samples)."""
+        if self.temperature is not None:
+            return float(self.temperature)
+        sampled = gen_kwargs.get("do_sample", float(gen_kwargs.get("temperature") or 0.0) > 0)
+        return float(gen_kwargs.get("temperature") or 0.0) if sampled else 0.0
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        raise NotImplementedError(LOGLIKELIHOOD_ERROR)
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        raise NotImplementedError(LOGLIKELIHOOD_ERROR)
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        raise NotImplementedError(
+            "dlmsearch applies the chat template itself: model_args chat=true (the default) wraps each context as one "
+            "user turn of the tokenizer's template, chat=false encodes the raw text; run without --apply_chat_template"
+        )

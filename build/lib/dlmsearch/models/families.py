@@ -1,0 +1,141 @@
+"""What distinguishes LLaDA from Dream: how ``config.json`` reads and what the weights are called.
+
+Each family maps its checkpoint onto :class:`~dlmsearch.models.transformer.TransformerConfig`
+and the native parameter names. Anything the native transformer does not implement fails here
+with the offending key, instead of loading into a silently different model.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import attrs
+
+from dlmsearch.models.transformer import TransformerConfig
+
+
+class UnsupportedCheckpoint(ValueError):
+    """A checkpoint that the native implementation cannot represent exactly."""
+
+
+@attrs.frozen
+class Family:
+    """A model family: the ``model_type`` values it answers to, its config and its names."""
+
+    name: str
+    model_types: tuple[str, ...]
+    read_config: Callable[[dict[str, Any]], TransformerConfig]
+    renames: tuple[tuple[str, str], ...]  # (regex on the checkpoint name, native replacement)
+    shift_logits: bool  # AR-initialised: position i's logits predict token i + 1
+
+    def native_name(self, name: str) -> str | None:
+        """The native parameter name for a checkpoint name, or None where it has none."""
+        for pattern, replacement in self.renames:
+            if re.fullmatch(pattern, name):
+                return re.sub(pattern, replacement, name)
+        return None
+
+
+def _require(config: dict[str, Any], family: str, expected: dict[str, Any]) -> None:
+    for key, allowed in expected.items():
+        value = config.get(key, allowed[0])
+        if value not in allowed:
+            raise UnsupportedCheckpoint(
+                f"{family} config.json has {key}={value!r}; the native implementation supports {allowed!r} "
+                f"(LLaDA-8B / Dream-7B architectures); try model.impl=remote"
+            )
+
+
+def _llada_config(config: dict[str, Any]) -> TransformerConfig:
+    _require(config, "LLaDA", {
+        "block_type": ("llama",), "layer_norm_type": ("rms",), "rope": (True,), "alibi": (False,),
+        "attention_layer_norm": (False,), "include_bias": (False,), "input_emb_norm": (False,),
+        "scale_logits": (False,), "block_group_size": (1,), "activation_type": ("silu", "gelu", "relu"),
+    })
+    d_model, heads = config["d_model"], config["n_heads"]
+    kv_heads = 1 if config.get("multi_query_attention") else (config.get("n_kv_heads") or heads)
+    return TransformerConfig(
+        vocab_size=config.get("embedding_size") or config["vocab_size"],
+        hidden_size=d_model,
+        num_layers=config["n_layers"],
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        intermediate_size=config.get("mlp_hidden_size") or config.get("mlp_ratio", 4) * d_model,
+        max_length=config.get("max_sequence_length", 1024),
+        rope_theta=float(config.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        qkv_bias=bool(config.get("include_qkv_bias", False)),
+        activation=config.get("activation_type", "silu"),
+        tie_embeddings=bool(config.get("weight_tying", True)),
+        rope_in_float32=bool(config.get("rope_full_precision", True)),
+    )
+
+
+def _dream_config(config: dict[str, Any]) -> TransformerConfig:
+    _require(config, "Dream", {"rope_scaling": (None,), "hidden_act": ("silu", "gelu", "relu")})
+    return TransformerConfig(
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=config["num_attention_heads"],
+        num_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+        intermediate_size=config["intermediate_size"],
+        max_length=config.get("max_position_embeddings", 32768),
+        rope_theta=float(config.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        qkv_bias=True,
+        activation=config.get("hidden_act", "silu"),
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        rope_in_float32=False,
+    )
+
+
+_LLADA_BLOCK = r"model\.transformer\.blocks\.(\d+)\."
+LLADA = Family(
+    name="llada",
+    model_types=("llada",),
+    read_config=_llada_config,
+    renames=(
+        (r"model\.transformer\.wte\.weight", "embed.weight"),
+        (r"model\.transformer\.ln_f\.weight", "norm.weight"),
+        (r"model\.transformer\.ff_out\.weight", "head.weight"),
+        (_LLADA_BLOCK + r"(q_proj|k_proj|v_proj|up_proj)\.(weight|bias)", r"blocks.\1.\2.\3"),
+        (_LLADA_BLOCK + r"attn_norm\.weight", r"blocks.\1.attn_norm.weight"),
+        (_LLADA_BLOCK + r"attn_out\.weight", r"blocks.\1.o_proj.weight"),
+        (_LLADA_BLOCK + r"ff_norm\.weight", r"blocks.\1.mlp_norm.weight"),
+        (_LLADA_BLOCK + r"ff_proj\.weight", r"blocks.\1.gate_proj.weight"),
+        (_LLADA_BLOCK + r"ff_out\.weight", r"blocks.\1.down_proj.weight"),
+    ),
+    shift_logits=False,
+)
+
+_DREAM_LAYER = r"model\.layers\.(\d+)\."
+DREAM = Family(
+    name="dream",
+    model_types=("Dream", "dream"),
+    read_config=_dream_config,
+    renames=(
+        (r"model\.embed_tokens\.weight", "embed.weight"),
+        (r"model\.norm\.weight", "norm.weight"),
+        (r"lm_head\.weight", "head.weight"),
+        (_DREAM_LAYER + r"self_attn\.(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)", r"blocks.\1.\2.\3"),
+        (_DREAM_LAYER + r"mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.\2.weight"),
+        (_DREAM_LAYER + r"input_layernorm\.weight", r"blocks.\1.attn_norm.weight"),
+        (_DREAM_LAYER + r"post_attention_layernorm\.weight", r"blocks.\1.mlp_norm.weight"),
+    ),
+    shift_logits=True,
+)
+
+FAMILIES = {f.name: f for f in (LLADA, DREAM)}
+
+
+def family_of(config: dict[str, Any], where: str) -> Family:
+    """The family a ``config.json`` belongs to, or one error naming what it is instead."""
+    model_type = config.get("model_type")
+    for family in FAMILIES.values():
+        if model_type in family.model_types:
+            return family
+    raise UnsupportedCheckpoint(
+        f"{where}: model_type={model_type!r} (architectures {config.get('architectures')}) is neither LLaDA nor Dream"
+    )

@@ -1,0 +1,172 @@
+"""A bidirectional Llama/Qwen2-style transformer: the native body of LLaDA and Dream.
+
+Both families are pre-norm transformers with RMSNorm, rotary positions, (grouped-query)
+attention without a causal mask and a SiLU-gated MLP; they differ only in a few switches
+(q/k/v bias, where RoPE is computed, tied head) and in parameter names, which
+``llada.py`` / ``dream.py`` map onto this module. Owning the forward means padding is exact
+(padded keys are masked and each row's positions start at its first real token), no remote
+code runs, and a later KV cache has a home.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+KeyValues = tuple[torch.Tensor, torch.Tensor]  # [rows, kv_heads, columns, head_dim] each, rotated
+
+
+@attrs.frozen
+class TransformerConfig:
+    """The architecture, in family-neutral names (filled from a checkpoint's ``config.json``)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_length: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    qkv_bias: bool = False
+    activation: str = attrs.field(default="silu", validator=attrs.validators.in_(tuple(ACTIVATIONS)))
+    tie_embeddings: bool = False
+    rope_in_float32: bool = True  # LLaDA rotates in fp32 and casts back; Dream rotates in the model dtype
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, scaled in the input dtype (as both families do)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin`` of shape ``[rows, 1, length, head_dim]`` in float32 for integer positions."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return angles.cos(), angles.sin()
+
+
+class Block(nn.Module):
+    """Pre-norm attention and gated MLP with residuals."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        kv = config.num_kv_heads * config.head_dim
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.config.rope_in_float32:
+            return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
+        return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None, past: KeyValues | None = None, start: int = 0
+    ) -> tuple[torch.Tensor, KeyValues]:
+        """The block over columns ``start : start + length``; keys and values of the other columns
+        come from ``past`` (a cache of the whole canvas), if given. Returns the new hidden states
+        and this call's rotated keys and values (what a cache stores)."""
+        c = self.config
+        rows, length, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.q_proj(h).view(rows, length, c.num_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(rows, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(rows, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        fresh = (k, v)
+        if past is not None:
+            end = start + length
+            k = torch.cat([past[0][:, :, :start], k, past[0][:, :, end:]], dim=2)
+            v = torch.cat([past[1][:, :, :start], v, past[1][:, :, end:]], dim=2)
+        if c.num_kv_heads != c.num_heads:
+            k = k.repeat_interleave(c.num_heads // c.num_kv_heads, dim=1)
+            v = v.repeat_interleave(c.num_heads // c.num_kv_heads, dim=1)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
+        x = x + self.o_proj(attended.transpose(1, 2).reshape(rows, length, c.hidden_size))
+        h = self.mlp_norm(x)
+        return x + self.down_proj(ACTIVATIONS[c.activation](self.gate_proj(h)) * self.up_proj(h)), fresh
+
+
+class BidirectionalTransformer(nn.Module):
+    """Token ids ``[rows, length]`` (left-padded, with a padding mask) to logits ``[rows, length, vocab]``."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    takes_logits_from = True  # the engine may ask for logits of the generation region only
+    supports_kv_cache = True  # the engine may keep keys and values between calls (prefix / dual cache)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_from: int = 0) -> torch.Tensor:
+        """Logits of columns ``logits_from:``. ``attention_mask`` marks real tokens; padded keys are
+        ignored and positions count real tokens only."""
+        return self.run(input_ids, attention_mask, logits_from)[0]
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        logits_from: int = 0,
+        past: list[KeyValues] | None = None,
+        start: int = 0,
+    ) -> tuple[torch.Tensor, list[KeyValues]]:
+        """Logits of the given columns from ``logits_from`` on, and each layer's keys and values.
+
+        Without ``past``, ``input_ids`` is the whole canvas. With ``past`` (per layer, keys and
+        values of the whole canvas from an earlier call), ``input_ids`` holds only the columns
+        ``start : start + length`` and attends to the cached keys of all other columns;
+        ``attention_mask`` then still covers the whole canvas.
+        """
+        length = input_ids.shape[1]
+        if attention_mask is None:
+            width = length if past is None else past[0][0].shape[2]
+            positions = torch.arange(width, device=input_ids.device).expand(input_ids.shape[0], width)
+            key_mask = None
+        else:
+            attention_mask = attention_mask.bool()
+            positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+            key_mask = attention_mask[:, None, None, :]  # callers pass a mask only where rows are padded
+        cos, sin = rotary_tables(positions[:, start : start + length], self.config.head_dim, self.config.rope_theta)
+        x = self.embed(input_ids)
+        kv = []
+        for index, block in enumerate(self.blocks):
+            x, fresh = block(x, cos, sin, key_mask, None if past is None else past[index], start)
+            kv.append(fresh)
+        x = self.norm(x[:, logits_from:])
+        return (F.linear(x, self.embed.weight) if self.head is None else self.head(x)), kv

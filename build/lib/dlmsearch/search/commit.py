@@ -1,0 +1,193 @@
+"""Base commit rules: which masked positions a step writes, given one evaluation.
+
+Every decoder builds on one of these; lookahead only changes which state they act on. A rule
+also says how blocks advance (``block_budget``: commits per block before moving on, ``None`` =
+stay until the block is full). All rules are vectorised over rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Protocol
+
+import attrs
+import torch
+
+from dlmsearch.search.engine import Evaluation
+from dlmsearch.search.state import Canvas, Layout
+from dlmsearch.validation import check_choice, number
+
+ORDERINGS = ("confidence", "margin", "neg_entropy", "random")
+
+
+def ordering_scores(evaluation: Evaluation, ordering: str) -> torch.Tensor:
+    """Higher is committed first: probability, top1-top2 margin, negative entropy, or random;
+    plus the evaluation's order noise where a population perturbs it."""
+    if ordering == "confidence":
+        scores = evaluation.confidence
+    elif ordering == "margin":
+        assert evaluation.margin is not None
+        scores = evaluation.margin
+    elif ordering == "neg_entropy":
+        assert evaluation.entropy is not None
+        scores = -evaluation.entropy
+    else:
+        scores = evaluation.uniform
+    return scores if evaluation.order_noise is None else scores + evaluation.order_noise
+
+
+def statistics_for(ordering: str) -> frozenset[str]:
+    return frozenset({"margin": {"margin"}, "neg_entropy": {"entropy"}}.get(ordering, set()))
+
+
+def top_k_mask(scores: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``[R, T]`` mask of each row's ``k[row]`` best eligible positions (ties: lower column)."""
+    ranked = torch.where(eligible, scores, -math.inf)
+    order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(order.shape[1]).expand_as(order).contiguous())
+    return (rank < k[:, None]) & eligible
+
+
+def at_least_one(chosen: torch.Tensor, scores: torch.Tensor, canvas: Canvas, layout: Layout) -> torch.Tensor:
+    """Add the best masked position of the current block (else of any unlocked block) to rows that chose none."""
+    current = canvas.masked & canvas.in_current_block(layout)
+    pool = torch.where(current.any(dim=1, keepdim=True), current, canvas.masked & canvas.unlocked(layout))
+    best = top_k_mask(scores, pool, torch.ones(canvas.rows, dtype=torch.long))
+    return chosen | (best & ~chosen.any(dim=1, keepdim=True))
+
+
+class CommitRule(Protocol):
+    block_budget: int | None
+    statistics: frozenset[str]
+
+    def bind(self, layout: Layout) -> None:
+        """Check the rule against the canvas layout before decoding starts."""
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        """``[R, T]`` bool: the positions to commit this step (masked ones only)."""
+
+
+@attrs.define
+class _FixedSteps:
+    """Schedules with a fixed number of ``steps``, split evenly over the blocks, ranking by ``ordering``."""
+
+    steps: int = number(int, 1)
+    ordering: str = attrs.field(default="confidence", validator=check_choice(*ORDERINGS))
+    block_budget: int | None = attrs.field(init=False, default=None)
+
+    @property
+    def statistics(self) -> frozenset[str]:
+        return statistics_for(self.ordering)
+
+    def bind(self, layout: Layout) -> None:
+        if self.steps % layout.num_blocks:
+            raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
+        self.block_budget = self.steps // layout.num_blocks
+
+
+@attrs.define
+class LowConfidenceSchedule(_FixedSteps):
+    """LLaDA's schedule: ``steps`` split evenly over blocks; each step commits the top-k of the
+    current block, k spread evenly over the block's steps with the remainder going first.
+
+    k is computed as ``ceil(remaining / steps_left_in_block)``, which equals the reference's
+    precomputed split. ``ordering=random`` gives random-order unmasking.
+    """
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        assert self.block_budget is not None, "bind() the rule to a layout first"
+        eligible = canvas.masked & canvas.in_current_block(layout)
+        remaining = eligible.sum(dim=1)
+        steps_left = (self.block_budget - canvas.block_step).clamp(min=1)
+        k = (remaining + steps_left - 1) // steps_left
+        return top_k_mask(ordering_scores(evaluation, self.ordering), eligible, k.clamp(min=1))
+
+
+class _UntilBlockFull:
+    """Rules that stay in a block until it is full and read only the confidence."""
+
+    statistics: ClassVar[frozenset[str]] = frozenset()
+    block_budget: ClassVar[None] = None
+
+    def bind(self, layout: Layout) -> None:
+        pass
+
+
+@attrs.define
+class ThresholdRule(_UntilBlockFull):
+    """Fast-dLLM: commit every masked position of the current block with ``c >= threshold``,
+    and always at least the most confident one."""
+
+    threshold: float = number(float, 0.0, 1.0, default=0.9)
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        eligible = canvas.masked & canvas.in_current_block(layout)
+        chosen = eligible & (evaluation.confidence >= self.threshold)
+        return at_least_one(chosen, ordering_scores(evaluation, "confidence"), canvas, layout)
+
+
+@attrs.define
+class FactorRule(_UntilBlockFull):
+    """Fast-dLLM's factor rule: sort confidences descending; the r-th (1-based) is accepted
+    while ``c_(r) >= 1 - factor / (r + 1)``; always at least one."""
+
+    factor: float = number(float, 0.0, default=1.0)
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        eligible = canvas.masked & canvas.in_current_block(layout)
+        ranked = torch.where(eligible, evaluation.confidence, -math.inf)
+        ordered = torch.sort(ranked, dim=1, descending=True, stable=True).values
+        rank = torch.arange(1, ordered.shape[1] + 1, dtype=ordered.dtype)
+        accepted = (ordered >= 1 - self.factor / (rank + 1)).long().cumprod(dim=1).sum(dim=1)
+        chosen = top_k_mask(evaluation.confidence, eligible, accepted)
+        return at_least_one(chosen, ordering_scores(evaluation, "confidence"), canvas, layout)
+
+
+@attrs.define
+class FastBlockRule:
+    """Fast block diffusion sampling (the base of ETE and AdaLook): each block gets ``budget``
+    steps, then the decoder moves on; every step commits ``c >= threshold`` in all unlocked
+    blocks (earlier unfinished blocks included), and at least the current block's best."""
+
+    budget: int = number(int, 1, default=8)
+    threshold: float = number(float, 0.0, 1.0, default=0.9)
+    statistics: ClassVar[frozenset[str]] = frozenset()
+
+    @property
+    def block_budget(self) -> int:
+        return self.budget
+
+    def bind(self, layout: Layout) -> None:
+        pass
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        chosen = canvas.masked & canvas.unlocked(layout) & (evaluation.confidence >= self.threshold)
+        return at_least_one(chosen, ordering_scores(evaluation, "confidence"), canvas, layout)
+
+
+@attrs.define
+class DreamSchedule(_FixedSteps):
+    """Dream's schedule: with ``t, s`` consecutive points of ``linspace(1, eps, steps + 1)``, step
+    ``i`` commits ``floor(n_masked * (1 - s / t))`` positions (all that remain at the last step),
+    ranked by ``ordering``: ``confidence`` (Dream's ``maskgit_plus``), ``margin``
+    (``topk_margin``) or ``neg_entropy`` (``entropy``). A step may commit nothing, as upstream.
+
+    Upstream decodes the whole generation as one block; with several blocks the steps are split
+    evenly over them and the schedule restarts in each.
+    """
+
+    ordering: str = attrs.field(default="confidence", validator=check_choice("confidence", "margin", "neg_entropy"))
+    eps: float = number(float, 0.0, 1.0, default=1e-3)
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        assert self.block_budget is not None, "bind() the rule to a layout first"
+        eligible = canvas.masked & canvas.in_current_block(layout)
+        remaining = eligible.sum(dim=1)
+        timesteps = torch.linspace(1, self.eps, self.block_budget + 1)
+        step = canvas.block_step.clamp(max=self.block_budget - 1)
+        t, s = timesteps[step], timesteps[step + 1]
+        # float32 arithmetic in upstream's order, truncated as its int() does
+        k = (remaining.float() * (1 - s / t)).long()
+        k = torch.where(step >= self.block_budget - 1, remaining, k)
+        return top_k_mask(ordering_scores(evaluation, self.ordering), eligible, k)

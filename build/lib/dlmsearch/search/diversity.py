@@ -1,0 +1,101 @@
+"""How the particles of a population come to differ.
+
+Token temperature alone hardly diversifies a confident model (its argmax tokens stay likely);
+the order in which positions are committed does. Each strategy either perturbs the commit
+order (``perturb``: noise added to the base rule's ranking, never to its thresholds) or asks
+the engine to sample tokens (``temperature``). ``keep_greedy`` leaves particle 0 as the plain
+decoder, so a population never loses the baseline's own path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import attrs
+import torch
+
+from dlmsearch.search.engine import Evaluation
+from dlmsearch.search.state import Canvas, Layout
+from dlmsearch.validation import check_type, number
+
+if TYPE_CHECKING:
+    from dlmsearch.search.population import Particles
+
+
+class Diversity(Protocol):
+    def token_temperature(self, particles: "Particles", slots: torch.Tensor) -> torch.Tensor | None:
+        """``[R]`` token temperature per row of these slots, or None: the engine's own."""
+
+    def perturb(self, evaluation: Evaluation, canvas: Canvas, slots: torch.Tensor, particles: "Particles", call: torch.Tensor, layout: Layout) -> Evaluation:
+        """The evaluation the base rule commits from (order noise added where the particle diverges)."""
+
+
+@attrs.define
+class NoDiversity:
+    """Every particle decodes as the plain decoder (a population of one)."""
+
+    def token_temperature(self, particles: "Particles", slots: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def perturb(self, evaluation: Evaluation, canvas: Canvas, slots: torch.Tensor, particles: "Particles", call: torch.Tensor, layout: Layout) -> Evaluation:
+        return evaluation
+
+
+@attrs.define
+class OrderTemperature(NoDiversity):
+    """Seeded Gumbel noise of scale ``temperature`` on the commit order's scores: where no
+    position clears the rule's threshold, the position committed is drawn from
+    ``softmax(confidence / temperature)`` instead of taken as the argmax."""
+
+    temperature: float = number(float, 0.0, default=0.1)
+    keep_greedy: bool = attrs.field(default=True, validator=check_type(bool))
+
+    def perturb(self, evaluation: Evaluation, canvas: Canvas, slots: torch.Tensor, particles: "Particles", call: torch.Tensor, layout: Layout) -> Evaluation:
+        noisy = particles.particle[slots] > 0 if self.keep_greedy else torch.ones(len(slots), dtype=torch.bool)
+        if self.temperature == 0 or not bool(noisy.any()):
+            return evaluation
+        uniform = particles.draw(slots, call, layout, salt=2).clamp(1e-12, 1 - 1e-7)
+        gumbel = -torch.log(-torch.log(uniform))
+        return attrs.evolve(evaluation, order_noise=torch.where(noisy[:, None], self.temperature * gumbel, 0.0))
+
+
+@attrs.define
+class TokenTemperature(NoDiversity):
+    """Particles sample their tokens at ``temperature`` (seeded per particle)."""
+
+    temperature: float = number(float, 0.0, default=0.7)
+    keep_greedy: bool = attrs.field(default=True, validator=check_type(bool))
+
+    def token_temperature(self, particles: "Particles", slots: torch.Tensor) -> torch.Tensor | None:
+        particle = particles.particle[slots]
+        hot = particle > 0 if self.keep_greedy else torch.ones_like(particle, dtype=torch.bool)
+        return torch.where(hot, self.temperature, 0.0)
+
+
+@attrs.define
+class DistinctFirst(NoDiversity):
+    """Particles of one family (a sample's copies of one state) stay identical, and cost one
+    row, until the first uncertain step (the best open position's confidence below
+    ``uncertain_below``); there the particle of rank r commits the r-th most confident position
+    instead of the first. After resampling (beam) the copies of a survivor split again."""
+
+    uncertain_below: float = number(float, 0.0, 1.0, default=0.9)
+
+    def perturb(self, evaluation: Evaluation, canvas: Canvas, slots: torch.Tensor, particles: "Particles", call: torch.Tensor, layout: Layout) -> Evaluation:
+        waiting = ~particles.diverged[slots]
+        if not bool(waiting.any()):
+            return evaluation
+        open_ = canvas.masked & canvas.unlocked(layout)
+        ranked = torch.where(open_, evaluation.confidence, -1.0)
+        best = ranked.max(dim=1).values
+        split = waiting & open_.any(dim=1) & (best < self.uncertain_below)
+        if not bool(split.any()):
+            return evaluation
+        order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
+        pick = particles.rank[slots] % open_.sum(dim=1).clamp(min=1)
+        target = order.gather(1, pick[:, None]).squeeze(1)
+        noise = torch.zeros_like(evaluation.confidence)
+        rows = split.nonzero().squeeze(1)
+        noise[rows, target[rows]] = 2.0  # above any probability: this position is committed first
+        particles.diverged[slots[rows]] = True
+        return attrs.evolve(evaluation, order_noise=noise)

@@ -1,0 +1,279 @@
+"""The search driver: the one decode loop that every decoder runs.
+
+Each round, for every unfinished sample of the batch at once: evaluate the root state (unless
+the previous round left a fresh evaluation), ask the trigger, and run a lookahead for the
+exploring samples: candidates become hypotheses, all live hypotheses of all samples go through
+the engine together level by level, the scorer rates them, the expansion policy decides whether
+to roll deeper (with the selector's branch re-evaluation in between), and the selected branch
+is adopted together with the evaluation it already has. Then every sample applies the base
+commit rule to its state (explore, then exploit: an adopted branch's evaluation is used, never
+recomputed), except where the selector asked for a fresh lookahead from the adopted state.
+Baselines are this same loop with the trigger set to never.
+
+Width search is the same loop over more rows: with a population of P, each sample holds P
+slots (particles), every step above runs for all slots of all samples at once, and after each
+round the population may end, stop or resample particles (``dlmsearch.search.population``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import attrs
+import torch
+
+from dlmsearch.search.candidates import CandidateGenerator
+from dlmsearch.search.commit import CommitRule
+from dlmsearch.search.engine import Evaluation, RolloutEngine
+from dlmsearch.search.expansion import ExpansionPolicy
+from dlmsearch.search.population import Particles, Population
+from dlmsearch.search.scorers import Scorer
+from dlmsearch.search.selectors import Selector
+from dlmsearch.search.state import Canvas, Layout, initial_canvas
+from dlmsearch.search.triggers import NeverTrigger, Trigger
+from dlmsearch.tasks.base import Verifier
+
+BRANCH_KEYS = 1 << 16  # a row's randomness key: particle * BRANCH_KEYS + (0 for the root, 1 + branch)
+RECHECK_KEY = BRANCH_KEYS - 1  # the rows of a population's final re-check by the model
+
+
+@attrs.frozen
+class DecodeRequest:
+    """One sample: ``uid`` keys its randomness; ``generation`` holds the mask where to fill."""
+
+    uid: int
+    prompt: torch.Tensor
+    generation: torch.Tensor
+
+
+@attrs.frozen
+class DecodeResult:
+    """A decoded generation region and how it was produced (per-position commit record)."""
+
+    uid: int
+    tokens: torch.Tensor  # [n]
+    steps: int
+    row_forwards: int
+    tokens_committed: int
+    token_forwards: int  # positions the model computed for this sample (a cache's saving shows here)
+    deadline_hit: bool  # the time budget ran out and the sample was finished by the base rule alone
+    commit_call: torch.Tensor  # [n], -1 where the token was given
+    commit_confidence: torch.Tensor
+    commit_depth: torch.Tensor  # 0: base rule on the root; d >= 1: lookahead depth d
+    commit_branch: torch.Tensor  # lookahead branch index, -1 for base commits
+    particle: int = 0  # the population's particle chosen as the output
+    live_particles: float = 1.0  # particles decoding, averaged over the sample's rounds
+    accepted: bool | None = None  # the task verifier's verdict on the output (None: not checked)
+
+
+@attrs.define
+class SearchDecoder:
+    """Trigger, candidates, scorer, expansion and selector around a base commit rule."""
+
+    commit: CommitRule
+    trigger: Trigger = attrs.field(factory=NeverTrigger)
+    candidates: CandidateGenerator | None = None
+    scorer: Scorer | None = None
+    expansion: ExpansionPolicy | None = None
+    selector: Selector | None = None
+    population: Population = attrs.field(factory=Population)
+    name: str = "custom"
+    block_length: int | None = None  # a decoder with its own block structure (Dream: one block); None: the task's
+
+    def __attrs_post_init__(self) -> None:
+        if self.trigger.explores:
+            missing = [n for n in ("candidates", "scorer", "expansion", "selector") if getattr(self, n) is None]
+            if missing:
+                raise ValueError(f"decoder {self.name!r} explores (trigger {type(self.trigger).__name__}) but has no {', '.join(missing)}")
+
+    def decode(
+        self,
+        engine: RolloutEngine,
+        requests: list[DecodeRequest],
+        block_length: int,
+        on_round: Callable[[Canvas, torch.Tensor | None], None] | None = None,
+        deadline_s: float | None = None,
+        verifier: Verifier | None = None,
+    ) -> list[DecodeResult]:
+        """Decode a batch; each sample's result is independent of the others in the batch.
+
+        ``on_round`` sees the canvases of all slots after every round, and the slot of the
+        previous round's canvases each continues from (None: its own), for traces and tests.
+        Past ``deadline_s`` seconds, samples still decoding stop exploring and finish with the
+        base commit rule alone (their results say so). ``verifier`` is the task's check of the
+        batch's outputs, for populations that use one.
+        """
+        started = time.monotonic()
+        if not requests:
+            return []
+        self.population.check(verifier)
+        block_length = self.block_length or block_length
+        gen_length = len(requests[0].generation)
+        if any(len(r.generation) != gen_length for r in requests):
+            raise ValueError("all requests of a batch must share one generation length")
+        layout = Layout(gen_start=max(len(r.prompt) for r in requests), gen_length=gen_length, block_length=block_length)
+        longest = max(requests, key=lambda r: len(r.prompt))
+        engine.adapter.check_length(len(longest.prompt) + gen_length, f"the canvas of sample uid {longest.uid} (prompt {len(longest.prompt)} + generation {gen_length})")
+        bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= engine.adapter.vocab_size)).any())]
+        if bad:
+            raise ValueError(f"prompt token ids outside the vocabulary [0, {engine.adapter.vocab_size}) in sample uid(s) {bad}")
+        self.commit.bind(layout)
+        mask_id = engine.mask_id
+        size = self.population.size
+        canvas = initial_canvas([r.prompt for r in requests for _ in range(size)], [r.generation for r in requests for _ in range(size)], layout, mask_id, pad_id=mask_id)
+        samples, slots = len(requests), len(requests) * size
+        engine.reset(samples, size)
+        particles = Particles.start(torch.tensor([r.uid for r in requests], dtype=torch.long), size, engine.seed)
+        cache = Evaluation.empty(slots, layout.width, self.commit.statistics)
+        fresh = torch.zeros(slots, dtype=torch.bool)
+        late = torch.zeros(slots, dtype=torch.bool)
+        # Every round commits at least one position per decoding slot, except the steps a fixed
+        # schedule may leave empty (Dream's first steps): at most its budget per block.
+        rounds = gen_length + 1 + (self.commit.block_budget or 0) * layout.num_blocks
+        for round_index in range(rounds):
+            active = canvas.masked.any(dim=1) & particles.running()
+            if not bool(active.any()):
+                break
+            need = (active & ~fresh).nonzero().squeeze(1)
+            if need.numel():
+                cache = cache.put(need, self._evaluate(engine, particles, canvas.take(need), need, torch.zeros_like(need), layout))
+                fresh[need] = True
+            rows = active.nonzero().squeeze(1)
+            root, evaluation = canvas.take(rows), cache.take(rows)
+            if deadline_s is not None and time.monotonic() - started > deadline_s:
+                late |= active
+            explore = self.trigger.fires(root, evaluation, layout) & ~late[rows]
+            exploit = ~explore
+            explored = rows[explore]
+            if explored.numel():
+                # Explore: adopt the selected branch with the evaluation it already has. Unless
+                # the selector asks for a fresh lookahead from it, exploit that evaluation at once.
+                adopted, adopted_eval, restart = self._lookahead(engine, particles, root.take(explore), evaluation.take(explore), explored, layout)
+                at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
+                root, evaluation = root.put(at, adopted), evaluation.put(at, adopted_eval)
+                canvas = canvas.put(explored, adopted)
+                cache = cache.put(explored, adopted_eval)
+                exploit = exploit.clone()
+                exploit[at] = ~restart
+            base = rows[exploit]
+            if base.numel():
+                sub, sub_eval = root.take(exploit), evaluation.take(exploit)
+                call = engine.calls(base)
+                chosen = self.commit.select(sub, self.population.perturb(sub_eval, sub, base, particles, call, layout), layout)
+                committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget)
+                canvas = canvas.put(base, committed)
+                fresh[base] = False
+            source = self.population.after_round(canvas, particles, layout, round_index, verifier)
+            if source is not None:
+                canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
+                engine.reorder_slots(source)
+            if on_round is not None:
+                on_round(canvas, source)
+        else:
+            raise RuntimeError(f"decoder {self.name!r} did not finish within {rounds} rounds")
+        remask = self.population.recheck(canvas, particles, mask_id, lambda probe, slot: self._evaluate(engine, particles, probe, slot, torch.full_like(slot, RECHECK_KEY), layout))
+        chosen_slot = self.population.choose(canvas, particles, layout, verifier, remask)
+        late_sample = late.view(samples, size).any(dim=1)
+        return [self._result(canvas, engine, particles, int(chosen_slot[i]), i, layout, bool(late_sample[i])) for i in range(samples)]
+
+    def _evaluate(self, engine: RolloutEngine, particles: Particles, canvas: Canvas, slot: torch.Tensor, branch_key: torch.Tensor, layout: Layout) -> Evaluation:
+        """One engine step for rows of these slots (``branch_key``: 0 for roots, 1 + branch)."""
+        row_key = particles.particle[slot] * BRANCH_KEYS + branch_key
+        return engine.evaluate(
+            canvas.tokens,
+            canvas.attention,
+            slot,
+            particles.uid[slot],
+            row_key,
+            self.commit.statistics,
+            layout.gen_start,
+            canvas.window(layout),
+            temperature=self.population.token_temperature(particles, slot),
+            group=None if particles.size == 1 else particles.owner[slot] * BRANCH_KEYS + branch_key,
+        )
+
+    def _lookahead(
+        self, engine: RolloutEngine, particles: Particles, root: Canvas, evaluation: Evaluation, sample: torch.Tensor, layout: Layout
+    ) -> tuple[Canvas, Evaluation, torch.Tensor]:
+        """Roll hypotheses of all exploring slots level by level (``sample``: their slots).
+
+        Returns the adopted branches, their evaluations, and ``[S]`` restart flags (the selector
+        wants a fresh lookahead from the adopted state instead of exploiting it).
+        """
+        assert self.candidates and self.scorer and self.expansion and self.selector
+        # A policy that decides from the root (ConfidenceDepth) is bound to these samples first.
+        plan = getattr(self.expansion, "plan", None)
+        expansion = plan(root, evaluation, layout) if plan is not None else self.expansion
+        positions, live = self.candidates.propose(root, evaluation, layout)
+        samples, width = positions.shape
+        sample_row = sample.repeat_interleave(width)
+        branch_id = torch.arange(width).repeat(samples)
+        first = torch.zeros(samples * width, root.tokens.shape[1], dtype=torch.bool)
+        first[torch.arange(samples * width), positions.flatten()] = True
+        first &= live.flatten()[:, None]
+        token = evaluation.token.repeat_interleave(width, dim=0)
+        confidence = evaluation.confidence.repeat_interleave(width, dim=0)
+        branches = root.repeat(width).commit(first, token, confidence, engine.calls(sample_row), 1, branch_id, layout, self.commit.block_budget)
+        step_log_conf = torch.log(evaluation.confidence.gather(1, positions).clamp(min=1e-30)).flatten()
+        scores = torch.zeros(samples * width)
+        branch_eval = Evaluation.empty(samples * width, root.tokens.shape[1], self.commit.statistics)
+        rolling = torch.ones(samples, dtype=torch.bool)
+        restarted = torch.zeros(samples, dtype=torch.bool)
+        depth = 1
+        while True:
+            rows = (live & rolling[:, None]).flatten().nonzero().squeeze(1)
+            sub = branches.take(rows)
+            sub_eval = self._evaluate(engine, particles, sub, sample_row[rows], 1 + branch_id[rows], layout)
+            branch_eval = branch_eval.put(rows, sub_eval)
+            gained = self.scorer.score(sub, sub_eval, layout, step_log_conf[rows])
+            scores = scores.clone()
+            scores[rows] = scores[rows] + gained if expansion.accumulate else gained
+            if depth >= expansion.max_depth:
+                break
+            grid = scores.view(samples, width)
+            finished = (~branches.masked.any(dim=1)).view(samples, width)
+            go = rolling & expansion.should_continue(grid, live, depth) & ~(live & finished).any(dim=1)
+            if self.selector.reevaluates and bool(go.any()):
+                fires = torch.zeros(samples * width, dtype=torch.bool)
+                fires[rows] = self.trigger.fires(sub, sub_eval, layout)
+                pruned, restart = self.selector.prune(live, fires.view(samples, width), grid)
+                live = torch.where(go[:, None], pruned, live)
+                restarted |= go & restart
+                go &= ~restart
+            rolling = go
+            if not bool(rolling.any()):
+                break
+            rows = (live & rolling[:, None]).flatten().nonzero().squeeze(1)
+            sub, sub_eval = branches.take(rows), branch_eval.take(rows)
+            chosen = self.commit.select(sub, sub_eval, layout) & sub.masked
+            logs = torch.where(chosen, torch.log(sub_eval.confidence.clamp(min=1e-30)), 0.0).sum(dim=1)
+            step_log_conf = step_log_conf.clone()
+            step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
+            depth += 1
+            rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.calls(sample_row[rows]), depth, branch_id[rows], layout, self.commit.block_budget)
+            branches = branches.put(rows, rolled)
+        best = self.selector.best(scores.view(samples, width), live)
+        adopted = torch.arange(samples) * width + best
+        return branches.take(adopted), branch_eval.take(adopted), restarted
+
+    def _result(self, canvas: Canvas, engine: RolloutEngine, particles: Particles, slot: int, sample: int, layout: Layout, late: bool) -> DecodeResult:
+        gen = slice(layout.gen_start, layout.width)
+        call = canvas.commit_call[slot, gen]
+        verdict = int(particles.verdict[slot])
+        return DecodeResult(
+            uid=int(particles.uid[slot]),
+            tokens=canvas.tokens[slot, gen].clone(),
+            steps=int(engine.steps[sample]),
+            row_forwards=int(engine.row_forwards[sample]),
+            token_forwards=int(engine.token_forwards[sample]),
+            deadline_hit=late,
+            tokens_committed=int((call >= 0).sum()),
+            commit_call=call.clone(),
+            commit_confidence=canvas.commit_confidence[slot, gen].clone(),
+            commit_depth=canvas.commit_depth[slot, gen].clone(),
+            commit_branch=canvas.commit_branch[slot, gen].clone(),
+            particle=int(particles.particle[slot]),
+            live_particles=round(float(particles.live_total[sample] / particles.rounds[sample].clamp(min=1)), 3),
+            accepted=None if verdict < 0 else bool(verdict),
+        )

@@ -1,0 +1,437 @@
+"""The batched rollout engine: the only caller of the model.
+
+It evaluates any flat set of rows (several samples, each with several hypotheses at any depth)
+in one forward call, chunked to ``row_budget`` rows, and returns per-position summaries that the
+components need. Vocabulary-sized tensors live only inside a call. It owns the counters:
+``steps`` (sequential model calls: every row of one call counts once per sample) and
+``row_forwards`` (rows summed over calls, the real compute of a search). Rows belong to *slots*
+(one partial canvas each: a sample's particle in a population search, else the sample itself);
+counters are per sample, key/value caches per slot. Rows of one group (a sample's particles at
+the same branch) that hold the same canvas are forwarded once and count once. A forward that
+runs out of device memory is split and retried (see ``RolloutEngine._forward``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterator
+
+import attrs
+import torch
+
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.search.kv_cache import MODES, KVCache
+from dlmsearch.search.rows import put_rows, take_rows
+from dlmsearch.validation import check_choice, check_type, number
+
+STATISTICS = ("margin", "entropy")
+
+
+@attrs.frozen
+class Evaluation:
+    """Per-position summaries of one forward: proposal, its probability, optional extras."""
+
+    token: torch.Tensor  # [R, T] long: argmax (or a sample) with the mask id excluded
+    confidence: torch.Tensor  # [R, T] float: probability of ``token`` at temperature 1
+    uniform: torch.Tensor  # [R, T] float: a seeded uniform draw, for random orderings
+    margin: torch.Tensor | None = None  # [R, T] top-1 minus top-2 probability
+    entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution
+    order_noise: torch.Tensor | None = None  # [R, T] added to the commit order's scores (a population's particles diverge)
+
+    def take(self, index: torch.Tensor) -> "Evaluation":
+        return take_rows(self, index)
+
+    def put(self, index: torch.Tensor, other: "Evaluation") -> "Evaluation":
+        """A copy with the rows at ``index`` replaced by ``other``."""
+        return put_rows(self, index, other)
+
+    @staticmethod
+    def empty(rows: int, width: int, statistics: frozenset[str]) -> "Evaluation":
+        zeros = torch.zeros(rows, width)
+        return Evaluation(
+            token=torch.zeros(rows, width, dtype=torch.long),
+            confidence=zeros,
+            uniform=zeros,
+            margin=zeros if "margin" in statistics else None,
+            entropy=zeros if "entropy" in statistics else None,
+        )
+
+
+@attrs.frozen
+class Forward:
+    """One model call's rows: their first real column, the columns summarised, whether they run
+    against the cache, which of them refresh it, and their cache windows."""
+
+    rows: torch.Tensor
+    first: int
+    columns: tuple[int, int]
+    cached: bool
+    refresh: torch.Tensor
+    query: torch.Tensor
+    distinct: int | None = None  # rows to compute, where some rows repeat others (None: all of them)
+
+
+_OUT_OF_MEMORY = tuple({torch.OutOfMemoryError, getattr(torch.cuda, "OutOfMemoryError", torch.OutOfMemoryError)})
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """CUDA's (and torch's) out-of-memory error, or a RuntimeError that says it ran out of memory."""
+    return isinstance(error, _OUT_OF_MEMORY) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _to_signed(value: int) -> int:
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN = _to_signed(0x9E3779B97F4A7C15)
+_MIX1 = _to_signed(0xBF58476D1CE4E5B9)
+_MIX2 = _to_signed(0x94D049BB133111EB)
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch shifts signed values arithmetically)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _merged(tokens: torch.Tensor, group: torch.Tensor) -> torch.Tensor | None:
+    """For every row, the first row of its group with the same tokens (None when no row repeats another)."""
+    rows = len(tokens)
+    if rows < 2:
+        return None
+    _, inverse = torch.unique(torch.cat([group[:, None], tokens], dim=1), dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), rows, dtype=torch.long).scatter_reduce(0, inverse, torch.arange(rows), "amin")
+    copy_of = first[inverse]
+    return None if bool((copy_of == torch.arange(rows)).all()) else copy_of
+
+
+def _within(index: torch.Tensor, copy_of: torch.Tensor | None) -> torch.Tensor:
+    """For a forward's rows ``index`` (ascending): the position of the row each one copies, or
+    its own where its original is not among them (a piece split off after running out of memory)."""
+    own = torch.arange(len(index))
+    if copy_of is None:
+        return own
+    original = copy_of[index]
+    position = torch.searchsorted(index, original).clamp(max=len(index) - 1)
+    return torch.where(index[position] == original, position, own)
+
+
+def hashed_uniform(keys: list[torch.Tensor]) -> torch.Tensor:
+    """Uniform [0, 1) numbers from a splitmix64 hash of integer keys (broadcast together).
+
+    Counter-based randomness: a draw depends only on its keys (seed, sample, call, row,
+    position), never on what else is in the batch, so sampling is batch-invariant.
+    """
+    x = torch.zeros((), dtype=torch.long)
+    for key in keys:
+        x = x * _GOLDEN + key.long() + 0x632BE5AB
+        x = x + _GOLDEN
+        x = (x ^ _shift_right(x, 30)) * _MIX1
+        x = (x ^ _shift_right(x, 27)) * _MIX2
+        x = x ^ _shift_right(x, 31)
+    return _shift_right(x, 11).double().mul_(2.0**-53).float()
+
+
+@attrs.define(eq=False)
+class RolloutEngine:
+    """Batched, chunked, counted model evaluation, with an optional approximate KV cache."""
+
+    adapter: ModelAdapter
+    row_budget: int = number(int, 1, default=64)
+    temperature: float = number(float, 0.0, default=0.0)
+    seed: int = attrs.field(default=0, validator=check_type(int))
+    cache: str = attrs.field(default="none", validator=check_choice(*MODES))
+    steps: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
+    owner: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))  # [slots] the sample each slot belongs to
+    row_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
+    token_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
+    kv: KVCache = attrs.field(init=False)
+    budget: int | None = attrs.field(init=False, default=None)  # row budget lowered after running out of memory; None: row_budget
+    regrow_after: int = attrs.field(init=False, default=20)  # successful forwards before a lowered budget doubles again
+    successes: int = attrs.field(init=False, default=0)  # successful forwards since the budget last changed
+
+    def __attrs_post_init__(self) -> None:
+        if self.cache != "none" and not self.adapter.caches:
+            raise ValueError(
+                f"engine.cache={self.cache} needs a model that can cache keys and values (the native LLaDA and Dream "
+                f"models); {type(self.adapter.module).__name__} cannot: use engine.cache=none"
+            )
+        self.kv = KVCache(self.cache)
+
+    @property
+    def mask_id(self) -> int:
+        return self.adapter.mask_id
+
+    @property
+    def current_budget(self) -> int:
+        """Rows per forward now: ``row_budget``, or less after an out-of-memory error."""
+        return self.row_budget if self.budget is None else min(self.budget, self.row_budget)
+
+    def reset(self, samples: int, particles: int = 1) -> None:
+        """Zero the per-sample counters for a new batch of ``samples``, each with ``particles``
+        slots (consecutive: slot ``s * particles + p``)."""
+        self.steps = torch.zeros(samples, dtype=torch.long)
+        self.row_forwards = torch.zeros(samples, dtype=torch.long)
+        self.token_forwards = torch.zeros(samples, dtype=torch.long)
+        self.owner = torch.arange(samples).repeat_interleave(particles)
+        self.kv.reset(samples * particles)
+
+    def reorder_slots(self, source: torch.Tensor) -> None:
+        """Slot ``i`` takes over slot ``source[i]``'s cache (a population resampled its particles)."""
+        self.kv.reorder(source)
+
+    def calls(self, slots: torch.Tensor) -> torch.Tensor:
+        """The model calls made so far by the samples these slots belong to."""
+        return self.steps[self.owner[slots]]
+
+    def evaluate(
+        self,
+        tokens: torch.Tensor,
+        attention: torch.Tensor,
+        sample: torch.Tensor,
+        sample_uid: torch.Tensor,
+        row_key: torch.Tensor,
+        statistics: frozenset[str] = frozenset(),
+        from_column: int = 0,
+        window: tuple[torch.Tensor, torch.Tensor] | None = None,
+        temperature: torch.Tensor | None = None,
+        group: torch.Tensor | None = None,
+    ) -> Evaluation:
+        """One step for every sample with a row here: forward all rows, summarise per position.
+
+        ``sample`` is each row's slot (its sample's counters, its own cache); ``sample_uid`` (a dataset-wide id) and ``row_key`` (the
+        row's branch within its sample; 0 = the sample's root) key the seeded randomness. Only
+        columns from ``from_column`` on (the generation region) are summarised: prompt logits
+        are never computed where the model allows it, and read as the mask with confidence 0.
+        ``window`` (first and end column per row) is what the row is decoding; with a cache,
+        a root row refreshes its sample's cache when the window changes, and every row whose
+        sample's cache fits its window forwards only the window (columns outside it then read
+        as the mask with confidence 0). ``temperature`` (per row) overrides the engine's own for
+        token sampling. Rows with equal ``group`` and the same tokens (particles of a sample that
+        reached the same canvas) share one forward, counted once; each keeps its own draws.
+        """
+        unknown = set(statistics) - set(STATISTICS)
+        if unknown:
+            raise ValueError(f"unknown statistics {sorted(unknown)}; available: {', '.join(STATISTICS)}")
+        owner = self.owner[sample]
+        call = self.steps[owner]
+        self.steps[torch.unique(owner)] += 1
+        position = attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
+        keys = [torch.tensor(self.seed), sample_uid[:, None], call[:, None], row_key[:, None], position]
+        uniform = hashed_uniform(keys)
+        if temperature is None and self.temperature > 0:
+            temperature = torch.full((len(sample),), self.temperature)
+        sampled = temperature is not None and bool((temperature > 0).any())
+        draw = hashed_uniform(keys + [torch.tensor(1)]) if sampled else uniform
+        rows, width = tokens.shape
+        out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}
+        out.update({name: torch.zeros(rows, width) for name in statistics})
+
+        def run(forward: Forward) -> tuple[dict[str, torch.Tensor], list | None, torch.Tensor]:
+            index, first = forward.rows, forward.first
+            low, high = forward.columns
+            past = self.kv.gather(sample[index], first) if forward.cached else None
+            source = _within(index, None if forward.cached else copy_of)
+            computed = source == torch.arange(len(index))
+            part, kv = self._summarise(
+                tokens[index, first:],
+                attention[index, first:],
+                draw[index, low:high],
+                statistics,
+                sample_uid[index],
+                low - first,
+                high - first,
+                past,
+                None if temperature is None else temperature[index],
+                None if bool(computed.all()) else source,
+            )
+            return part, kv, computed
+
+        copy_of = None if group is None else _merged(tokens, group)
+        for planned in self._plan(attention, sample, row_key, from_column, window, copy_of):
+            for forward, (part, kv, computed) in self._forward(planned, run, sample_uid):
+                index, first = forward.rows, forward.first
+                low, high = forward.columns
+                for name, value in part.items():
+                    out[name][index, low:high] = value
+                counted = owner[index[computed]]
+                self.row_forwards.index_add_(0, counted, torch.ones_like(counted))
+                if forward.cached:
+                    self.token_forwards.index_add_(0, counted, torch.full_like(counted, high - low + int(self.adapter.shift_logits and low > 0)))
+                else:
+                    self.token_forwards.index_add_(0, counted, attention[index[computed]].sum(dim=1))
+                if forward.refresh.any():
+                    keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
+                    self.kv.store(sample[index][forward.refresh], first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
+        return Evaluation(uniform=uniform, **out)
+
+    def _forward(
+        self,
+        forward: Forward,
+        run: Callable[[Forward], tuple[dict[str, torch.Tensor], list | None, torch.Tensor]],
+        sample_uid: torch.Tensor,
+        planned_rows: int | None = None,
+    ) -> Iterator[tuple[Forward, tuple[dict[str, torch.Tensor], list | None, torch.Tensor]]]:
+        """Run one planned forward, yielding each piece that ran and its result.
+
+        Out-of-memory back-off. When a forward of ``n`` rows runs out of memory (torch's or
+        CUDA's OutOfMemoryError, or a RuntimeError saying "out of memory"), the CUDA cache is
+        emptied and the forward is split into two of ``ceil(n / 2)`` and ``floor(n / 2)`` rows
+        (same first column and window; each keeps its own rows' cache refreshes and windows),
+        each retried the same way down to one row; a row that fails alone re-raises, naming its
+        sample uid and the rows tried. Each failure lowers ``current_budget`` to ``ceil(n / 2)``
+        for all later forwards (those already planned in this step are cut to it before they
+        run); after ``regrow_after`` (20) successful forwards in a row the budget doubles, up to
+        the configured ``row_budget`` (a budget that is still too large fails once more and halves
+        again). Results do not change: a row's logits do not depend on its batch, and the
+        counters count the logical step and its rows once, not the retries.
+        """
+        rows, budget = len(forward.rows), self.current_budget
+        if (forward.distinct or rows) > budget:  # the budget dropped earlier in this step: no need to fail again first
+            for start in range(0, rows, budget):
+                yield from self._forward(self._piece(forward, slice(start, start + budget)), run, sample_uid)
+            return
+        try:
+            result = run(forward)
+        except RuntimeError as error:
+            if not _out_of_memory(error):
+                raise
+            if rows == 1:
+                uid = sorted(set(sample_uid[forward.rows].tolist()))
+                raise torch.OutOfMemoryError(
+                    f"out of memory forwarding a single row of sample uid(s) {uid} (split from a forward of "
+                    f"{planned_rows or rows} row(s); row_budget={self.row_budget}): {error}"
+                ) from error
+        else:
+            self._succeeded()
+            yield forward, result
+            return
+        # Retried outside the except clause, so that the failed attempt's tensors (held by its traceback) are freed.
+        half = (rows + 1) // 2
+        self.budget, self.successes = min(self.current_budget, half), 0
+        if str(self.adapter.device).startswith("cuda") and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        for part in (slice(0, half), slice(half, rows)):
+            yield from self._forward(self._piece(forward, part), run, sample_uid, planned_rows or rows)
+
+    @staticmethod
+    def _piece(forward: Forward, part: slice) -> Forward:
+        """Some of a forward's rows, with their cache refreshes and windows; same first column and columns."""
+        return attrs.evolve(forward, rows=forward.rows[part], refresh=forward.refresh[part], query=forward.query[part], distinct=None)
+
+    def _succeeded(self) -> None:
+        """Count a successful forward; a lowered budget doubles after ``regrow_after`` of them in a row."""
+        if self.budget is None:
+            return
+        self.successes += 1
+        if self.successes >= self.regrow_after:
+            self.budget, self.successes = 2 * self.budget, 0
+            if self.budget >= self.row_budget:
+                self.budget = None
+
+    def _chunks(self, index: torch.Tensor, copy_of: torch.Tensor | None) -> Iterator[torch.Tensor]:
+        """Rows ``index`` in chunks of at most ``current_budget`` distinct rows; rows that repeat
+        another (``copy_of``) ride in their original's chunk, so merging never depends on chunking."""
+        budget = self.current_budget
+        if copy_of is None:
+            for i in range(0, len(index), budget):
+                yield index[i : i + budget]
+            return
+        original = copy_of[index]
+        distinct = torch.unique(original)
+        for i in range(0, len(distinct), budget):
+            yield index[torch.isin(original, distinct[i : i + budget])]
+
+    def _plan(
+        self,
+        attention: torch.Tensor,
+        sample: torch.Tensor,
+        row_key: torch.Tensor,
+        from_column: int,
+        window: tuple[torch.Tensor, torch.Tensor] | None,
+        copy_of: torch.Tensor | None = None,
+    ) -> list["Forward"]:
+        """The forwards of one step: row chunks of at most ``current_budget`` rows.
+
+        Columns that are padding in every row of a chunk are dropped, so a row costs the same
+        alone or batched. A model that ignores the padding mask gets only rows of one prompt
+        length per chunk, hence no padding at all: its results cannot depend on the batch.
+        With a cache, rows whose sample's cache fits their window are forwarded per window;
+        the others get a full forward, whose keys and values refresh their sample's cache if
+        the row is the sample's root. Rows that repeat another row (``copy_of``) travel with it.
+        """
+        rows, width = attention.shape
+        first = attention.long().argmax(dim=1)  # first real column of each row
+        if self.cache == "none" or window is None:
+            query, hit = torch.zeros(rows, 2, dtype=torch.long), torch.zeros(rows, dtype=torch.bool)
+        else:
+            query = self.kv.query(window[0], window[1], width)
+            hit = self.kv.hits(sample, query)
+        groups: list[tuple[torch.Tensor, bool]] = []
+        full = (~hit).nonzero().squeeze(1)
+        if self.adapter.honours_padding:
+            groups.append((full, False))
+        else:
+            groups += [(full[first[full] == f], False) for f in torch.unique(first[full]).tolist()]
+        for low, high in torch.unique(query[hit], dim=0).tolist():
+            groups.append((((query == torch.tensor([low, high])).all(dim=1) & hit).nonzero().squeeze(1), True))
+        plan = []
+        for index, cached in groups:
+            for part in self._chunks(index, None if cached else copy_of):
+                columns = tuple(query[part[0]].tolist()) if cached else (from_column, width)
+                refresh = ~hit[part] & (row_key[part] == 0) & (self.cache != "none") & (window is not None)
+                distinct = None if cached or copy_of is None else len(torch.unique(copy_of[part]))
+                plan.append(Forward(part, int(first[part].min()), columns, cached, refresh, query[part], distinct))
+        return plan
+
+    def _summarise(
+        self,
+        tokens: torch.Tensor,
+        attention: torch.Tensor,
+        draw: torch.Tensor,
+        statistics: frozenset[str],
+        uid: torch.Tensor,
+        low: int,
+        high: int,
+        past: list | None,
+        temperature: torch.Tensor | None = None,
+        copy_of: torch.Tensor | None = None,
+    ) -> tuple[dict[str, torch.Tensor], list | None]:
+        if copy_of is None:
+            logits, kv = self.adapter.window_logits(tokens, attention, low, high, past)
+        else:  # rows that repeat an earlier row of their group: forward the distinct rows, then copy
+            distinct = torch.unique(copy_of)
+            logits, kv = self.adapter.window_logits(tokens[distinct], attention[distinct], low, high, past)
+            where = torch.searchsorted(distinct, copy_of).to(logits.device)
+            logits = logits[where]
+            kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
+        logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
+        probs = torch.softmax(logits, dim=-1)
+        confidence, token = probs.max(dim=-1)
+        if temperature is not None and bool((temperature > 0).any()):
+            hot = (temperature > 0).to(logits.device)
+            scale = temperature.clamp(min=1e-6).to(logits.device, logits.dtype)[:, None, None]
+            tempered = torch.softmax(logits / scale, dim=-1).cumsum(dim=-1)
+            draw = draw.to(tempered.device)[..., None] * tempered[..., -1:]
+            sampled = torch.searchsorted(tempered, draw).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+            token = torch.where(hot[:, None], sampled, token)
+            confidence = probs.gather(-1, token[..., None]).squeeze(-1)
+        if self.adapter.deferred_ids:
+            deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))
+            confidence = torch.where(deferred, 0.0, confidence)
+        summaries = {"confidence": confidence, "nan": torch.isnan(probs[..., 0]).float()}  # NaN logits make the whole softmax NaN
+        if "margin" in statistics:
+            top2 = probs.topk(2, dim=-1).values
+            summaries["margin"] = top2[..., 0] - top2[..., 1]
+        if "entropy" in statistics:
+            summaries["entropy"] = -(probs * torch.log(probs + 1e-10)).sum(dim=-1)  # Dream's definition
+        # One transfer of the step's float summaries and one of its tokens: no per-row synchronisation.
+        host = dict(zip(summaries, torch.stack(list(summaries.values())).cpu().unbind(0)))
+        bad = host.pop("nan").bool().any(dim=1) & attention[:, low:high].any(dim=1)
+        if bool(bad.any()):
+            raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad].tolist()))}")
+        out = {"token": token.cpu(), **host}
+        return out, kv

@@ -1,0 +1,73 @@
+"""Which particle of a population becomes the sample's output.
+
+Only complete particles that are alive compete (all of them where none is). ``best_score``
+trusts the model; ``verified`` prefers what the task's verifier accepts; ``majority_vote``
+takes the answer most particles state (self-consistency), then its best-scoring particle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Protocol
+
+import attrs
+import torch
+
+from dlmsearch.tasks.base import Verifier
+
+
+class FinalChoice(Protocol):
+    needs_verifier: bool
+
+    def choose(self, scores: torch.Tensor, candidates: torch.Tensor, accepted: torch.Tensor, tokens: torch.Tensor, verifier: Verifier | None) -> torch.Tensor:
+        """``[S]`` particle per sample, from ``scores [S, P]``, ``candidates [S, P]``, the
+        verifier's ``accepted [S, P]`` and the particles' generation regions ``[S, P, n]``."""
+
+
+def best_of(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """The best-scoring allowed particle (the first on ties)."""
+    return torch.where(allowed, scores, -math.inf).argmax(dim=1)
+
+
+@attrs.define
+class BestScore:
+    needs_verifier: bool = attrs.field(default=False, init=False)
+
+    def choose(self, scores: torch.Tensor, candidates: torch.Tensor, accepted: torch.Tensor, tokens: torch.Tensor, verifier: Verifier | None) -> torch.Tensor:
+        return best_of(scores, candidates)
+
+
+@attrs.define
+class Verified:
+    """An accepted particle if there is one (the best-scoring such), else the best score."""
+
+    needs_verifier: bool = attrs.field(default=True, init=False)
+
+    def choose(self, scores: torch.Tensor, candidates: torch.Tensor, accepted: torch.Tensor, tokens: torch.Tensor, verifier: Verifier | None) -> torch.Tensor:
+        good = candidates & accepted
+        return best_of(scores, torch.where(good.any(dim=1, keepdim=True), good, candidates))
+
+
+@attrs.define
+class MajorityVote:
+    """The answer stated by most candidates (ties: the one with the best-scoring particle)."""
+
+    needs_verifier: bool = attrs.field(default=True, init=False)
+
+    def choose(self, scores: torch.Tensor, candidates: torch.Tensor, accepted: torch.Tensor, tokens: torch.Tensor, verifier: Verifier | None) -> torch.Tensor:
+        assert verifier is not None
+        samples, size = scores.shape
+        chosen = best_of(scores, candidates)
+        for s in range(samples):
+            members = candidates[s].nonzero().squeeze(1)
+            answers = verifier.answers(torch.full((len(members),), s), tokens[s, members])
+            votes = Counter(a for a in answers if a is not None)
+            if not votes:
+                continue
+            top = max(votes.values())
+            winners = {a for a, n in votes.items() if n == top}
+            allowed = torch.zeros(size, dtype=torch.bool)
+            allowed[members[[a in winners for a in answers]]] = True
+            chosen[s] = best_of(scores[s : s + 1], allowed[None])[0]
+        return chosen

@@ -1,0 +1,175 @@
+"""Decoding state as flat tensors with a leading row dimension.
+
+A row is one canvas: a sample's root state or one hypothesis of a lookahead. Prompts are
+left-padded so that the generation region starts at the same column in every row, and block
+arithmetic is the same for all rows. Updates return new objects; nothing is written in place.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from dlmsearch.search.rows import map_rows, put_rows, take_rows
+
+
+@attrs.frozen
+class Layout:
+    """Where the generation region and its blocks sit in the canvas columns."""
+
+    gen_start: int
+    gen_length: int
+    block_length: int
+
+    def __attrs_post_init__(self) -> None:
+        if self.gen_length <= 0 or self.block_length <= 0:
+            raise ValueError(f"gen_length ({self.gen_length}) and block_length ({self.block_length}) must be positive")
+        if self.gen_length % self.block_length:
+            raise ValueError(f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def width(self) -> int:
+        return self.gen_start + self.gen_length
+
+    def block_of_column(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Block index of each column; ``-1`` for prompt columns."""
+        columns = torch.arange(self.width, device=device) - self.gen_start
+        return torch.where(columns >= 0, columns // self.block_length, -1)
+
+    def block_start(self, block: torch.Tensor) -> torch.Tensor:
+        """First column of each row's block."""
+        return self.gen_start + block * self.block_length
+
+
+@attrs.frozen
+class Canvas:
+    """Rows of canvases plus the record of how each position was committed.
+
+    ``commit_call`` is the sample's model-call count when the position was committed (``-1``
+    for prompt tokens, pre-filled tokens and masks); depth and branch say which lookahead
+    produced it (depth 0 = the base commit rule on the root).
+    """
+
+    tokens: torch.Tensor  # [R, T] long
+    attention: torch.Tensor  # [R, T] bool, False on left padding
+    masked: torch.Tensor  # [R, T] bool, True where the generation region still holds the mask
+    block: torch.Tensor  # [R] long, the current block
+    block_step: torch.Tensor  # [R] long, commits made in the current block
+    commit_call: torch.Tensor  # [R, T] long
+    commit_confidence: torch.Tensor  # [R, T] float
+    commit_depth: torch.Tensor  # [R, T] long
+    commit_branch: torch.Tensor  # [R, T] long
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.shape[0]
+
+    def take(self, index: torch.Tensor) -> "Canvas":
+        """The rows at ``index`` (a long index or a bool mask)."""
+        return take_rows(self, index)
+
+    def put(self, index: torch.Tensor, other: "Canvas") -> "Canvas":
+        """A copy with the rows at ``index`` replaced by ``other``."""
+        return put_rows(self, index, other)
+
+    def repeat(self, times: int) -> "Canvas":
+        """Each row repeated ``times`` times, consecutively (row-major ``[rows, times]``)."""
+        return map_rows(self, lambda tensor: tensor.repeat_interleave(times, dim=0))
+
+    def unlocked(self, layout: Layout) -> torch.Tensor:
+        """``[R, T]`` columns of blocks ``0..block`` (the prompt excluded)."""
+        blocks = layout.block_of_column(self.tokens.device)
+        return (blocks[None, :] >= 0) & (blocks[None, :] <= self.block[:, None])
+
+    def window(self, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        """First and end column of the blocks being decoded: from the earliest block that still
+        holds a mask (fast block diffusion may leave some behind) to the end of the current one."""
+        blocks = layout.block_of_column(self.tokens.device)
+        pending = torch.where(self.masked, blocks[None, :], layout.num_blocks).min(dim=1).values
+        earliest = torch.minimum(pending, self.block)
+        return layout.block_start(earliest), layout.block_start(self.block + 1)
+
+    def in_current_block(self, layout: Layout) -> torch.Tensor:
+        """``[R, T]`` columns of each row's current block."""
+        return layout.block_of_column(self.tokens.device)[None, :] == self.block[:, None]
+
+    def commit(
+        self,
+        chosen: torch.Tensor,
+        proposal: torch.Tensor,
+        confidence: torch.Tensor,
+        call: torch.Tensor,
+        depth: int | torch.Tensor,
+        branch: int | torch.Tensor,
+        layout: Layout,
+        block_budget: int | None,
+    ) -> "Canvas":
+        """Write ``proposal`` where ``chosen`` (masked positions only), then advance blocks.
+
+        A row moves to its next block when its current block has no mask left, or when it has
+        used ``block_budget`` commits there (fast block diffusion); the last block never moves.
+        """
+        chosen = chosen & self.masked
+        depth = torch.as_tensor(depth, device=chosen.device).expand(self.rows)
+        branch = torch.as_tensor(branch, device=chosen.device).expand(self.rows)
+        canvas = Canvas(
+            tokens=torch.where(chosen, proposal, self.tokens),
+            attention=self.attention,
+            masked=self.masked & ~chosen,
+            block=self.block,
+            block_step=self.block_step + 1,
+            commit_call=torch.where(chosen, call[:, None], self.commit_call),
+            commit_confidence=torch.where(chosen, confidence, self.commit_confidence),
+            commit_depth=torch.where(chosen, depth[:, None], self.commit_depth),
+            commit_branch=torch.where(chosen, branch[:, None], self.commit_branch),
+        )
+        return canvas.advance_blocks(layout, block_budget)
+
+    def advance_blocks(self, layout: Layout, block_budget: int | None) -> "Canvas":
+        """Move rows past full blocks (and past spent budgets)."""
+        block, block_step = self.block, self.block_step
+        blocks = layout.block_of_column(self.tokens.device)
+        for _ in range(layout.num_blocks):
+            remaining = (self.masked & (blocks[None, :] == block[:, None])).sum(dim=1)
+            spent = block_step >= block_budget if block_budget is not None else torch.zeros_like(remaining, dtype=torch.bool)
+            move = ((remaining == 0) | spent) & (block < layout.num_blocks - 1)
+            if not bool(move.any()):
+                break
+            block = block + move.long()
+            block_step = torch.where(move, 0, block_step)
+        return attrs.evolve(self, block=block, block_step=block_step)
+
+
+def initial_canvas(prompts: list[torch.Tensor], generation: list[torch.Tensor], layout: Layout, mask_id: int, pad_id: int) -> Canvas:
+    """Left-pad prompts to ``layout.gen_start`` and append each row's generation region.
+
+    ``generation`` rows hold ``mask_id`` where the decoder must fill in and fixed tokens
+    elsewhere (Sudoku clues); fixed tokens are never changed.
+    """
+    rows = len(prompts)
+    tokens = torch.full((rows, layout.width), pad_id, dtype=torch.long)
+    attention = torch.zeros((rows, layout.width), dtype=torch.bool)
+    for row, (prompt, gen) in enumerate(zip(prompts, generation)):
+        start = layout.gen_start - len(prompt)
+        tokens[row, start : layout.gen_start] = prompt
+        tokens[row, layout.gen_start :] = gen
+        attention[row, start:] = True
+    masked = torch.zeros_like(attention)
+    masked[:, layout.gen_start :] = tokens[:, layout.gen_start :] == mask_id
+    zeros = torch.zeros(rows, dtype=torch.long)
+    canvas = Canvas(
+        tokens=tokens,
+        attention=attention,
+        masked=masked,
+        block=zeros,
+        block_step=zeros,
+        commit_call=torch.full_like(tokens, -1),
+        commit_confidence=torch.zeros(tokens.shape),
+        commit_depth=torch.full_like(tokens, -1),
+        commit_branch=torch.full_like(tokens, -1),
+    )
+    return canvas.advance_blocks(layout, None)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Build the wheel, install it (not editable) into a fresh virtual environment, and run the default
+# job on a few puzzles from another directory: the package must carry its configs and data.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" .
+python3 -m venv "$work/venv"
+"$work/venv/bin/python" -m pip install --quiet --upgrade pip
+"$work/venv/bin/python" -m pip install --quiet "torch==2.13.0"
+wheel=$(ls "$work"/dist/dlmsearch-*.whl)
+"$work/venv/bin/python" -m pip install --quiet "$wheel"
+cd "$work"
+"$work/venv/bin/python" -m dlmsearch +decoder=adalook task.limit=4 batch_size=4 out_dir="$work/run" | tee "$work/out.txt"
+grep -q "adalook on sudoku: 4 items" "$work/out.txt"
+# the text default run needs the tokenizer library (the hf extra): the shipped Countdown model
+"$work/venv/bin/python" -m pip install --quiet "$wheel[hf]"
+"$work/venv/bin/python" -m dlmsearch +decoder=adalook model=countdown task=countdown task.limit=4 out_dir="$work/text" | tee "$work/text.txt"
+grep -q "adalook on countdown: 4 items" "$work/text.txt"
+echo "wheel check passed: $(ls "$work"/dist)"
