@@ -35,16 +35,17 @@ from dlmsearch.tasks.countdown import TIERS, CountdownTask, load_countdown, ship
 from dlmsearch.tasks.countdown_problems import Problem, draw_problem, solutions
 from dlmsearch.training import checkpoint_accuracy, learning_rate, progress, trim_log
 
-# LLaDA's special tokens, at small ids just above the byte vocabulary.
-SPECIALS = {"<|startoftext|>": 300, "<|endoftext|>": 301, "<|mdm_mask|>": 302, "<|start_header_id|>": 303, "<|end_header_id|>": 304, "<|eot_id|>": 305}
-VOCAB_SIZE = 320
+# LLaDA's special tokens, at small ids just above the byte vocabulary and the whole numbers.
+SPECIALS = {"<|startoftext|>": 1400, "<|endoftext|>": 1401, "<|mdm_mask|>": 1402, "<|start_header_id|>": 1403, "<|end_header_id|>": 1404, "<|eot_id|>": 1405}
+VOCAB_SIZE = 1408
+NUMBER_DIGITS = 3  # 0-999 are one token each: copying a number and each step's arithmetic are one token
 WORDS = ("Make", "from", "user", "assistant", "\u010a\u010a")  # "\u010a\u010a": byte-level "\n\n"
 MASK_ID, EOS_ID, EOT_ID = SPECIALS["<|mdm_mask|>"], SPECIALS["<|endoftext|>"], SPECIALS["<|eot_id|>"]
 
 
 def write_countdown_tokenizer(directory: Path) -> None:
-    """The model's tokenizer: bytes, a few whole words, LLaDA's specials and chat template."""
-    save_tokenizer(directory, byte_level_bpe(SPECIALS, WORDS), bos="<|startoftext|>", eos="<|endoftext|>", pad="<|endoftext|>",
+    """The model's tokenizer: bytes, whole numbers below 1000, a few whole words, LLaDA's specials and chat template."""
+    save_tokenizer(directory, byte_level_bpe(SPECIALS, WORDS, number_digits=NUMBER_DIGITS), bos="<|startoftext|>", eos="<|endoftext|>", pad="<|endoftext|>",
                    mask="<|mdm_mask|>", chat_template=LLADA_CHAT_TEMPLATE)
 
 

@@ -136,7 +136,7 @@ def test_train_countdown_checkpoints_resumes_and_writes_a_llada_checkpoint(tmp_p
     assert "resumed from" in resumed and "at step 12" in resumed
     assert [json.loads(line)["step"] for line in (out / "loss.jsonl").read_text().splitlines()] == list(range(1, 16))
     config = json.loads((out / "model" / "config.json").read_text())
-    assert config["model_type"] == "llada" and config["mask_token_id"] == 302 and config["n_layers"] == 1
-    adapter = load_text_model(str(out / "model"), "llada", 302, 320, [301, 305], device="cpu", dtype="float32")
+    assert config["model_type"] == "llada" and config["mask_token_id"] == 1402 and config["n_layers"] == 1
+    adapter = load_text_model(str(out / "model"), "llada", 1402, 1408, [1401, 1405], device="cpu", dtype="float32")
     state = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.equal(adapter.module.state_dict()[k], v) for k, v in state.items())

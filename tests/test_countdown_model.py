@@ -40,7 +40,7 @@ def model() -> Model:
 def test_checkpoint_is_in_llada_format() -> None:
     config = json.loads((SHIPPED / "config.json").read_text())
     assert config["model_type"] == "llada" and config["architectures"] == ["LLaDAModelLM"]
-    assert config["mask_token_id"] == 302 and config["embedding_size"] == config["vocab_size"] == 320
+    assert config["mask_token_id"] == 1402 and config["embedding_size"] == config["vocab_size"] == 1408
     from safetensors import safe_open
 
     with safe_open(str(SHIPPED / "model.safetensors"), framework="pt") as weights:
@@ -54,7 +54,7 @@ def test_tokenizer_and_chat_template_round_trip() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(SHIPPED), local_files_only=True)  # no remote code
-    assert tokenizer.mask_token_id == 302 and tokenizer.eos_token_id == 301 and tokenizer.convert_tokens_to_ids("<|eot_id|>") == 305
+    assert tokenizer.mask_token_id == 1402 and tokenizer.eos_token_id == 1401 and tokenizer.convert_tokens_to_ids("<|eot_id|>") == 1405
     text = tokenizer.apply_chat_template([{"role": "user", "content": "Make 42 from 14, 6, 18."}], add_generation_prompt=True, tokenize=False)
     assert text == ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nMake 42 from 14, 6, 18.<|eot_id|>"
                     "<|start_header_id|>assistant<|end_header_id|>\n\n")
@@ -65,11 +65,11 @@ def test_tokenizer_and_chat_template_round_trip() -> None:
 
 def test_stop_ids_cut_the_answer() -> None:
     task = build(compose(["model=countdown", "task=countdown", "task.limit=1"]), "task")
-    assert task.gen_length == 32 and task.block_length == 8 and task.tier == "small" and task.stop_ids == (301, 305)
+    assert task.gen_length == 16 and task.block_length == 8 and task.tier == "small" and task.stop_ids == (1401, 1405)
     item = task.items()[0]
     answer = "18-14=4,4*6=24"  # wrong for 42 but a clean cut
     ids = task._tokenizer(answer, add_special_tokens=False)["input_ids"]
-    tokens = torch.tensor(ids + [305] + [301] * (32 - len(ids) - 1))
+    tokens = torch.tensor(ids + [1405] + [1401] * (16 - len(ids) - 1))
     assert task.decode(tokens) == answer
     assert task.details(item, tokens) == {"equation": "(18-14)*6", "value": "24", "why_wrong": "uses 18, 14, 6, not each of 14, 6, 18 once"}
 
@@ -77,17 +77,17 @@ def test_stop_ids_cut_the_answer() -> None:
 def test_llada_solves_known_problems(model: Model) -> None:
     """The first 16 problems of the small tier, greedy: the ones the shipped model solves (measured once)."""
     problems = SMALL[:16]
-    generations = Decoder.from_preset("llada").generate(model, [prompt(p) for p in problems], gen_length=32, block_length=8, batch_size=16)
+    generations = Decoder.from_preset("llada").generate(model, [prompt(p) for p in problems], gen_length=16, block_length=8, batch_size=16)
     found = solved([g.text for g in generations], problems)
     assert sum(found) >= 8, [g.text for g in generations]
-    assert all(g.steps == 32 and g.row_forwards == 32 for g in generations)
+    assert all(g.steps == 16 and g.row_forwards == 16 for g in generations)
 
 
 def test_prefix_and_dual_caches_decode(model: Model) -> None:
     problems = SMALL[:8]
     computed = {}
     for cache in ("none", "prefix", "dual"):
-        generations = Decoder.from_preset("fast_dllm").generate(model, [prompt(p) for p in problems], gen_length=32, block_length=8, cache=cache)
+        generations = Decoder.from_preset("fast_dllm").generate(model, [prompt(p) for p in problems], gen_length=16, block_length=8, cache=cache)
         texts = [g.text for g in generations]
         assert sum(solved(texts, problems)) >= 3, (cache, texts)
         computed[cache] = sum(g.token_forwards for g in generations)
@@ -99,7 +99,7 @@ def test_python_api_matches_the_cli(model: Model, tmp_path: Path) -> None:
 
     run(compose(["+decoder=adalook", "model=countdown", "model.device=cpu", "task=countdown", "task.limit=4", f"out_dir={tmp_path}"]))
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    generations = Decoder.from_preset("adalook").generate(model, [prompt(p) for p in SMALL[:4]], gen_length=32, block_length=8)
+    generations = Decoder.from_preset("adalook").generate(model, [prompt(p) for p in SMALL[:4]], gen_length=16, block_length=8)
     assert [g.text for g in generations] == [r["output"] for r in records]
     assert [g.steps for g in generations] == [r["steps"] for r in records]
     assert [r["correct"] for r in records] == solved([g.text for g in generations], SMALL[:4])
@@ -134,10 +134,10 @@ def test_lm_eval_generate_until_on_a_local_countdown_task(monkeypatch: pytest.Mo
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.chdir(data)
     monkeypatch.syspath_prepend(str(data))
-    lm = DLMSearchLM.create_from_arg_string("family=countdown,decoder=llada,gen_length=32,block_length=8,batch_size=4,device=cpu", {})
+    lm = DLMSearchLM.create_from_arg_string("family=countdown,decoder=llada,gen_length=16,block_length=8,batch_size=4,device=cpu", {})
     results = lm_eval.simple_evaluate(model=lm, tasks=["dlmsearch_countdown_small4"], task_manager=TaskManager(include_path=str(data), include_defaults=False), log_samples=True)
     samples = results["samples"]["dlmsearch_countdown_small4"]
     texts = [s["resps"][0][0] for s in samples]
-    direct = Decoder.from_preset("llada").generate(lm.model, [prompt(p) for p in SMALL[:4]], gen_length=32, block_length=8)
+    direct = Decoder.from_preset("llada").generate(lm.model, [prompt(p) for p in SMALL[:4]], gen_length=16, block_length=8)
     assert texts == [g.text for g in direct]
     assert results["results"]["dlmsearch_countdown_small4"]["solved,none"] == pytest.approx(sum(solved(texts, SMALL[:4])) / 4)

@@ -10,7 +10,8 @@ from torch import nn
 
 from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.engine import RolloutEngine, hashed_uniform
+from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.randomness import hashed_uniform
 
 
 class CountingModule(nn.Module):

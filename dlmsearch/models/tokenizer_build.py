@@ -18,10 +18,19 @@ from tokenizers.pre_tokenizers import ByteLevel
 SPACE = "\u0120"  # byte-level BPE's symbol for a space
 
 
-def byte_level_bpe(specials: dict[str, int], words: tuple[str, ...] | list[str], spaced_words: bool = True) -> Tokenizer:
-    """256 byte symbols, merges spelling out ``words`` (also after a space, when ``spaced_words``), ``specials`` at their ids."""
+def byte_level_bpe(specials: dict[str, int], words: tuple[str, ...] | list[str], spaced_words: bool = True, number_digits: int = 1) -> Tokenizer:
+    """256 byte symbols, merges spelling out ``words`` (also after a space, when ``spaced_words``), ``specials`` at their ids.
+
+    ``number_digits`` > 1: every string of up to that many digits is one token (merges for
+    every split of it, so whichever pair merges first the whole number ends as one token).
+    """
     vocab = {symbol: i for i, symbol in enumerate(sorted(ByteLevel.alphabet()))}
     merges: list[tuple[str, str]] = []
+    for length in range(2, number_digits + 1):
+        for value in range(10**length):
+            digits = f"{value:0{length}d}"
+            vocab[digits] = len(vocab)
+            merges += [(digits[:cut], digits[cut:]) for cut in range(1, length)]
     # Words after a space first, so their merges take precedence.
     for spelled in ([SPACE + word for word in words] if spaced_words else []) + list(words):
         current = spelled[0]

@@ -13,8 +13,7 @@ from typing import ClassVar, Protocol
 import attrs
 import torch
 
-from dlmsearch.search.engine import Evaluation
-from dlmsearch.search.state import Canvas, Layout
+from dlmsearch.search.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, number
 
 ORDERINGS = ("confidence", "margin", "neg_entropy", "random")

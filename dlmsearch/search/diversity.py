@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import torch
 
-from dlmsearch.search.engine import Evaluation
-from dlmsearch.search.state import Canvas, Layout
+from dlmsearch.search.randomness import Stream
+from dlmsearch.search.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_type, number
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class OrderTemperature(NoDiversity):
         noisy = particles.particle[slots] > 0 if self.keep_greedy else torch.ones(len(slots), dtype=torch.bool)
         if self.temperature == 0 or not bool(noisy.any()):
             return evaluation
-        uniform = particles.draw(slots, call, layout, salt=2).clamp(1e-12, 1 - 1e-7)
+        uniform = particles.draw(slots, call, layout, Stream.ORDER_NOISE).clamp(1e-12, 1 - 1e-7)
         gumbel = -torch.log(-torch.log(uniform))
         return attrs.evolve(evaluation, order_noise=torch.where(noisy[:, None], self.temperature * gumbel, 0.0))
 

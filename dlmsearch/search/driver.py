@@ -25,14 +25,14 @@ import torch
 
 from dlmsearch.search.candidates import CandidateGenerator
 from dlmsearch.search.commit import CommitRule
-from dlmsearch.search.engine import Evaluation, RolloutEngine
+from dlmsearch.search.engine import RolloutEngine
 from dlmsearch.search.expansion import ExpansionPolicy
 from dlmsearch.search.population import Particles, Population
 from dlmsearch.search.scorers import Scorer
 from dlmsearch.search.selectors import Selector
-from dlmsearch.search.state import Canvas, Layout, initial_canvas
+from dlmsearch.search.state import Canvas, Evaluation, Layout, initial_canvas
 from dlmsearch.search.triggers import NeverTrigger, Trigger
-from dlmsearch.tasks.base import Verifier
+from dlmsearch.search.verifier import Verifier
 
 BRANCH_KEYS = 1 << 16  # a row's randomness key: particle * BRANCH_KEYS + (0 for the root, 1 + branch)
 RECHECK_KEY = BRANCH_KEYS - 1  # the rows of a population's final re-check by the model

@@ -21,40 +21,11 @@ import torch
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.kv_cache import MODES, KVCache
-from dlmsearch.search.rows import put_rows, take_rows
+from dlmsearch.search.randomness import Stream, hashed_uniform
+from dlmsearch.search.state import Evaluation
 from dlmsearch.validation import check_choice, check_type, number
 
 STATISTICS = ("margin", "entropy")
-
-
-@attrs.frozen
-class Evaluation:
-    """Per-position summaries of one forward: proposal, its probability, optional extras."""
-
-    token: torch.Tensor  # [R, T] long: argmax (or a sample) with the mask id excluded
-    confidence: torch.Tensor  # [R, T] float: probability of ``token`` at temperature 1
-    uniform: torch.Tensor  # [R, T] float: a seeded uniform draw, for random orderings
-    margin: torch.Tensor | None = None  # [R, T] top-1 minus top-2 probability
-    entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution
-    order_noise: torch.Tensor | None = None  # [R, T] added to the commit order's scores (a population's particles diverge)
-
-    def take(self, index: torch.Tensor) -> "Evaluation":
-        return take_rows(self, index)
-
-    def put(self, index: torch.Tensor, other: "Evaluation") -> "Evaluation":
-        """A copy with the rows at ``index`` replaced by ``other``."""
-        return put_rows(self, index, other)
-
-    @staticmethod
-    def empty(rows: int, width: int, statistics: frozenset[str]) -> "Evaluation":
-        zeros = torch.zeros(rows, width)
-        return Evaluation(
-            token=torch.zeros(rows, width, dtype=torch.long),
-            confidence=zeros,
-            uniform=zeros,
-            margin=zeros if "margin" in statistics else None,
-            entropy=zeros if "entropy" in statistics else None,
-        )
 
 
 @attrs.frozen
@@ -79,24 +50,6 @@ def _out_of_memory(error: BaseException) -> bool:
     return isinstance(error, _OUT_OF_MEMORY) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def _to_signed(value: int) -> int:
-    value &= _MASK64
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-_GOLDEN = _to_signed(0x9E3779B97F4A7C15)
-_MIX1 = _to_signed(0xBF58476D1CE4E5B9)
-_MIX2 = _to_signed(0x94D049BB133111EB)
-
-
-def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch shifts signed values arithmetically)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
-
-
 def _merged(tokens: torch.Tensor, group: torch.Tensor) -> torch.Tensor | None:
     """For every row, the first row of its group with the same tokens (None when no row repeats another)."""
     rows = len(tokens)
@@ -117,22 +70,6 @@ def _within(index: torch.Tensor, copy_of: torch.Tensor | None) -> torch.Tensor:
     original = copy_of[index]
     position = torch.searchsorted(index, original).clamp(max=len(index) - 1)
     return torch.where(index[position] == original, position, own)
-
-
-def hashed_uniform(keys: list[torch.Tensor]) -> torch.Tensor:
-    """Uniform [0, 1) numbers from a splitmix64 hash of integer keys (broadcast together).
-
-    Counter-based randomness: a draw depends only on its keys (seed, sample, call, row,
-    position), never on what else is in the batch, so sampling is batch-invariant.
-    """
-    x = torch.zeros((), dtype=torch.long)
-    for key in keys:
-        x = x * _GOLDEN + key.long() + 0x632BE5AB
-        x = x + _GOLDEN
-        x = (x ^ _shift_right(x, 30)) * _MIX1
-        x = (x ^ _shift_right(x, 27)) * _MIX2
-        x = x ^ _shift_right(x, 31)
-    return _shift_right(x, 11).double().mul_(2.0**-53).float()
 
 
 @attrs.define(eq=False)
@@ -225,7 +162,7 @@ class RolloutEngine:
         if temperature is None and self.temperature > 0:
             temperature = torch.full((len(sample),), self.temperature)
         sampled = temperature is not None and bool((temperature > 0).any())
-        draw = hashed_uniform(keys + [torch.tensor(1)]) if sampled else uniform
+        draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else uniform
         rows, width = tokens.shape
         out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}
         out.update({name: torch.zeros(rows, width) for name in statistics})

@@ -8,8 +8,7 @@ from typing import Protocol
 import attrs
 import torch
 
-from dlmsearch.search.engine import Evaluation
-from dlmsearch.search.state import Canvas, Layout
+from dlmsearch.search.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, check_type, number
 
 

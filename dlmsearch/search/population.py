@@ -18,12 +18,12 @@ import attrs
 import torch
 
 from dlmsearch.search.diversity import Diversity, NoDiversity
-from dlmsearch.search.engine import Evaluation, hashed_uniform
+from dlmsearch.search.randomness import Stream, hashed_uniform
 from dlmsearch.search.final_choice import BestScore, FinalChoice
 from dlmsearch.search.particle_scores import ParticleView, WeightedSum
 from dlmsearch.search.resampling import NoResampling, Resampling
-from dlmsearch.search.state import Canvas, Layout
-from dlmsearch.tasks.base import Verifier
+from dlmsearch.search.state import Canvas, Evaluation, Layout
+from dlmsearch.search.verifier import Verifier
 from dlmsearch.validation import check_type, number
 
 
@@ -69,11 +69,11 @@ class Particles:
         """``[slots]`` particles that may still decode."""
         return self.alive & ~self.stopped[self.owner]
 
-    def draw(self, slots: torch.Tensor, call: torch.Tensor, layout: Layout, salt: int) -> torch.Tensor:
+    def draw(self, slots: torch.Tensor, call: torch.Tensor, layout: Layout, stream: Stream) -> torch.Tensor:
         """``[R, width]`` seeded uniforms keyed by (seed, sample, call, particle, generation
-        position, salt): the same whatever the batch's padding."""
+        position, stream): the same whatever the batch's padding."""
         position = torch.arange(layout.width) - layout.gen_start
-        keys = [torch.tensor(self.seed), self.uid[slots, None], call[:, None], self.particle[slots, None], position[None, :], torch.tensor(salt)]
+        keys = [torch.tensor(self.seed), self.uid[slots, None], call[:, None], self.particle[slots, None], position[None, :], torch.tensor(stream)]
         return hashed_uniform(keys)
 
     def adopt(self, source: torch.Tensor, resampled: torch.Tensor) -> None:
@@ -193,7 +193,7 @@ class Population:
         scores = self.score(self.view(canvas, particles, layout, verifier))
         candidates = particles.alive & ~particles.stopped[particles.owner]
         busy = (candidates & open_).view(samples, size).any(dim=1)  # resample only where something still decodes
-        uniform = hashed_uniform([torch.tensor(particles.seed), particles.uid.view(samples, size)[:, 0], torch.tensor(round_index), torch.tensor(3)])
+        uniform = hashed_uniform([torch.tensor(particles.seed), particles.uid.view(samples, size)[:, 0], torch.tensor(round_index), torch.tensor(Stream.RESAMPLING)])
         source = self.resampling.sources(
             scores.view(samples, size), particles.base_score.view(samples, size), (candidates.view(samples, size) & busy[:, None]),
             tokens.view(samples, size, -1), uniform,

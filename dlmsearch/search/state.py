@@ -14,6 +14,36 @@ from dlmsearch.search.rows import map_rows, put_rows, take_rows
 
 
 @attrs.frozen
+class Evaluation:
+    """Per-position summaries of one forward: proposal, its probability, optional extras."""
+
+    token: torch.Tensor  # [R, T] long: argmax (or a sample) with the mask id excluded
+    confidence: torch.Tensor  # [R, T] float: probability of ``token`` at temperature 1
+    uniform: torch.Tensor  # [R, T] float: a seeded uniform draw, for random orderings
+    margin: torch.Tensor | None = None  # [R, T] top-1 minus top-2 probability
+    entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution
+    order_noise: torch.Tensor | None = None  # [R, T] added to the commit order's scores (a population's particles diverge)
+
+    def take(self, index: torch.Tensor) -> "Evaluation":
+        return take_rows(self, index)
+
+    def put(self, index: torch.Tensor, other: "Evaluation") -> "Evaluation":
+        """A copy with the rows at ``index`` replaced by ``other``."""
+        return put_rows(self, index, other)
+
+    @staticmethod
+    def empty(rows: int, width: int, statistics: frozenset[str]) -> "Evaluation":
+        zeros = torch.zeros(rows, width)
+        return Evaluation(
+            token=torch.zeros(rows, width, dtype=torch.long),
+            confidence=zeros,
+            uniform=zeros,
+            margin=zeros if "margin" in statistics else None,
+            entropy=zeros if "entropy" in statistics else None,
+        )
+
+
+@attrs.frozen
 class Layout:
     """Where the generation region and its blocks sit in the canvas columns."""
 

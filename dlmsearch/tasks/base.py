@@ -7,6 +7,8 @@ from typing import Any, Protocol
 import attrs
 import torch
 
+from dlmsearch.search.verifier import Verifier
+
 
 @attrs.frozen
 class TaskItem:
@@ -18,26 +20,6 @@ class TaskItem:
     generation: torch.Tensor
     reference: Any = None
     question: Any = None
-
-
-class Verifier(Protocol):
-    """A task's check of outputs, built from the questions of a batch only (indexed by ``sample``).
-
-    ``consistent`` tells whether a partial output can still be right (False ends a particle);
-    ``accepts`` whether a complete output passes the task's own check (False where the task
-    cannot tell); ``answers`` the extracted answer per output, for majority votes.
-    """
-
-    checks_partial: bool
-
-    def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-        """``[R]`` bool for generation regions ``tokens [R, n]`` with ``masked`` positions still open."""
-
-    def accepts(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """``[R]`` bool for complete generation regions."""
-
-    def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
-        """The answer each complete generation region states (None: none found)."""
 
 
 class Task(Protocol):
