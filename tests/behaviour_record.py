@@ -1,0 +1,78 @@
+"""A record of what every preset decodes, to show that a change of structure changes nothing.
+
+For every decoder preset: the first puzzles of both shipped Sudoku tiers with the shipped model,
+and mixed-length prompts with sharp random text models of both families (no cache, and the
+prefix and dual caches for the threshold and lookahead presets). Each item is recorded as a
+digest of its tokens and commit record (call, depth, branch) and its counters (steps,
+row-forwards, token-forwards). ``tests/test_behaviour.py`` compares a fresh record with the one
+committed in ``tests/data/behaviour.json``; after a change that is *meant* to alter decoding,
+write it again and say why in the commit:
+
+    python tests/behaviour_record.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conftest import NoRepeatVerifier, make_requests, text_decoder  # noqa: E402
+from dlmsearch.config import build, compose, decoder_presets  # noqa: E402
+from dlmsearch.models.loading import load_denoiser  # noqa: E402
+from dlmsearch.search.driver import DecodeRequest  # noqa: E402
+from dlmsearch.search.engine import RolloutEngine  # noqa: E402
+from dlmsearch.tasks.sudoku import SudokuTask  # noqa: E402
+from test_text_batching import GEN, adapter_for  # noqa: E402
+
+RECORD = Path(__file__).resolve().parent / "data" / "behaviour.json"
+PUZZLES = 6
+CACHED = ("fast_dllm", "adalook", "best_of_n")
+
+
+def digest(result) -> list:
+    parts = [result.tokens, result.commit_call, result.commit_depth, result.commit_branch]
+    text = ";".join(",".join(str(int(v)) for v in t.tolist()) for t in parts)
+    return [hashlib.sha1(text.encode()).hexdigest()[:16], result.steps, result.row_forwards, result.token_forwards]
+
+
+def record() -> dict[str, list]:
+    torch.set_num_threads(1)
+    out: dict[str, list] = {}
+    sudoku = load_denoiser(None, 9, 10)
+    for tier in ("easy", "hard"):
+        task = SudokuTask(tier=tier, limit=PUZZLES)
+        items = task.items()
+        requests = [DecodeRequest(uid=u, prompt=i.prompt, generation=i.generation) for u, i in enumerate(items)]
+        verifier = task.verifier([i.question for i in items])
+        for preset in decoder_presets():
+            decoder = build(compose([f"+decoder={preset}"]), "decoder")
+            results = decoder.decode(RolloutEngine(adapter=sudoku), requests, task.block_length, verifier=verifier)
+            out[f"sudoku/{tier}/{preset}"] = [digest(r) for r in results]
+    for family in ("llada", "dream"):
+        adapter = adapter_for(family, True)
+        requests = make_requests([3, 0, 5, 2], GEN, seed=1, fixed=2)
+        for preset in decoder_presets():
+            for cache in ("none", "prefix", "dual") if preset in CACHED else ("none",):
+                engine = RolloutEngine(adapter=adapter, cache=cache)
+                results = text_decoder(preset, gen_length=GEN).decode(engine, requests, 8, verifier=NoRepeatVerifier())
+                out[f"text/{family}/{preset}/{cache}"] = [digest(r) for r in results]
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--write", action="store_true", help=f"write {RECORD}")
+    args = parser.parse_args()
+    found = record()
+    if args.write:
+        RECORD.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {len(found)} entries to {RECORD}")
+    else:
+        print(json.dumps(found, indent=1, sort_keys=True))
