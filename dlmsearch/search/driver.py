@@ -27,6 +27,7 @@ from dlmsearch.search.candidates import CandidateGenerator
 from dlmsearch.search.commit import CommitRule
 from dlmsearch.search.engine import RolloutEngine
 from dlmsearch.search.expansion import ExpansionPolicy
+from dlmsearch.search.lookahead import Lookahead
 from dlmsearch.search.population import Particles, Population
 from dlmsearch.search.scorers import Scorer
 from dlmsearch.search.selectors import Selector
@@ -95,6 +96,7 @@ class SearchDecoder:
         on_round: Callable[[Canvas, torch.Tensor | None], None] | None = None,
         deadline_s: float | None = None,
         verifier: Verifier | None = None,
+        on_lookahead: Callable[[Lookahead], None] | None = None,
     ) -> list[DecodeResult]:
         """Decode a batch; each sample's result is independent of the others in the batch.
 
@@ -102,7 +104,8 @@ class SearchDecoder:
         previous round's canvases each continues from (None: its own), for traces and tests.
         Past ``deadline_s`` seconds, samples still decoding stop exploring and finish with the
         base commit rule alone (their results say so). ``verifier`` is the task's check of the
-        batch's outputs, for populations that use one.
+        batch's outputs, for populations that use one. ``on_lookahead`` sees every level of every
+        lookahead (:class:`~dlmsearch.search.lookahead.Lookahead`: depth, live branches, scores).
         """
         started = time.monotonic()
         if not requests:
@@ -149,7 +152,7 @@ class SearchDecoder:
             if explored.numel():
                 # Explore: adopt the selected branch with the evaluation it already has. Unless
                 # the selector asks for a fresh lookahead from it, exploit that evaluation at once.
-                adopted, adopted_eval, restart = self._lookahead(engine, particles, root.take(explore), evaluation.take(explore), explored, layout)
+                adopted, adopted_eval, restart = self._lookahead(engine, particles, root.take(explore), evaluation.take(explore), explored, layout, on_lookahead)
                 at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
                 root, evaluation = root.put(at, adopted), evaluation.put(at, adopted_eval)
                 canvas = canvas.put(explored, adopted)
@@ -194,68 +197,94 @@ class SearchDecoder:
         )
 
     def _lookahead(
-        self, engine: RolloutEngine, particles: Particles, root: Canvas, evaluation: Evaluation, sample: torch.Tensor, layout: Layout
+        self,
+        engine: RolloutEngine,
+        particles: Particles,
+        root: Canvas,
+        evaluation: Evaluation,
+        slots: torch.Tensor,
+        layout: Layout,
+        on_lookahead: Callable[[Lookahead], None] | None,
     ) -> tuple[Canvas, Evaluation, torch.Tensor]:
-        """Roll hypotheses of all exploring slots level by level (``sample``: their slots).
+        """Roll hypotheses of all exploring slots level by level; the adopted branches, their
+        evaluations, and ``[S]`` restart flags (the selector wants a fresh lookahead from the
+        adopted state instead of exploiting it)."""
+        look = self._open(engine, root, evaluation, slots, layout)
+        while not look.done:
+            look = self._advance(engine, particles, look, layout)
+            if on_lookahead is not None:
+                on_lookahead(look)
+        assert self.selector is not None
+        adopted, adopted_eval = look.adopted(self.selector.best(look.scores.view(len(slots), look.width), look.live))
+        return adopted, adopted_eval, look.restarted
 
-        Returns the adopted branches, their evaluations, and ``[S]`` restart flags (the selector
-        wants a fresh lookahead from the adopted state instead of exploiting it).
-        """
-        assert self.candidates and self.scorer and self.expansion and self.selector
-        # A policy that decides from the root (ConfidenceDepth) is bound to these samples first.
-        plan = getattr(self.expansion, "plan", None)
-        expansion = plan(root, evaluation, layout) if plan is not None else self.expansion
+    def _open(self, engine: RolloutEngine, root: Canvas, evaluation: Evaluation, slots: torch.Tensor, layout: Layout) -> Lookahead:
+        """Depth 1: each candidate position committed on a copy of its slot's root (not yet evaluated)."""
+        assert self.candidates and self.expansion
         positions, live = self.candidates.propose(root, evaluation, layout)
         samples, width = positions.shape
-        sample_row = sample.repeat_interleave(width)
-        branch_id = torch.arange(width).repeat(samples)
-        first = torch.zeros(samples * width, root.tokens.shape[1], dtype=torch.bool)
-        first[torch.arange(samples * width), positions.flatten()] = True
+        rows = samples * width
+        first = torch.zeros(rows, root.tokens.shape[1], dtype=torch.bool)
+        first[torch.arange(rows), positions.flatten()] = True
         first &= live.flatten()[:, None]
         token = evaluation.token.repeat_interleave(width, dim=0)
         confidence = evaluation.confidence.repeat_interleave(width, dim=0)
-        branches = root.repeat(width).commit(first, token, confidence, engine.calls(sample_row), 1, branch_id, layout, self.commit.block_budget)
-        step_log_conf = torch.log(evaluation.confidence.gather(1, positions).clamp(min=1e-30)).flatten()
-        scores = torch.zeros(samples * width)
-        branch_eval = Evaluation.empty(samples * width, root.tokens.shape[1], self.commit.statistics)
-        rolling = torch.ones(samples, dtype=torch.bool)
-        restarted = torch.zeros(samples, dtype=torch.bool)
-        depth = 1
-        while True:
-            rows = (live & rolling[:, None]).flatten().nonzero().squeeze(1)
-            sub = branches.take(rows)
-            sub_eval = self._evaluate(engine, particles, sub, sample_row[rows], 1 + branch_id[rows], layout)
-            branch_eval = branch_eval.put(rows, sub_eval)
-            gained = self.scorer.score(sub, sub_eval, layout, step_log_conf[rows])
-            scores = scores.clone()
-            scores[rows] = scores[rows] + gained if expansion.accumulate else gained
-            if depth >= expansion.max_depth:
-                break
-            grid = scores.view(samples, width)
-            finished = (~branches.masked.any(dim=1)).view(samples, width)
-            go = rolling & expansion.should_continue(grid, live, depth) & ~(live & finished).any(dim=1)
-            if self.selector.reevaluates and bool(go.any()):
-                fires = torch.zeros(samples * width, dtype=torch.bool)
-                fires[rows] = self.trigger.fires(sub, sub_eval, layout)
-                pruned, restart = self.selector.prune(live, fires.view(samples, width), grid)
-                live = torch.where(go[:, None], pruned, live)
-                restarted |= go & restart
-                go &= ~restart
-            rolling = go
-            if not bool(rolling.any()):
-                break
-            rows = (live & rolling[:, None]).flatten().nonzero().squeeze(1)
-            sub, sub_eval = branches.take(rows), branch_eval.take(rows)
-            chosen = self.commit.select(sub, sub_eval, layout) & sub.masked
-            logs = torch.where(chosen, torch.log(sub_eval.confidence.clamp(min=1e-30)), 0.0).sum(dim=1)
-            step_log_conf = step_log_conf.clone()
-            step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
-            depth += 1
-            rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.calls(sample_row[rows]), depth, branch_id[rows], layout, self.commit.block_budget)
-            branches = branches.put(rows, rolled)
-        best = self.selector.best(scores.view(samples, width), live)
-        adopted = torch.arange(samples) * width + best
-        return branches.take(adopted), branch_eval.take(adopted), restarted
+        branch_id = torch.arange(width).repeat(samples)
+        branches = root.repeat(width).commit(first, token, confidence, engine.calls(slots.repeat_interleave(width)), 1, branch_id, layout, self.commit.block_budget)
+        return Lookahead(
+            slots=slots,
+            width=width,
+            branches=branches,
+            evaluation=Evaluation.empty(rows, root.tokens.shape[1], self.commit.statistics),
+            scores=torch.zeros(rows),
+            step_log_conf=torch.log(evaluation.confidence.gather(1, positions).clamp(min=1e-30)).flatten(),
+            live=live,
+            rolling=torch.ones(samples, dtype=torch.bool),
+            restarted=torch.zeros(samples, dtype=torch.bool),
+            depth=1,
+            expansion=self.expansion.plan(root, evaluation, layout),
+        )
+
+    def _advance(self, engine: RolloutEngine, particles: Particles, look: Lookahead, layout: Layout) -> Lookahead:
+        """One level: evaluate and score the rolling branches; then either finish, or let the
+        expansion policy and the selector's re-evaluation decide who rolls on and commit the
+        base rule once more on those branches."""
+        assert self.scorer and self.selector
+        rows = look.rows()
+        slot_row, branch_id = look.slot_row, look.branch_id
+        sub = look.branches.take(rows)
+        sub_eval = self._evaluate(engine, particles, sub, slot_row[rows], 1 + branch_id[rows], layout)
+        evaluation = look.evaluation.put(rows, sub_eval)
+        gained = self.scorer.score(sub, sub_eval, layout, look.step_log_conf[rows])
+        scores = look.scores.clone()
+        scores[rows] = scores[rows] + gained if look.expansion.accumulate else gained
+        look = attrs.evolve(look, evaluation=evaluation, scores=scores)
+        if look.depth >= look.expansion.max_depth:
+            return attrs.evolve(look, done=True)
+        samples, width = look.live.shape
+        grid = scores.view(samples, width)
+        finished = (~look.branches.masked.any(dim=1)).view(samples, width)
+        go = look.rolling & look.expansion.should_continue(grid, look.live, look.depth) & ~(look.live & finished).any(dim=1)
+        live, restarted = look.live, look.restarted
+        if self.selector.reevaluates and bool(go.any()):
+            fires = torch.zeros(samples * width, dtype=torch.bool)
+            fires[rows] = self.trigger.fires(sub, sub_eval, layout)
+            pruned, restart = self.selector.prune(live, fires.view(samples, width), grid)
+            live = torch.where(go[:, None], pruned, live)
+            restarted = restarted | (go & restart)
+            go = go & ~restart
+        look = attrs.evolve(look, live=live, rolling=go, restarted=restarted)
+        if not bool(go.any()):
+            return attrs.evolve(look, done=True)
+        rows = look.rows()
+        sub, sub_eval = look.branches.take(rows), evaluation.take(rows)
+        chosen = self.commit.select(sub, sub_eval, layout) & sub.masked
+        logs = torch.where(chosen, torch.log(sub_eval.confidence.clamp(min=1e-30)), 0.0).sum(dim=1)
+        step_log_conf = look.step_log_conf.clone()
+        step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
+        depth = look.depth + 1
+        rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.calls(slot_row[rows]), depth, branch_id[rows], layout, self.commit.block_budget)
+        return attrs.evolve(look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth)
 
     def _result(self, canvas: Canvas, engine: RolloutEngine, particles: Particles, slot: int, sample: int, layout: Layout, late: bool) -> DecodeResult:
         gen = slice(layout.gen_start, layout.width)

@@ -16,12 +16,23 @@ class ExpansionPolicy(Protocol):
     max_depth: int
     accumulate: bool  # branch score = sum over depths (True) or the last depth's (False)
 
+    def plan(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> "ExpansionPolicy":
+        """The policy for one lookahead from these roots (the rows of ``root``): a policy that
+        decides from the root evaluation binds it here; one that decides from scores returns itself."""
+
     def should_continue(self, scores: torch.Tensor, live: torch.Tensor, depth: int) -> torch.Tensor:
         """``[S]`` bool for scores ``[S, K]`` of the live branches at ``depth`` (< max_depth)."""
 
 
+class DecidesFromScores:
+    """For policies that need nothing from the root: ``plan`` is the policy itself."""
+
+    def plan(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> "DecidesFromScores":
+        return self
+
+
 @attrs.define
-class FixedDepth:
+class FixedDepth(DecidesFromScores):
     """Always roll out to ``depth`` (``depth=1`` is ETE's one-step lookahead)."""
 
     depth: int = number(int, 1, default=1)
@@ -45,7 +56,7 @@ def live_variance(scores: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
 
 
 @attrs.define
-class VarianceGate:
+class VarianceGate(DecidesFromScores):
     """AdaLook's gate: roll deeper only while the variance of the branch scores is above
     ``threshold`` (``continue_if=below`` flips the direction), up to ``max_depth``."""
 
@@ -70,8 +81,8 @@ class ConfidenceDepth:
 
     The depth is decided once per lookahead from the root evaluation, which ``should_continue``
     does not see. ``plan(root, evaluation, layout)`` returns a copy bound to those samples, whose
-    ``should_continue`` rolls each sample to its own depth; the driver calls it at the start of
-    every lookahead. An unbound copy cannot decide and says so instead of guessing.
+    ``should_continue`` rolls each sample to its own depth; the driver calls every policy's
+    ``plan`` at the start of every lookahead. An unbound copy cannot decide and says so instead of guessing.
     """
 
     high: float = number(float, 0.0, 1.0, default=0.9)
