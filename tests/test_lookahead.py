@@ -49,3 +49,27 @@ def test_every_policy_plans() -> None:
         assert policy.plan(None, None, None) is policy  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="call its plan"):
         ConfidenceDepth().should_continue(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), 1)
+
+
+@pytest.mark.parametrize("preset", ["llada", "adalook", "best_of_n"])
+def test_the_loop_is_a_step_function_over_a_frozen_state(adapter, preset: str) -> None:
+    """Driving ``step`` by hand gives what ``decode`` gives, and no step writes into its input."""
+    from conftest import NoRepeatVerifier
+
+    decoder = text_decoder(preset)
+    requests = make_requests([2, 4], 16, seed=5)
+    expected = decoder.decode(RolloutEngine(adapter=adapter), requests, 8, verifier=NoRepeatVerifier())
+    engine = RolloutEngine(adapter=adapter)
+    state = decoder.start(engine, requests, 8, NoRepeatVerifier())
+    rounds = 0
+    while not state.finished:
+        before = state.canvas.tokens.clone()
+        after = decoder.step(engine, state, NoRepeatVerifier())
+        assert torch.equal(state.canvas.tokens, before) and after is not state
+        state, rounds = after, rounds + 1
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        state.round_index = 0  # type: ignore[misc]
+    found = decoder.finish(engine, state, NoRepeatVerifier())
+    assert rounds == state.round_index + 1
+    for x, y in zip(found, expected):
+        assert torch.equal(x.tokens, y.tokens) and (x.steps, x.row_forwards) == (y.steps, y.row_forwards)

@@ -10,6 +10,10 @@ commit rule to its state (explore, then exploit: an adopted branch's evaluation 
 recomputed), except where the selector asked for a fresh lookahead from the adopted state.
 Baselines are this same loop with the trigger set to never.
 
+The loop is a step function over a frozen :class:`DecodeState`: ``decode`` is ``start``, then
+``state = step(state)`` until ``state.finished``, then ``finish``; a lookahead is a frozen
+:class:`~dlmsearch.search.lookahead.Lookahead` advanced one level per call.
+
 Width search is the same loop over more rows: with a population of P, each sample holds P
 slots (particles), every step above runs for all slots of all samples at once, and after each
 round the population may end, stop or resample particles (``dlmsearch.search.population``).
@@ -68,6 +72,25 @@ class DecodeResult:
     accepted: bool | None = None  # the task verifier's verdict on the output (None: not checked)
 
 
+@attrs.frozen
+class DecodeState:
+    """Everything a batch's decoding carries between rounds: ``state = decoder.step(engine, state)``
+    until ``finished``. The counters live in the engine (per sample) and the population's
+    bookkeeping in ``particles``; the canvases, their cached evaluations and the per-slot flags
+    are here, so a caller can stream finished samples or a server admit new ones between steps."""
+
+    layout: Layout
+    canvas: Canvas  # [slots] every slot's canvas
+    cache: Evaluation  # [slots] the latest evaluation of each slot's canvas
+    fresh: torch.Tensor  # [slots] the cached evaluation is of the current canvas
+    late: torch.Tensor  # [slots] past the deadline: the base rule alone finishes it
+    particles: Particles
+    max_rounds: int
+    started: float  # time.monotonic() at the start, for the deadline
+    round_index: int = 0
+    finished: bool = False
+
+
 @attrs.define
 class SearchDecoder:
     """Trigger, candidates, scorer, expansion and selector around a base commit rule."""
@@ -107,9 +130,20 @@ class SearchDecoder:
         batch's outputs, for populations that use one. ``on_lookahead`` sees every level of every
         lookahead (:class:`~dlmsearch.search.lookahead.Lookahead`: depth, live branches, scores).
         """
-        started = time.monotonic()
         if not requests:
             return []
+        state = self.start(engine, requests, block_length, verifier)
+        for _ in range(state.max_rounds):
+            if state.finished:
+                break
+            state = self.step(engine, state, verifier, deadline_s, on_round, on_lookahead)
+        else:
+            if not state.finished:
+                raise RuntimeError(f"decoder {self.name!r} did not finish within {state.max_rounds} rounds")
+        return self.finish(engine, state, verifier)
+
+    def start(self, engine: RolloutEngine, requests: list[DecodeRequest], block_length: int, verifier: Verifier | None = None) -> DecodeState:
+        """The state before the first round: checks the batch, lays out the canvases, resets the engine's counters."""
         self.population.check(verifier)
         block_length = self.block_length or block_length
         gen_length = len(requests[0].generation)
@@ -125,59 +159,81 @@ class SearchDecoder:
         mask_id = engine.mask_id
         size = self.population.size
         canvas = initial_canvas([r.prompt for r in requests for _ in range(size)], [r.generation for r in requests for _ in range(size)], layout, mask_id, pad_id=mask_id)
-        samples, slots = len(requests), len(requests) * size
-        engine.reset(samples, size)
-        particles = Particles.start(torch.tensor([r.uid for r in requests], dtype=torch.long), size, engine.seed)
-        cache = Evaluation.empty(slots, layout.width, self.commit.statistics)
-        fresh = torch.zeros(slots, dtype=torch.bool)
-        late = torch.zeros(slots, dtype=torch.bool)
+        slots = len(requests) * size
+        engine.reset(len(requests), size)
         # Every round commits at least one position per decoding slot, except the steps a fixed
         # schedule may leave empty (Dream's first steps): at most its budget per block.
-        rounds = gen_length + 1 + (self.commit.block_budget or 0) * layout.num_blocks
-        for round_index in range(rounds):
-            active = canvas.masked.any(dim=1) & particles.running()
-            if not bool(active.any()):
-                break
-            need = (active & ~fresh).nonzero().squeeze(1)
-            if need.numel():
-                cache = cache.put(need, self._evaluate(engine, particles, canvas.take(need), need, torch.zeros_like(need), layout))
-                fresh[need] = True
-            rows = active.nonzero().squeeze(1)
-            root, evaluation = canvas.take(rows), cache.take(rows)
-            if deadline_s is not None and time.monotonic() - started > deadline_s:
-                late |= active
-            explore = self.trigger.fires(root, evaluation, layout) & ~late[rows]
-            exploit = ~explore
-            explored = rows[explore]
-            if explored.numel():
-                # Explore: adopt the selected branch with the evaluation it already has. Unless
-                # the selector asks for a fresh lookahead from it, exploit that evaluation at once.
-                adopted, adopted_eval, restart = self._lookahead(engine, particles, root.take(explore), evaluation.take(explore), explored, layout, on_lookahead)
-                at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
-                root, evaluation = root.put(at, adopted), evaluation.put(at, adopted_eval)
-                canvas = canvas.put(explored, adopted)
-                cache = cache.put(explored, adopted_eval)
-                exploit = exploit.clone()
-                exploit[at] = ~restart
-            base = rows[exploit]
-            if base.numel():
-                sub, sub_eval = root.take(exploit), evaluation.take(exploit)
-                call = engine.calls(base)
-                chosen = self.commit.select(sub, self.population.perturb(sub_eval, sub, base, particles, call, layout), layout)
-                committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget)
-                canvas = canvas.put(base, committed)
-                fresh[base] = False
-            source = self.population.after_round(canvas, particles, layout, round_index, verifier)
-            if source is not None:
-                canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
-                engine.reorder_slots(source)
-            if on_round is not None:
-                on_round(canvas, source)
-        else:
-            raise RuntimeError(f"decoder {self.name!r} did not finish within {rounds} rounds")
-        remask = self.population.recheck(canvas, particles, mask_id, lambda probe, slot: self._evaluate(engine, particles, probe, slot, torch.full_like(slot, RECHECK_KEY), layout))
+        return DecodeState(
+            layout=layout,
+            canvas=canvas,
+            cache=Evaluation.empty(slots, layout.width, self.commit.statistics),
+            fresh=torch.zeros(slots, dtype=torch.bool),
+            late=torch.zeros(slots, dtype=torch.bool),
+            particles=Particles.start(torch.tensor([r.uid for r in requests], dtype=torch.long), size, engine.seed),
+            max_rounds=gen_length + 1 + (self.commit.block_budget or 0) * layout.num_blocks,
+            started=time.monotonic(),
+        )
+
+    def step(
+        self,
+        engine: RolloutEngine,
+        state: DecodeState,
+        verifier: Verifier | None = None,
+        deadline_s: float | None = None,
+        on_round: Callable[[Canvas, torch.Tensor | None], None] | None = None,
+        on_lookahead: Callable[[Lookahead], None] | None = None,
+    ) -> DecodeState:
+        """One round for every slot still decoding: evaluate, explore or exploit, commit, let the population act."""
+        layout, canvas, cache, particles = state.layout, state.canvas, state.cache, state.particles
+        fresh, late = state.fresh.clone(), state.late.clone()
+        active = canvas.masked.any(dim=1) & particles.running()
+        if not bool(active.any()):
+            return attrs.evolve(state, finished=True)
+        need = (active & ~fresh).nonzero().squeeze(1)
+        if need.numel():
+            cache = cache.put(need, self._evaluate(engine, particles, canvas.take(need), need, torch.zeros_like(need), layout))
+            fresh[need] = True
+        rows = active.nonzero().squeeze(1)
+        root, evaluation = canvas.take(rows), cache.take(rows)
+        if deadline_s is not None and time.monotonic() - state.started > deadline_s:
+            late |= active
+        explore = self.trigger.fires(root, evaluation, layout) & ~late[rows]
+        exploit = ~explore
+        explored = rows[explore]
+        if explored.numel():
+            # Explore: adopt the selected branch with the evaluation it already has. Unless
+            # the selector asks for a fresh lookahead from it, exploit that evaluation at once.
+            adopted, adopted_eval, restart = self._lookahead(engine, particles, root.take(explore), evaluation.take(explore), explored, layout, on_lookahead)
+            at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
+            root, evaluation = root.put(at, adopted), evaluation.put(at, adopted_eval)
+            canvas = canvas.put(explored, adopted)
+            cache = cache.put(explored, adopted_eval)
+            exploit = exploit.clone()
+            exploit[at] = ~restart
+        base = rows[exploit]
+        if base.numel():
+            sub, sub_eval = root.take(exploit), evaluation.take(exploit)
+            call = engine.calls(base)
+            chosen = self.commit.select(sub, self.population.perturb(sub_eval, sub, base, particles, call, layout), layout)
+            committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget)
+            canvas = canvas.put(base, committed)
+            fresh[base] = False
+        source = self.population.after_round(canvas, particles, layout, state.round_index, verifier)
+        if source is not None:
+            canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
+            engine.reorder_slots(source)
+        if on_round is not None:
+            on_round(canvas, source)
+        return attrs.evolve(state, canvas=canvas, cache=cache, fresh=fresh, late=late, round_index=state.round_index + 1)
+
+    def finish(self, engine: RolloutEngine, state: DecodeState, verifier: Verifier | None = None) -> list[DecodeResult]:
+        """Each sample's output: the population's re-check and choice, then the chosen slot's result."""
+        layout, canvas, particles = state.layout, state.canvas, state.particles
+        remask = self.population.recheck(canvas, particles, engine.mask_id, lambda probe, slot: self._evaluate(engine, particles, probe, slot, torch.full_like(slot, RECHECK_KEY), layout))
         chosen_slot = self.population.choose(canvas, particles, layout, verifier, remask)
-        late_sample = late.view(samples, size).any(dim=1)
+        size = particles.size
+        samples = len(particles.stopped)
+        late_sample = state.late.view(samples, size).any(dim=1)
         return [self._result(canvas, engine, particles, int(chosen_slot[i]), i, layout, bool(late_sample[i])) for i in range(samples)]
 
     def _evaluate(self, engine: RolloutEngine, particles: Particles, canvas: Canvas, slot: torch.Tensor, branch_key: torch.Tensor, layout: Layout) -> Evaluation:
