@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import resource
 import signal
 import threading
@@ -19,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from dlmsearch.records import percentile, read_records
 from dlmsearch.config import build, compose, to_plain
 from dlmsearch.distributed import Ranks
 from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
@@ -44,33 +44,9 @@ def trace_events(result: DecodeResult, task: Task) -> list[dict[str, Any]]:
 
 
 def read_done(path: Path, keep_errors: bool = False) -> dict[str, dict[str, Any]]:
-    """Records already written (for resuming). A line torn by a crash is dropped and the file
-    rewritten without it, so appended records start on a clean line. Records of items that
-    ended in error are left out (they are decoded again) unless ``keep_errors``."""
-    done: dict[str, dict[str, Any]] = {}
-    if not path.exists():
-        return done
-    text = path.read_text()
-    dropped = False
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            dropped = True
-            continue
-        if record.get("error") and not keep_errors:
-            done.pop(record["id"], None)
-            continue
-        done[record["id"]] = record
-    if dropped or (text and not text.endswith("\n")):
-        path.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
-    return done
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (nearest rank), 0 for no values."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))] if ordered else 0.0
+    """Records already written (for resuming): torn lines are dropped and the file rewritten
+    without them; items that ended in error are left out (decoded again) unless ``keep_errors``."""
+    return read_records(path, keep_errors=keep_errors, repair=True)
 
 
 def peak_memory_mb() -> dict[str, float]:

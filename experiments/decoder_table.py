@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dlmsearch import records
 from dlmsearch.config import compose
-from dlmsearch.run import read_done, run
-from dlmsearch.sweeps.stats import sign_test, wilson_interval
+from dlmsearch.run import run
 
 
 def parse_variant(text: str) -> tuple[str, str, list[str]]:
@@ -28,8 +28,8 @@ def measure(out_dir: Path, tier: str, label: str, preset: str, overrides: list[s
         f"out_dir={out_dir}", "examples=0", *overrides,
     ])
     summary = run(cfg)
-    solved = {i: bool(r["correct"]) for i, r in read_done(out_dir / "results.jsonl").items()}
-    low, high = wilson_interval(sum(solved.values()), len(solved))
+    solved = records.judged(records.read_records(out_dir / "results.jsonl"))
+    _, _, low, high = records.accuracy_interval(records.read_records(out_dir / "results.jsonl"))
     return {"tier": tier, "label": label, "preset": preset, "overrides": overrides, "solved_ids": sorted(i for i, ok in solved.items() if ok),
             "ids": sorted(solved), "wilson_low": low, "wilson_high": high, "mean_live_particles": summary.get("mean_live_particles", 1.0),
             **{k: summary[k] for k in ("items", "accuracy", "mean_steps", "mean_row_forwards", "wall_seconds")},
@@ -38,10 +38,9 @@ def measure(out_dir: Path, tier: str, label: str, preset: str, overrides: list[s
 
 def paired(row: dict, baseline: dict) -> tuple[int, int, float]:
     """Items solved only by ``row``, only by ``baseline``, and the exact sign test's p-value."""
-    mine, theirs = set(row["solved_ids"]), set(baseline["solved_ids"])
     assert row["ids"] == baseline["ids"], "paired tests need the same items"
-    wins, losses = len(mine - theirs), len(theirs - mine)
-    return wins, losses, sign_test(wins, losses)
+    found = records.paired({i: i in row["solved_ids"] for i in row["ids"]}, {i: i in baseline["solved_ids"] for i in baseline["ids"]})
+    return found["only_config"], found["only_baseline"], found["sign_p"]
 
 
 def plot_accuracy_vs_steps(rows: list[dict], tiers: list[str], title: str, unit: str, path: Path) -> None:

@@ -37,7 +37,8 @@ from typing import Any
 import attrs
 import yaml
 
-from dlmsearch.sweeps.stats import pareto_front, sign_test, wilson_interval
+from dlmsearch import records as result_records
+from dlmsearch.sweeps.stats import pareto_front, wilson_interval
 
 CONFIG_SECTIONS = ("decoder", "decoding", "task", "model", "engine", "seed", "batch_size", "deadline_s", "fallback")
 COSTS = {"mean_steps": "mean steps (sequential model calls)", "mean_row_forwards": "mean row-forwards (rows summed over calls)"}
@@ -67,7 +68,7 @@ class Run:
 
     @property
     def judged(self) -> dict[str, bool]:
-        return {r["id"]: bool(r["correct"]) for r in self.decoded if r.get("correct") is not None}
+        return result_records.judged(self.records)
 
     def metrics(self) -> dict[str, Any]:
         decoded, judged = self.decoded, self.judged
@@ -96,16 +97,7 @@ class Run:
 
 def read_records(directory: Path) -> dict[str, dict[str, Any]]:
     """The records of ``results*.jsonl`` (the last per id wins, torn lines skipped); read only."""
-    records: dict[str, dict[str, Any]] = {}
-    for path in sorted(directory.glob("results*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and "id" in record:
-                records[str(record["id"])] = record
-    return records
+    return result_records.read_records(sorted(directory.glob("results*.jsonl")))
 
 
 def normalise_key(key: str) -> str:
@@ -245,19 +237,7 @@ def find_baseline(runs: list[Run], spec: str) -> Run:
 
 def paired(run: Run, baseline: Run) -> dict[str, Any]:
     """Items judged by both: solved by both, by only one, by neither; the exact sign test."""
-    mine, theirs = run.judged, baseline.judged
-    common = [i for i in mine if i in theirs]
-    only_run = sum(1 for i in common if mine[i] and not theirs[i])
-    only_base = sum(1 for i in common if theirs[i] and not mine[i])
-    both = sum(1 for i in common if mine[i] and theirs[i])
-    return {
-        "paired_items": len(common),
-        "both": both,
-        "only_config": only_run,
-        "only_baseline": only_base,
-        "neither": len(common) - both - only_run - only_base,
-        "sign_p": sign_test(only_run, only_base) if common else None,
-    }
+    return result_records.paired(run.judged, baseline.judged)
 
 
 @attrs.define
