@@ -338,8 +338,8 @@ def _generation(task: Any, item: TaskItem, result: Any) -> Generation:
         tokens_committed=result.tokens_committed,
         correct=task.judge(item, result.tokens),
         deadline_hit=result.deadline_hit,
-        live_particles=result.live_particles,
-        verifier_accepted=result.accepted,
+        live_particles=result.population.live_particles,
+        verifier_accepted=result.population.accepted,
     )
 
 

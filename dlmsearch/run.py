@@ -140,11 +140,11 @@ class Decoding:
             "row_forwards": result.row_forwards,
             "token_forwards": result.token_forwards,
             "tokens_committed": result.tokens_committed,
-            "live_particles": result.live_particles,
+            "live_particles": result.population.live_particles,
             "wall_seconds": round(share, 4),
         }
-        if result.accepted is not None:
-            record["verifier_accepted"] = result.accepted
+        if result.population.accepted is not None:
+            record["verifier_accepted"] = result.population.accepted
         if result.deadline_hit:
             record["deadline_hit"] = True
         if fallback:

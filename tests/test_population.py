@@ -87,7 +87,7 @@ def test_particles_diverge_and_identical_ones_cost_one_row(adapter: ModelAdapter
     split = decode(with_population("fast_dllm", Population(size=4, diversity=DistinctFirst(uncertain_below=1.0))), adapter, requests)
     assert sum(r.row_forwards for r in split) > sum(r.row_forwards for r in base)
     assert all(r.row_forwards <= 4 * r.steps for r in split)
-    assert all(r.live_particles <= 4 for r in split)
+    assert all(r.population.live_particles <= 4 for r in split)
 
 
 def test_token_temperature_particles_differ_from_the_greedy_one(adapter: ModelAdapter) -> None:
@@ -104,9 +104,9 @@ def test_verifier_ends_conflicting_particles_and_stops_accepted_samples(adapter:
     decoder = with_population("fast_dllm", Population(size=4, diversity=OrderTemperature(temperature=1.0), prune_conflicts=True, stop_when_accepted=True, choice=MajorityVote()))
     results = decode(decoder, adapter, requests)
     verifier = NoRepeatVerifier()
-    assert all(r.accepted is not None for r in results)
+    assert all(r.population.accepted is not None for r in results)
     for r in results:
-        assert bool(verifier.accepts(torch.zeros(1), r.tokens[None])[0]) == r.accepted
+        assert bool(verifier.accepts(torch.zeros(1), r.tokens[None])[0]) == r.population.accepted
     with pytest.raises(ValueError, match="needs a task verifier"):
         decoder.decode(RolloutEngine(adapter=adapter), requests, 8)
 
@@ -182,7 +182,7 @@ def test_verifiers_never_see_the_reference() -> None:
     engine = build(cfg, "engine", adapter=build(cfg, "model"))
     decoding = Decoding(build(cfg, "decoder"), engine, task)
     results = decoding.results(decoding.decoder, items, [0, 1, 2])
-    assert all(r.accepted is not None for r in results)
+    assert all(r.population.accepted is not None for r in results)
 
 
 def test_scores_compose_in_yaml_and_bad_terms_fail_clearly() -> None:

@@ -53,6 +53,15 @@ class DecodeRequest:
 
 
 @attrs.frozen
+class PopulationOutcome:
+    """What a population adds to a sample's result (a population of one: the defaults)."""
+
+    particle: int = 0  # the particle chosen as the output
+    live_particles: float = 1.0  # particles decoding, averaged over the sample's rounds
+    accepted: bool | None = None  # the task verifier's verdict on the output (None: not checked)
+
+
+@attrs.frozen
 class DecodeResult:
     """A decoded generation region and how it was produced (per-position commit record)."""
 
@@ -67,9 +76,7 @@ class DecodeResult:
     commit_confidence: torch.Tensor
     commit_depth: torch.Tensor  # 0: base rule on the root; d >= 1: lookahead depth d
     commit_branch: torch.Tensor  # lookahead branch index, -1 for base commits
-    particle: int = 0  # the population's particle chosen as the output
-    live_particles: float = 1.0  # particles decoding, averaged over the sample's rounds
-    accepted: bool | None = None  # the task verifier's verdict on the output (None: not checked)
+    population: PopulationOutcome = attrs.field(factory=lambda: PopulationOutcome())
 
 
 @attrs.frozen
@@ -358,7 +365,9 @@ class SearchDecoder:
             commit_confidence=canvas.commit_confidence[slot, gen].clone(),
             commit_depth=canvas.commit_depth[slot, gen].clone(),
             commit_branch=canvas.commit_branch[slot, gen].clone(),
-            particle=int(particles.particle[slot]),
-            live_particles=round(float(particles.live_total[sample] / particles.rounds[sample].clamp(min=1)), 3),
-            accepted=None if verdict < 0 else bool(verdict),
+            population=PopulationOutcome(
+                particle=int(particles.particle[slot]),
+                live_particles=round(float(particles.live_total[sample] / particles.rounds[sample].clamp(min=1)), 3),
+                accepted=None if verdict < 0 else bool(verdict),
+            ),
         )
