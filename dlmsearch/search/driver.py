@@ -236,8 +236,8 @@ class SearchDecoder:
     def finish(self, engine: RolloutEngine, state: DecodeState, verifier: Verifier | None = None) -> list[DecodeResult]:
         """Each sample's output: the population's re-check and choice, then the chosen slot's result."""
         layout, canvas, particles = state.layout, state.canvas, state.particles
-        remask = self.population.recheck(canvas, particles, engine.mask_id, lambda probe, slot: self._evaluate(engine, particles, probe, slot, torch.full_like(slot, RECHECK_KEY), layout))
-        chosen_slot = self.population.choose(canvas, particles, layout, verifier, remask)
+        recheck = lambda probe, slot: self._evaluate(engine, particles, probe, slot, torch.full_like(slot, RECHECK_KEY), layout)  # noqa: E731
+        chosen_slot = self.population.choose(canvas, particles, layout, verifier, recheck, engine.mask_id)
         size = particles.size
         samples = len(particles.stopped)
         late_sample = state.late.view(samples, size).any(dim=1)

@@ -209,12 +209,17 @@ class Population:
         particles.adopt(slots, moved)
         return slots
 
-    def choose(self, canvas: Canvas, particles: Particles, layout: Layout, verifier: Verifier | None, remask: torch.Tensor | None = None) -> torch.Tensor:
-        """``[samples]`` the slot whose canvas is each sample's output."""
+    def choose(
+        self, canvas: Canvas, particles: Particles, layout: Layout, verifier: Verifier | None,
+        evaluate: Callable[[Canvas, torch.Tensor], Evaluation], mask_id: int,
+    ) -> torch.Tensor:
+        """``[samples]`` the slot whose canvas is each sample's output. Where a score asks for the
+        model's re-check, it is computed here through ``evaluate`` (one engine step for probe
+        canvases of the given slots)."""
         samples, size = len(particles.stopped), self.size
         if size == 1:
             return torch.arange(samples)
-        view = self.view(canvas, particles, layout, verifier, remask)
+        view = self.view(canvas, particles, layout, verifier, self.recheck(canvas, particles, mask_id, evaluate))
         scores = self.score(view).view(samples, size)
         complete = (particles.alive & ~canvas.masked.any(dim=1)).view(samples, size)
         candidates = torch.where(complete.any(dim=1, keepdim=True), complete, ~canvas.masked.any(dim=1).view(samples, size))
