@@ -26,13 +26,15 @@ from dlmsearch.tasks.countdown import TIERS
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["model=countdown", "task=countdown", "model.device=cpu"]
 CARD_TIERS = ["small", "medium", "large", "d1"]
+# Countdown's verifier checks complete equations only, so pruning partial particles is off.
+PRESET_OVERRIDES = {"verified_best_of_n": ["decoder.population.prune_conflicts=false"]}
 # section -> (tiers, rows); rows are label=preset:override,override
 SECTIONS = {
     "cache": (["small", "d1"], [f"{p}_{c}={p}:engine.cache={c}" for p in ("fast_dllm", "adalook") for c in ("none", "prefix", "dual")]),
     "blocks": (["small", "d1"], [f"{p}_b{b}={p}:task.block_length={b}" for p in ("llada", "fast_dllm", "adalook") for b in (4, 8, 16)]),
     "candidates": (["small", "d1"], [f"{p}_{name}={p}:decoding.c_info={c}" for p in ("ete", "adalook") for name, c in (("cinfo0.2", 0.2), ("confidence", 1.0))]),
     "width": (["small", "d1"], ["vote=best_of_n:decoder/population/choice=majority_vote", "best_of_n_P2=best_of_n:decoder.population.size=2",
-                                "verified_best_of_n_P2=verified_best_of_n:decoder.population.size=2"]),
+                                "verified_best_of_n_P2=verified_best_of_n:decoder.population.size=2,decoder.population.prune_conflicts=false"]),
 }
 
 
@@ -154,7 +156,7 @@ def main() -> None:
     def run_row(section: str, tier: str, label: str, preset: str, overrides: list[str]) -> dict:
         return measure(args.runs / section / tier / label, tier, label, preset, overrides, BASE, args.limit, args.batch_size)
 
-    rows = [run_row("presets", tier, p, p, []) for tier in args.tiers for p in presets]
+    rows = [run_row("presets", tier, p, p, PRESET_OVERRIDES.get(p, [])) for tier in args.tiers for p in presets]
     sections = {}
     for name in args.sections:
         tiers, specs = SECTIONS[name]

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The measurements behind experiments/RESULTS.md's text section, with the shipped Countdown model:
+# the model card (every preset on every tier, caches, block lengths, candidate rules, width
+# search), the variance gate against fixed depth, the accuracy-vs-steps curve, and the paired
+# comparisons of AdaLook, ETE and Fast-dLLM. Each run resumes from its own results.jsonl.
+#   bash experiments/countdown_claims.sh
+#   LIMIT=4 RUNS=/tmp/claims RESULTS=/tmp/claims/results CARD=/tmp/claims/card.md bash experiments/countdown_claims.sh   # a quick look
+set -euo pipefail
+cd "$(dirname "$0")/.."
+limit=${LIMIT:-null}
+runs=${RUNS:-runs/countdown_claims}
+results=${RESULTS:-experiments/results/countdown}
+card=${CARD:+--card $CARD --figure ${CARD%.md}.png}
+base="model=countdown task=countdown model.device=cpu batch_size=256 task.limit=$limit"
+card_limit=$([ "$limit" = null ] && echo "" || echo "--limit $limit")
+python experiments/countdown_model_card.py $card_limit $card --runs "$runs/card"
+for tier in small d1; do
+  python -m dlmsearch -m +experiment=ablate_gate $base task.tier=$tier decoder.candidates.k=4 \
+    ablate.arm=fixed_d1,fixed_d2,fixed_d3,fixed_d4,gate_above_T1e-2_D3,gate_above_T1e-1_D3,gate_above_T1e0_D3,gate_below_T1e-1_D3,confdepth_D4 \
+    hydra.sweep.dir=$runs/ablate_$tier
+done
+python -m dlmsearch -m +experiment=budget_curve $base task.tier=small decoder=llada,fast_dllm,ete,adalook \
+  "curve.steps={p0: 16, p1: 12, p2: 8, p3: 4, p4: 2}" hydra.sweep.dir=$runs/budget_small
+for tier in small d1; do
+  dir=$runs/equal_steps_$tier
+  rm -rf "$dir" && mkdir -p "$dir"
+  for preset in fast_dllm ete adalook llada; do ln -s "$(realpath "$runs")/card/presets/$tier/$preset" "$dir/$preset"; done
+  python -m dlmsearch.sweeps.collect "$dir" --baseline fast_dllm --out "$results/$tier/equal_steps"
+  mkdir -p "$results/$tier/ablate"
+  cp "$runs/ablate_$tier"/sweep.{md,csv} "$runs/ablate_$tier"/*.png "$results/$tier/ablate/"
+done
+mkdir -p $results/small/budget_curve
+cp "$runs/budget_small"/sweep.{md,csv} "$runs/budget_small"/*.png $results/small/budget_curve/
