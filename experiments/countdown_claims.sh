@@ -13,21 +13,31 @@ results=${RESULTS:-experiments/results/countdown}
 card=${CARD:+--card $CARD --figure ${CARD%.md}.png}
 base="model=countdown task=countdown model.device=cpu batch_size=256 task.limit=$limit"
 card_limit=$([ "$limit" = null ] && echo "" || echo "--limit $limit")
-python experiments/countdown_model_card.py $card_limit $card --runs "$runs/card"
-for tier in small d1; do
-  python -m dlmsearch -m +experiment=ablate_gate $base task.tier=$tier decoder.candidates.k=4 \
-    ablate.arm=fixed_d1,fixed_d2,fixed_d3,fixed_d4,gate_above_T1e-2_D3,gate_above_T1e-1_D3,gate_above_T1e0_D3,gate_below_T1e-1_D3,confdepth_D4 \
-    hydra.sweep.dir=$runs/ablate_$tier
-done
-python -m dlmsearch -m +experiment=budget_curve $base task.tier=small decoder=llada,fast_dllm,ete,adalook \
-  "curve.steps={p0: 16, p1: 12, p2: 8, p3: 4, p4: 2}" hydra.sweep.dir=$runs/budget_small
-for tier in small d1; do
+export OMP_NUM_THREADS=1  # two processes, one core each (small models scale poorly across threads)
+card_args="$card_limit --threads 1 --runs $runs/card"
+python experiments/countdown_model_card.py $card_args --runs-only --tiers small --sections cache blocks &
+first=$!
+python experiments/countdown_model_card.py $card_args --runs-only --tiers d1 medium large --sections &
+second=$!
+wait $first
+python -m dlmsearch -m +experiment=ablate_gate $base task.tier=small decoder.candidates.k=4 \
+  ablate.arm=fixed_d1,fixed_d2,fixed_d3,gate_above_T1e-1_D3,gate_above_T1e0_D3,gate_below_T1e-1_D3,confdepth_D4 \
+  hydra.sweep.dir=$runs/ablate_small &
+first=$!
+wait $second
+python -m dlmsearch -m +experiment=budget_curve $base task.tier=small decoder=llada,fast_dllm,adalook \
+  "curve.steps={p0: 16, p1: 12, p2: 8, p3: 4, p4: 2}" hydra.sweep.dir=$runs/budget_small &
+second=$!
+python experiments/countdown_model_card.py $card_args --runs-only --tiers small --sections candidates width
+wait $first $second
+python experiments/countdown_model_card.py $card_args $card   # everything decoded: writes the card
+for tier in small; do
   dir=$runs/equal_steps_$tier
   rm -rf "$dir" && mkdir -p "$dir"
   for preset in fast_dllm ete adalook llada; do ln -s "$(realpath "$runs")/card/presets/$tier/$preset" "$dir/$preset"; done
   python -m dlmsearch.sweeps.collect "$dir" --baseline fast_dllm --out "$results/$tier/equal_steps"
-  mkdir -p "$results/$tier/ablate"
-  cp "$runs/ablate_$tier"/sweep.{md,csv} "$runs/ablate_$tier"/*.png "$results/$tier/ablate/"
 done
+mkdir -p "$results/small/ablate"
+cp "$runs/ablate_small"/sweep.{md,csv} "$runs/ablate_small"/*.png "$results/small/ablate/"
 mkdir -p $results/small/budget_curve
 cp "$runs/budget_small"/sweep.{md,csv} "$runs/budget_small"/*.png $results/small/budget_curve/

@@ -26,14 +26,17 @@ from dlmsearch.tasks.countdown import TIERS
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["model=countdown", "task=countdown", "model.device=cpu"]
 CARD_TIERS = ["small", "medium", "large", "d1"]
+# Width presets (4 particles, the costliest rows) run on the main tier and d1's split only.
+WIDTH_PRESETS = ("best_of_n", "beam", "smc", "verified_best_of_n", "beam_adalook")
+WIDTH_TIERS = ("small", "d1")
 # Countdown's verifier checks complete equations only, so pruning partial particles is off.
 PRESET_OVERRIDES = {"verified_best_of_n": ["decoder.population.prune_conflicts=false"]}
 # section -> (tiers, rows); rows are label=preset:override,override
 SECTIONS = {
-    "cache": (["small", "d1"], [f"{p}_{c}={p}:engine.cache={c}" for p in ("fast_dllm", "adalook") for c in ("none", "prefix", "dual")]),
-    "blocks": (["small", "d1"], [f"{p}_b{b}={p}:task.block_length={b}" for p in ("llada", "fast_dllm", "adalook") for b in (4, 8, 16)]),
-    "candidates": (["small", "d1"], [f"{p}_{name}={p}:decoding.c_info={c}" for p in ("ete", "adalook") for name, c in (("cinfo0.2", 0.2), ("confidence", 1.0))]),
-    "width": (["small", "d1"], ["vote=best_of_n:decoder/population/choice=majority_vote", "best_of_n_P2=best_of_n:decoder.population.size=2",
+    "cache": (["small"], [f"{p}_{c}={p}:engine.cache={c}" for p in ("fast_dllm", "adalook") for c in ("none", "prefix", "dual")]),
+    "blocks": (["small"], [f"{p}_b{b}={p}:task.block_length={b}" for p in ("llada", "random", "adalook") for b in (4, 8, 16)]),
+    "candidates": (["small"], [f"{p}_{name}={p}:decoding.c_info={c}" for p in ("ete", "adalook") for name, c in (("cinfo0.2", 0.2), ("confidence", 1.0))]),
+    "width": (["small"], ["vote=best_of_n:decoder/population/choice=majority_vote", "best_of_n_P2=best_of_n:decoder.population.size=2",
                                 "verified_best_of_n_P2=verified_best_of_n:decoder.population.size=2,decoder.population.prune_conflicts=false"]),
 }
 
@@ -119,7 +122,7 @@ def card(rows: list[dict], sections: dict[str, list[dict]], args: argparse.Names
         "main tier), `medium` 1-50, `large` 1-100, and `d1`, d1's public 3-number split. The papers' text settings "
         "(`decoding=text`): " + ", ".join(f"{k} = {v}" for k, v in compose(BASE).decoding.items())
         + f"; gen_length 16, block_length 8 (two blocks) unless a row overrides it; batch {args.batch_size}, "
-        f"{torch.get_num_threads()} CPU threads. Steps are sequential model calls, row-forwards rows summed over calls, "
+        f"{torch.get_num_threads()} CPU threads per process. The width presets (4 particles) run on `small` and `d1`. Steps are sequential model calls, row-forwards rows summed over calls, "
         "token-forwards the positions computed (what a KV cache saves). Intervals are Wilson 95 %; the paired columns "
         "compare each row with `llada` on the same problems (solved only by the row / only by `llada`, exact two-sided "
         "sign test).",
@@ -148,6 +151,7 @@ def main() -> None:
     parser.add_argument("--presets", nargs="*", default=None, help="default: every preset")
     parser.add_argument("--sections", nargs="*", default=list(SECTIONS), choices=list(SECTIONS))
     parser.add_argument("--card", type=Path, default=None, help="default: README.md beside the model")
+    parser.add_argument("--runs-only", action="store_true", help="decode (resumable) without writing the card: split a card over processes")
     parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "countdown_decoders.png")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -156,11 +160,14 @@ def main() -> None:
     def run_row(section: str, tier: str, label: str, preset: str, overrides: list[str]) -> dict:
         return measure(args.runs / section / tier / label, tier, label, preset, overrides, BASE, args.limit, args.batch_size)
 
-    rows = [run_row("presets", tier, p, p, PRESET_OVERRIDES.get(p, [])) for tier in args.tiers for p in presets]
+    rows = [run_row("presets", tier, p, p, PRESET_OVERRIDES.get(p, [])) for tier in args.tiers for p in presets
+            if p not in WIDTH_PRESETS or tier in WIDTH_TIERS]
     sections = {}
     for name in args.sections:
         tiers, specs = SECTIONS[name]
         sections[name] = [run_row(name, tier, *parse_variant(spec)) for tier in tiers if tier in args.tiers for spec in specs]
+    if args.runs_only:
+        return
     args.runs.mkdir(parents=True, exist_ok=True)
     (args.runs / "table.json").write_text(json.dumps({"presets": rows, **sections}, indent=2) + "\n")
     plot_accuracy_vs_steps(rows, args.tiers, "Shipped Countdown model: accuracy vs steps per decoder", "problem", args.figure)

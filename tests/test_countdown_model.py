@@ -67,11 +67,11 @@ def test_stop_ids_cut_the_answer() -> None:
     task = build(compose(["model=countdown", "task=countdown", "task.limit=1"]), "task")
     assert task.gen_length == 16 and task.block_length == 8 and task.tier == "small" and task.stop_ids == (1401, 1405)
     item = task.items()[0]
-    answer = "18-14=4,4*6=24"  # wrong for 42 but a clean cut
+    answer = "18-14=4,4*6=24"  # the right numbers, the wrong target
     ids = task._tokenizer(answer, add_special_tokens=False)["input_ids"]
     tokens = torch.tensor(ids + [1405] + [1401] * (16 - len(ids) - 1))
     assert task.decode(tokens) == answer
-    assert task.details(item, tokens) == {"equation": "(18-14)*6", "value": "24", "why_wrong": "uses 18, 14, 6, not each of 14, 6, 18 once"}
+    assert task.details(item, tokens) == {"equation": "(18-14)*6", "value": "24", "why_wrong": "equals 24, not 42"}
 
 
 def test_llada_solves_known_problems(model: Model) -> None:
