@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" .
+git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$work" --one-top-level=src  # build from the tracked files only
+python3 -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" "$work/src"
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install --quiet --upgrade pip
 "$work/venv/bin/python" -m pip install --quiet "torch==2.13.0"
