@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 
 from decoder_table import measure, paired, parse_variant, plot_accuracy_vs_steps
+from dlmsearch import records
 from dlmsearch.config import compose, decoder_presets
+from dlmsearch.tasks.arithmetic import wrong_steps
 from dlmsearch.tasks.countdown import TIERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,16 +43,22 @@ SECTIONS = {
 }
 
 
+def strict_accuracy(out: Path) -> float:
+    """Share of items solved with every written step right (``task.strict_steps=true``), from the outputs."""
+    found = records.read_records(out / "results.jsonl")
+    return sum(bool(r.get("correct")) and not wrong_steps(r.get("output") or "") for r in found.values()) / max(len(found), 1)
+
+
 def row_line(r: dict, base: dict | None) -> str:
     wins, losses, p = paired(r, base) if base else (0, 0, 1.0)
     return (f"| {r['tier']} | {r['label']} | {' '.join(r['overrides']) or '-'} | {100 * r['accuracy']:.1f} % | "
-            f"{100 * r['wilson_low']:.1f}-{100 * r['wilson_high']:.1f} | {r['mean_steps']:.1f} | {r['mean_row_forwards']:.1f} | "
+            f"{100 * r['wilson_low']:.1f}-{100 * r['wilson_high']:.1f} | {100 * r['strict_accuracy']:.1f} % | {r['mean_steps']:.1f} | {r['mean_row_forwards']:.1f} | "
             f"{r['mean_token_forwards']:.0f} | {wins} / {losses} | {p:.3g} | {r['wall_seconds']:.0f} |")
 
 
 HEADER = [
-    "| tier | decoder | overrides | solved | 95 % interval | mean steps | mean row-forwards | mean token-forwards | only this / only llada | sign p | wall s |",
-    "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    "| tier | decoder | overrides | solved | 95 % interval | solved, every step right | mean steps | mean row-forwards | mean token-forwards | only this / only llada | sign p | wall s |",
+    "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
 ]
 
 
@@ -125,7 +133,10 @@ def card(rows: list[dict], sections: dict[str, list[dict]], args: argparse.Names
         f"{torch.get_num_threads()} CPU threads per process. The width presets (4 particles) run on `small` and `d1`. Steps are sequential model calls, row-forwards rows summed over calls, "
         "token-forwards the positions computed (what a KV cache saves). Intervals are Wilson 95 %; the paired columns "
         "compare each row with `llada` on the same problems (solved only by the row / only by `llada`, exact two-sided "
-        "sign test).",
+        "sign test). \"Solved\" is the task's judge (the composed equation uses each number once and reaches the "
+        "target, as d1's judge checks the final equation); \"every step right\" also requires each written step's "
+        "claimed result to be right (`task.strict_steps=true`): the model sometimes writes two compensating slips "
+        "(`17+14=29,29*3=93` composes to `(17+14)*3 = 93`).",
         "",
         *table(rows, baselines),
         "",
@@ -158,7 +169,8 @@ def main() -> None:
     presets = args.presets if args.presets is not None else decoder_presets()
 
     def run_row(section: str, tier: str, label: str, preset: str, overrides: list[str]) -> dict:
-        return measure(args.runs / section / tier / label, tier, label, preset, overrides, BASE, args.limit, args.batch_size)
+        out = args.runs / section / tier / label
+        return {**measure(out, tier, label, preset, overrides, BASE, args.limit, args.batch_size), "strict_accuracy": strict_accuracy(out)}
 
     rows = [run_row("presets", tier, p, p, PRESET_OVERRIDES.get(p, [])) for tier in args.tiers for p in presets
             if p not in WIDTH_PRESETS or tier in WIDTH_TIERS]

@@ -140,3 +140,12 @@ def test_train_countdown_checkpoints_resumes_and_writes_a_llada_checkpoint(tmp_p
     adapter = load_text_model(str(out / "model"), "llada", 1402, 1408, [1401, 1405], device="cpu", dtype="float32")
     state = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.equal(adapter.module.state_dict()[k], v) for k, v in state.items())
+
+
+def test_strict_steps_fails_compensating_slips(tmp_path: Path) -> None:
+    from dlmsearch.tasks.arithmetic import wrong_steps
+
+    assert wrong_steps("17+14=29,29*3=93") == ["17+14=29", "29*3=93"] and wrong_steps("12*5=60,60-1=59") == []
+    assert wrong_steps("8/3=2,2+1=3") == ["8/3=2"]
+    problem = CountdownProblem((17, 14, 3), 93)
+    assert check_equation(extract_equation("17+14=29,29*3=93"), problem).correct  # the equation itself is right

@@ -74,12 +74,16 @@ def test_stop_ids_cut_the_answer() -> None:
     assert task.details(item, tokens) == {"equation": "(18-14)*6", "value": "24", "why_wrong": "equals 24, not 42"}
 
 
+# Of the first 16 problems of the small tier, the ones `llada` (block 8) solves with the shipped
+# model, measured once (runs/countdown_claims/card/presets/small/llada): 11 of 16.
+KNOWN_SOLVED = {2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 14}
+
+
 def test_llada_solves_known_problems(model: Model) -> None:
-    """The first 16 problems of the small tier, greedy: the ones the shipped model solves (measured once)."""
     problems = SMALL[:16]
     generations = Decoder.from_preset("llada").generate(model, [prompt(p) for p in problems], gen_length=16, block_length=8, batch_size=16)
-    found = solved([g.text for g in generations], problems)
-    assert sum(found) >= 8, [g.text for g in generations]
+    found = {i for i, ok in enumerate(solved([g.text for g in generations], problems)) if ok}
+    assert len(found & KNOWN_SOLVED) >= len(KNOWN_SOLVED) - 1, [g.text for g in generations]  # one flip of a close call allowed
     assert all(g.steps == 16 and g.row_forwards == 16 for g in generations)
 
 

@@ -128,6 +128,21 @@ def chain_equation(line: str) -> str | None:
     return expression
 
 
+def wrong_steps(text: str) -> list[str]:
+    """The worked steps ``expr=value`` in ``text`` whose claimed value is not the value of their
+    expression (``"17+14=29"``); a step that does not parse counts as wrong."""
+    wrong = []
+    for match in _STEP.finditer(_normalise(text)):
+        expression, claimed = match.group(1).strip(), match.group(2)
+        try:
+            right = evaluate(expression).value == int(claimed)
+        except InvalidExpression:
+            right = False
+        if not right:
+            wrong.append(f"{expression}={claimed}")
+    return wrong
+
+
 def extract_equation(text: str) -> str | None:
     """The equation a model wrote: inside the last ``<answer>...</answer>`` if there is one, else
     on the last line that has digits and an operator (worked steps on that line composed by

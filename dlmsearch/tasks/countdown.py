@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from dlmsearch.tasks.arithmetic import InvalidExpression, evaluate, extract_equation, format_value, uses_exactly
+from dlmsearch.tasks.arithmetic import InvalidExpression, evaluate, extract_equation, format_value, uses_exactly, wrong_steps
 from dlmsearch.tasks.base import TaskItem
 from dlmsearch.tasks.text import TaskFileError, TextTask, read_jsonl
 from dlmsearch.validation import check_choice, check_type
@@ -139,6 +139,7 @@ class CountdownTask(TextTask):
 
     template: str = attrs.field(default=DEFAULT_TEMPLATE, converter=lambda t: DEFAULT_TEMPLATE if t is None else t, validator=[check_type(str), _check_template])
     tier: str = attrs.field(default="d1", validator=[check_type(str), check_choice(*TIERS)])
+    strict_steps: bool = attrs.field(default=False, validator=check_type(bool))  # also every written step must be right
     name: ClassVar[str] = "countdown"
 
     @property
@@ -160,7 +161,14 @@ class CountdownTask(TextTask):
         return CountdownVerifier(self.decode, tuple(questions))
 
     def check(self, item: TaskItem, text: str) -> CountdownCheck:
-        return check_equation(extract_equation(text), item.reference)
+        """The equation's check; with ``strict_steps`` a correct equation whose written steps
+        claim a wrong intermediate result (``17+14=29,29*3=93``) fails too."""
+        found = check_equation(extract_equation(text), item.reference)
+        if found.correct and self.strict_steps:
+            wrong = wrong_steps(text)
+            if wrong:
+                return attrs.evolve(found, error=f"the written step {wrong[0]} is wrong")
+        return found
 
     def judge(self, item: TaskItem, tokens: torch.Tensor) -> bool:
         return self.check(item, self.decode(tokens)).correct
