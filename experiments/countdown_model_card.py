@@ -87,7 +87,15 @@ def training_section(model: Path) -> list[str]:
     for e in training["checkpoint_evals"]:
         got = {x["decoder"]: x["accuracy"] for x in e["eval"]}
         lines.append(f"| {e['step']} | {e['train_seconds'] / 60:.1f} | {e['numbers_up_to']} | {100 * got.get('llada', 0):.1f} % | {100 * got.get('random', 0):.1f} % |")
-    return lines + ["", "![learning curve](../../../docs/countdown_learning_curve.png)"]
+    return lines + [
+        "",
+        "![learning curve](../../../docs/countdown_learning_curve.png)",
+        "",
+        "The loss steps up at step ~1800, where the curriculum starts drawing 15 % of the problems from 1-100. "
+        "An earlier run of the same recipe with one token per digit (`runs/countdown_train_chars`, not shipped) "
+        "solved 0 % of the validation problems at step 1000 (20 training minutes); with every number one token "
+        "this run reached 5.5 % at step 1000 and 24 % at step 2000.",
+    ]
 
 
 def card(rows: list[dict], sections: dict[str, list[dict]], args: argparse.Namespace, command: str) -> str:
@@ -183,7 +191,7 @@ def main() -> None:
     args.runs.mkdir(parents=True, exist_ok=True)
     (args.runs / "table.json").write_text(json.dumps({"presets": rows, **sections}, indent=2) + "\n")
     plot_accuracy_vs_steps(rows, args.tiers, "Shipped Countdown model: accuracy vs steps per decoder", "problem", args.figure)
-    command = "python experiments/countdown_model_card.py" + (f" --limit {args.limit}" if args.limit else "")
+    command = "bash experiments/countdown_claims.sh" if not args.limit else f"python experiments/countdown_model_card.py --limit {args.limit}"
     (args.card or args.model / "README.md").write_text(card(rows, sections, args, command))
     for r in rows + [r for s in sections.values() for r in s]:
         print(f"{r['tier']:7} {r['label']:26} solved {100 * r['accuracy']:5.1f} %  steps {r['mean_steps']:5.1f}  rows {r['mean_row_forwards']:6.1f}")
