@@ -97,5 +97,4 @@ class DistinctFirst(NoDiversity):
         noise = torch.zeros_like(evaluation.confidence)
         rows = split.nonzero().squeeze(1)
         noise[rows, target[rows]] = 2.0  # above any probability: this position is committed first
-        particles.diverged[slots[rows]] = True
-        return attrs.evolve(evaluation, order_noise=noise)
+        return attrs.evolve(evaluation, order_noise=noise)  # the population marks these slots diverged

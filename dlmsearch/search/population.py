@@ -127,7 +127,14 @@ class Population:
         return None if self.size == 1 else self.diversity.token_temperature(particles, slots)
 
     def perturb(self, evaluation: Evaluation, canvas: Canvas, slots: torch.Tensor, particles: Particles, call: torch.Tensor, layout: Layout) -> Evaluation:
-        return evaluation if self.size == 1 else self.diversity.perturb(evaluation, canvas, slots, particles, call, layout)
+        """The diversity's proposals (components only read the particles); slots whose commit
+        order it changed are marked diverged here, in the population's own state."""
+        if self.size == 1:
+            return evaluation
+        perturbed = self.diversity.perturb(evaluation, canvas, slots, particles, call, layout)
+        if perturbed.order_noise is not None:
+            particles.diverged[slots] |= (perturbed.order_noise != 0).any(dim=1)
+        return perturbed
 
     def view(self, canvas: Canvas, particles: Particles, layout: Layout, verifier: Verifier | None, remask: torch.Tensor | None = None) -> ParticleView:
         gen = slice(layout.gen_start, layout.width)
