@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from decoder_table import measure, paired, parse_variant, plot_accuracy_vs_steps
 from dlmsearch import records
@@ -43,10 +44,10 @@ SECTIONS = {
 }
 
 
-def strict_accuracy(out: Path) -> float:
+def strict_accuracy(found: dict[str, records.Record]) -> dict[str, float]:
     """Share of items solved with every written step right (``task.strict_steps=true``), from the outputs."""
-    found = records.read_records(out / "results.jsonl")
-    return sum(bool(r.get("correct")) and not wrong_steps(r.get("output") or "") for r in found.values()) / max(len(found), 1)
+    strict = sum(bool(r.get("correct")) and not wrong_steps(r.get("output") or "") for r in found.values())
+    return {"strict_accuracy": strict / max(len(found), 1)}
 
 
 def row_line(r: dict, base: dict | None) -> str:
@@ -100,8 +101,8 @@ def training_section(model: Path) -> list[str]:
 
 def card(rows: list[dict], sections: dict[str, list[dict]], args: argparse.Namespace, command: str) -> str:
     config = json.loads((args.model / "config.json").read_text())
-    params = sum(t.numel() for t in __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(args.model / "model.safetensors")).values())
-    baselines = {tier: r for r in rows for tier in [r["tier"]] if r["label"] == "llada"}
+    params = sum(t.numel() for t in load_file(str(args.model / "model.safetensors")).values())
+    baselines = {r["tier"]: r for r in rows if r["label"] == "llada"}
     lines = [
         "# Countdown model shipped with dlmsearch",
         "",
@@ -177,8 +178,7 @@ def main() -> None:
     presets = args.presets if args.presets is not None else decoder_presets()
 
     def run_row(section: str, tier: str, label: str, preset: str, overrides: list[str]) -> dict:
-        out = args.runs / section / tier / label
-        return {**measure(out, tier, label, preset, overrides, BASE, args.limit, args.batch_size), "strict_accuracy": strict_accuracy(out)}
+        return measure(args.runs / section / tier / label, tier, label, preset, overrides, BASE, args.limit, args.batch_size, strict_accuracy)
 
     rows = [run_row("presets", tier, p, p, PRESET_OVERRIDES.get(p, [])) for tier in args.tiers for p in presets
             if p not in WIDTH_PRESETS or tier in WIDTH_TIERS]

@@ -7,6 +7,7 @@ resumes where it stopped, and every number in a card is one a ``python -m dlmsea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from dlmsearch import records
@@ -21,19 +22,24 @@ def parse_variant(text: str) -> tuple[str, str, list[str]]:
     return label, preset, [o for o in overrides.split(",") if o]
 
 
-def measure(out_dir: Path, tier: str, label: str, preset: str, overrides: list[str], base: list[str], limit: int | None, batch_size: int) -> dict:
-    """One decoder on one tier: accuracy with its Wilson interval, counters, and the ids it got right."""
+def measure(
+    out_dir: Path, tier: str, label: str, preset: str, overrides: list[str], base: list[str], limit: int | None, batch_size: int,
+    extras: Callable[[dict[str, records.Record]], dict] | None = None,
+) -> dict:
+    """One decoder on one tier: accuracy with its Wilson interval, counters, and the ids it got right.
+    ``extras`` adds fields computed from the run's records (read once)."""
     cfg = compose([
         *base, f"+decoder={preset}", f"task.tier={tier}", f"task.limit={limit or 'null'}", f"batch_size={batch_size}",
         f"out_dir={out_dir}", "examples=0", *overrides,
     ])
     summary = run(cfg)
-    solved = records.judged(records.read_records(out_dir / "results.jsonl"))
-    _, _, low, high = records.accuracy_interval(records.read_records(out_dir / "results.jsonl"))
+    found = records.read_records(out_dir / "results.jsonl")
+    solved = records.judged(found)
+    _, _, low, high = records.accuracy_interval(found)
     return {"tier": tier, "label": label, "preset": preset, "overrides": overrides, "solved_ids": sorted(i for i, ok in solved.items() if ok),
             "ids": sorted(solved), "wilson_low": low, "wilson_high": high, "mean_live_particles": summary.get("mean_live_particles", 1.0),
             **{k: summary[k] for k in ("items", "accuracy", "mean_steps", "mean_row_forwards", "wall_seconds")},
-            "mean_token_forwards": summary.get("mean_token_forwards")}
+            "mean_token_forwards": summary.get("mean_token_forwards"), **(extras(found) if extras else {})}
 
 
 def paired(row: dict, baseline: dict) -> tuple[int, int, float]:

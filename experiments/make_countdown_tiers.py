@@ -9,14 +9,14 @@ the training script excludes every triple of every shipped tier.
 from __future__ import annotations
 
 from dlmsearch.tasks.countdown import TIERS, load_countdown, shipped_countdown_path
-from dlmsearch.tasks.countdown_problems import Problem, draw_tier, triples_in, write_tier
+from dlmsearch.tasks.countdown_problems import draw_tier, triples_in, write_tier
 
 # tier -> (seed, count, low, high)
 RECIPES = {"validation": (100, 128, 1, 20), "small": (101, 256, 1, 20), "medium": (102, 256, 1, 50), "large": (103, 256, 1, 100)}
 
 
 def main() -> None:
-    taken = triples_in([Problem(numbers=p.numbers, target=p.target) for _, p in load_countdown(shipped_countdown_path("d1"))])
+    taken = triples_in([p for _, p in load_countdown(shipped_countdown_path("d1"))])
     for tier, (seed, count, low, high) in RECIPES.items():
         problems = draw_tier(seed, count, low, high, excluded=taken)
         taken |= triples_in(problems)

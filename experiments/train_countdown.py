@@ -32,7 +32,7 @@ from dlmsearch.models.llada_checkpoint import save_llada
 from dlmsearch.models.tokenizer_build import LLADA_CHAT_TEMPLATE, byte_level_bpe, save_tokenizer
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.tasks.countdown import TIERS, CountdownTask, load_countdown, shipped_countdown_path
-from dlmsearch.tasks.countdown_problems import Problem, draw_problem, solutions
+from dlmsearch.tasks.countdown_problems import CountdownProblem, draw_worked
 from dlmsearch.training import checkpoint_accuracy, learning_rate, progress, trim_log
 
 # LLaDA's special tokens, at small ids just above the byte vocabulary and the whole numbers.
@@ -51,7 +51,7 @@ def write_countdown_tokenizer(directory: Path) -> None:
 
 def held_out_triples() -> set[tuple[int, ...]]:
     """Every number triple of every shipped tier: never trained on."""
-    return {tuple(sorted(p.numbers)) for tier in TIERS for _, p in load_countdown(shipped_countdown_path(tier))}
+    return {p.key() for tier in TIERS for _, p in load_countdown(shipped_countdown_path(tier))}
 
 
 class ProblemSampler:
@@ -64,22 +64,19 @@ class ProblemSampler:
         c = self.cfg
         return int(round(c.start_high + (c.high - c.start_high) * min(1.0, done / c.ramp)))
 
-    def draw(self, done: float) -> tuple[Problem, str]:
+    def draw(self, done: float) -> tuple[CountdownProblem, str]:
         c = self.cfg
         wide = done >= c.ramp and self.rng.random() < c.wide_fraction
         while True:
-            problem = draw_problem(self.rng, 1, c.wide_high if wide else self.high(done))
+            problem, answers = draw_worked(self.rng, 1, c.wide_high if wide else self.high(done))
             if problem.key() not in self.excluded:
-                answers = solutions(problem.numbers)[problem.target]
                 return problem, answers[self.rng.integers(len(answers))]
 
 
-def encode_batch(task: CountdownTask, pairs: list[tuple[Problem, str]], gen_length: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def encode_batch(task: CountdownTask, pairs: list[tuple[CountdownProblem, str]], gen_length: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Left-padded rows ``prompt + response`` with their attention mask, and where responses start."""
-    from dlmsearch.tasks.countdown import CountdownProblem
-
     tokenizer = task._tokenizer
-    prompts = [task.encode(task.prompt(CountdownProblem(numbers=p.numbers, target=p.target))) for p, _ in pairs]
+    prompts = [task.encode(task.prompt(p)) for p, _ in pairs]
     width = max(len(p) for p in prompts)
     rows, masks = [], []
     for prompt, (_, answer) in zip(prompts, pairs):

@@ -22,6 +22,7 @@ import torch
 
 from dlmsearch.tasks.arithmetic import InvalidExpression, evaluate, extract_equation, format_value, uses_exactly, wrong_steps
 from dlmsearch.tasks.base import TaskItem
+from dlmsearch.tasks.countdown_problems import CountdownProblem
 from dlmsearch.tasks.text import TaskFileError, TextTask, read_jsonl
 from dlmsearch.validation import check_choice, check_type
 
@@ -49,14 +50,6 @@ def shipped_countdown_path(tier: str = "d1") -> Path:
     if tier not in TIERS:
         raise ValueError(f"task.tier must be one of {', '.join(TIERS)}; got {tier!r}")
     return Path(str(resources.files("dlmsearch") / "data" / "countdown" / TIERS[tier][0]))
-
-
-@attrs.frozen
-class CountdownProblem:
-    """The numbers to use (each once) and the target to reach."""
-
-    numbers: tuple[int, ...]
-    target: int
 
 
 @attrs.frozen

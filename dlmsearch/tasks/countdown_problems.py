@@ -58,30 +58,38 @@ def solutions(numbers: tuple[int, int, int]) -> dict[int, list[str]]:
 
 
 @attrs.frozen
-class Problem:
-    """Three numbers (in the order shown) and a reachable target."""
+class CountdownProblem:
+    """The numbers to use (each once, in the order shown) and the target to reach."""
 
-    numbers: tuple[int, int, int]
+    numbers: tuple[int, ...]
     target: int
 
     def key(self) -> tuple[int, ...]:
-        """The number triple as a multiset: the unit held out of training."""
+        """The numbers as a multiset: the unit held out of training."""
         return tuple(sorted(self.numbers))
 
 
-def draw_problem(rng: np.random.Generator, low: int, high: int) -> Problem:
-    """Three distinct numbers from ``low..high`` and a target drawn uniformly from those they reach."""
+def draw_worked(rng: np.random.Generator, low: int, high: int) -> tuple[CountdownProblem, list[str]]:
+    """Three distinct numbers from ``low..high``, a target drawn uniformly from those they reach,
+    and that target's worked answers (the solutions are enumerated once)."""
     while True:
         numbers = tuple(int(n) for n in rng.choice(np.arange(low, high + 1), size=3, replace=False))
-        reachable = list(solutions(numbers))
-        if reachable:
-            return Problem(numbers=numbers, target=int(reachable[rng.integers(len(reachable))]))
+        worked = solutions(numbers)
+        if worked:
+            targets = list(worked)
+            target = int(targets[rng.integers(len(targets))])
+            return CountdownProblem(numbers=numbers, target=target), worked[target]
 
 
-def draw_tier(seed: int, count: int, low: int, high: int, excluded: set[tuple[int, ...]] = frozenset()) -> list[Problem]:
+def draw_problem(rng: np.random.Generator, low: int, high: int) -> CountdownProblem:
+    """Three distinct numbers from ``low..high`` and a target drawn uniformly from those they reach."""
+    return draw_worked(rng, low, high)[0]
+
+
+def draw_tier(seed: int, count: int, low: int, high: int, excluded: set[tuple[int, ...]] = frozenset()) -> list[CountdownProblem]:
     """``count`` problems with distinct number triples, none of them in ``excluded``."""
     rng = np.random.default_rng(seed)
-    problems: list[Problem] = []
+    problems: list[CountdownProblem] = []
     seen = set(excluded)
     while len(problems) < count:
         problem = draw_problem(rng, low, high)
@@ -91,11 +99,11 @@ def draw_tier(seed: int, count: int, low: int, high: int, excluded: set[tuple[in
     return problems
 
 
-def write_tier(path: Path, problems: list[Problem]) -> None:
+def write_tier(path: Path, problems: list[CountdownProblem]) -> None:
     """d1's JSONL layout: ``input`` "a,b,c" and ``output`` the target."""
     lines = [json.dumps({"input": ",".join(map(str, p.numbers)), "output": str(p.target)}) for p in problems]
     path.write_text("\n".join(lines) + "\n")
 
 
-def triples_in(problems: list[Problem]) -> set[tuple[int, ...]]:
+def triples_in(problems: list[CountdownProblem]) -> set[tuple[int, ...]]:
     return {p.key() for p in problems}
