@@ -23,7 +23,43 @@ from dlmsearch.config import build, compose, to_plain
 from dlmsearch.distributed import Ranks
 from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
 from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.lookahead import Lookahead
 from dlmsearch.tasks.base import Task, TaskItem
+
+
+@attrs.define
+class LookaheadLog:
+    """Every level of every lookahead, per sample, for ``trace.jsonl``: the sample's model call,
+    the particle, the depth reached, the live branches with their scores, and whether the
+    branches roll on (``done``: the level at which a branch is adopted)."""
+
+    engine: RolloutEngine
+    size: int  # particles per sample: slot ``s`` belongs to the batch's sample ``s // size``
+    uids: list[int] = attrs.field(factory=list)
+    levels: dict[int, list[dict[str, Any]]] = attrs.field(factory=dict)
+
+    def start(self, uids: list[int]) -> None:
+        self.uids = list(uids)
+        for uid in uids:
+            self.levels[uid] = []
+
+    def __call__(self, look: Lookahead) -> None:
+        calls = self.engine.calls(look.slots).tolist()
+        scores = look.scores.view(len(look.slots), look.width).tolist()
+        for s, slot in enumerate(look.slots.tolist()):
+            live = look.live[s].tolist()
+            self.levels[self.uids[slot // self.size]].append({
+                "call": calls[s],
+                "particle": slot % self.size,
+                "depth": look.depth,
+                "live": [k for k, alive in enumerate(live) if alive],
+                "scores": [round(v, 5) for v, alive in zip(scores[s], live) if alive],
+                "rolling": bool(look.rolling[s]) and not look.done,
+                "restarted": bool(look.restarted[s]),
+            })
+
+    def take(self, uid: int) -> list[dict[str, Any]]:
+        return self.levels.pop(uid, [])
 
 
 def trace_events(result: DecodeResult, task: Task) -> list[dict[str, Any]]:
@@ -124,11 +160,16 @@ class Decoding:
     task: Task
     fallback: SearchDecoder | None = None
     deadline_s: float | None = None  # samples of a batch decode together: measured from the batch's start
+    lookahead_log: LookaheadLog | None = None  # set: every lookahead level is kept for the trace
 
     def results(self, decoder: SearchDecoder, items: list[TaskItem], uids: list[int]) -> list[DecodeResult]:
         requests = [DecodeRequest(uid=u, prompt=i.prompt, generation=i.generation) for u, i in zip(uids, items)]
         verifier = self.task.verifier([i.question for i in items])  # built from the questions: never the references
-        return decoder.decode(self.engine, requests, self.task.block_length, deadline_s=self.deadline_s, verifier=verifier)
+        log = self.lookahead_log
+        if log is not None:
+            log.size = decoder.population.size
+            log.start(uids)
+        return decoder.decode(self.engine, requests, self.task.block_length, deadline_s=self.deadline_s, verifier=verifier, on_lookahead=log)
 
     def record(self, item: TaskItem, result: DecodeResult, share: float, fallback: str | None = None) -> dict[str, Any]:
         record = {
@@ -203,7 +244,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     adapter = build(cfg, "model", **ranks.model_overrides(cfg))
     task = build(cfg, "task")
     engine = build(cfg, "engine", adapter=adapter)
-    decoding = Decoding(build(cfg, "decoder"), engine, task, build_fallback(cfg), cfg.get("deadline_s"))
+    decoding = Decoding(build(cfg, "decoder"), engine, task, build_fallback(cfg), cfg.get("deadline_s"), LookaheadLog(engine, 1) if cfg.trace else None)
     if int(cfg.batch_size) < 1:
         raise ValueError(f"batch_size must be at least 1, got {cfg.batch_size}")
     items = task.items()
@@ -219,11 +260,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     written = 0
     with bar, graceful_signals() as stop, results_path.open("a") as results, (out / ranks.trace_name).open("a") if cfg.trace else nullcontext() as traces:
         for start in range(0, len(pending), int(cfg.batch_size)):
-            for record, result in decoding.batch(pending[start : start + int(cfg.batch_size)]):
+            batch = pending[start : start + int(cfg.batch_size)]
+            for (uid, _), (record, result) in zip(batch, decoding.batch(batch)):
                 done[record["id"]] = record
                 results.write(json.dumps(record) + "\n")
                 if traces is not None and result is not None:
-                    traces.write(json.dumps({"id": record["id"], "events": trace_events(result, task)}) + "\n")
+                    lookahead = decoding.lookahead_log.take(uid) if decoding.lookahead_log is not None else []
+                    traces.write(json.dumps({"id": record["id"], "events": trace_events(result, task), "lookahead": lookahead}) + "\n")
                 written += 1
             results.flush()
             bar.update(min(int(cfg.batch_size), len(pending) - start) * ranks.world)

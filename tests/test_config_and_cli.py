@@ -45,6 +45,13 @@ def test_preset_composes_instantiates_and_decodes(preset: str, sudoku_model: Pat
     assert saved["mean_steps"] == summary["mean_steps"] > 0
     traces = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert sum(len(e["positions"]) for e in traces[0]["events"]) == records[0]["tokens_committed"]
+    for trace in traces:  # the search record: a lookahead ran exactly where a branch's commits were adopted
+        depths = [d for e in trace["events"] for d in e["depth"]]
+        levels = trace["lookahead"]
+        assert bool(levels) == any(d >= 1 for d in depths)
+        if levels:
+            assert max(depths) <= max(level["depth"] for level in levels)
+            assert all(len(level["live"]) == len(level["scores"]) >= 1 for level in levels)
 
 
 def test_ete_and_adalook_differ_only_in_expansion_and_selection() -> None:

@@ -16,6 +16,7 @@ from dlmsearch.search.diversity import DistinctFirst, OrderTemperature, TokenTem
 from dlmsearch.search.engine import RolloutEngine
 from dlmsearch.search.final_choice import MajorityVote
 from dlmsearch.search.population import Population
+from dlmsearch.search.population_hook import SinglePath
 from dlmsearch.search.resampling import KeepBest, SMCResampling
 from dlmsearch.tasks.countdown import CountdownProblem, CountdownVerifier
 from dlmsearch.tasks.sudoku import SudokuTask, grids_to_tokens
@@ -42,10 +43,10 @@ def test_a_population_of_one_is_the_plain_decoder(adapter: ModelAdapter, preset:
     plain = text_decoder(preset)
     plain = attrs.evolve(plain, population=attrs.evolve(plain.population, size=1, prune_conflicts=False, stop_when_accepted=False))
     plain = attrs.evolve(plain, population=Population()) if plain.population.choice.needs_verifier else plain
-    reference = attrs.evolve(plain, population=Population())
+    reference = attrs.evolve(plain, population=SinglePath())  # the driver's default: no population at all
     for x, y in zip(decode(plain, adapter, requests), decode(reference, adapter, requests)):
         assert torch.equal(x.tokens, y.tokens) and torch.equal(x.commit_call, y.commit_call)
-        assert counters(x) == counters(y)
+        assert counters(x) == counters(y) and x.population == y.population
 
 
 def with_population(preset: str, population: Population):

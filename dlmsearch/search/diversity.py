@@ -9,24 +9,23 @@ decoder, so a population never loses the baseline's own path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import attrs
 import torch
 
+from dlmsearch.search.particle_state import ParticleState
 from dlmsearch.search.randomness import Stream
+from dlmsearch.search.slots import Slots
 from dlmsearch.search.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_type, number
 
-if TYPE_CHECKING:
-    from dlmsearch.search.population import Particles
-
 
 class Diversity(Protocol):
-    def token_temperature(self, particles: "Particles", slots: torch.Tensor) -> torch.Tensor | None:
-        """``[R]`` token temperature per row of these slots, or None: the engine's own."""
+    def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
+        """``[R]`` token temperature for the rows of slots ``rows``, or None: the engine's own."""
 
-    def perturb(self, evaluation: Evaluation, canvas: Canvas, slots: torch.Tensor, particles: "Particles", call: torch.Tensor, layout: Layout) -> Evaluation:
+    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: ParticleState, call: torch.Tensor, layout: Layout) -> Evaluation:
         """The evaluation the base rule commits from (order noise added where the particle diverges)."""
 
 
@@ -34,10 +33,10 @@ class Diversity(Protocol):
 class NoDiversity:
     """Every particle decodes as the plain decoder (a population of one)."""
 
-    def token_temperature(self, particles: "Particles", slots: torch.Tensor) -> torch.Tensor | None:
+    def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         return None
 
-    def perturb(self, evaluation: Evaluation, canvas: Canvas, slots: torch.Tensor, particles: "Particles", call: torch.Tensor, layout: Layout) -> Evaluation:
+    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: ParticleState, call: torch.Tensor, layout: Layout) -> Evaluation:
         return evaluation
 
 
@@ -50,11 +49,11 @@ class OrderTemperature(NoDiversity):
     temperature: float = number(float, 0.0, default=0.1)
     keep_greedy: bool = attrs.field(default=True, validator=check_type(bool))
 
-    def perturb(self, evaluation: Evaluation, canvas: Canvas, slots: torch.Tensor, particles: "Particles", call: torch.Tensor, layout: Layout) -> Evaluation:
-        noisy = particles.particle[slots] > 0 if self.keep_greedy else torch.ones(len(slots), dtype=torch.bool)
+    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: ParticleState, call: torch.Tensor, layout: Layout) -> Evaluation:
+        noisy = slots.particle[rows] > 0 if self.keep_greedy else torch.ones(len(rows), dtype=torch.bool)
         if self.temperature == 0 or not bool(noisy.any()):
             return evaluation
-        uniform = particles.draw(slots, call, layout, Stream.ORDER_NOISE).clamp(1e-12, 1 - 1e-7)
+        uniform = slots.draw(rows, call, layout, Stream.ORDER_NOISE).clamp(1e-12, 1 - 1e-7)
         gumbel = -torch.log(-torch.log(uniform))
         return attrs.evolve(evaluation, order_noise=torch.where(noisy[:, None], self.temperature * gumbel, 0.0))
 
@@ -66,8 +65,8 @@ class TokenTemperature(NoDiversity):
     temperature: float = number(float, 0.0, default=0.7)
     keep_greedy: bool = attrs.field(default=True, validator=check_type(bool))
 
-    def token_temperature(self, particles: "Particles", slots: torch.Tensor) -> torch.Tensor | None:
-        particle = particles.particle[slots]
+    def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
+        particle = slots.particle[rows]
         hot = particle > 0 if self.keep_greedy else torch.ones_like(particle, dtype=torch.bool)
         return torch.where(hot, self.temperature, 0.0)
 
@@ -81,8 +80,8 @@ class DistinctFirst(NoDiversity):
 
     uncertain_below: float = number(float, 0.0, 1.0, default=0.9)
 
-    def perturb(self, evaluation: Evaluation, canvas: Canvas, slots: torch.Tensor, particles: "Particles", call: torch.Tensor, layout: Layout) -> Evaluation:
-        waiting = ~particles.diverged[slots]
+    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: ParticleState, call: torch.Tensor, layout: Layout) -> Evaluation:
+        waiting = ~state.diverged[rows]
         if not bool(waiting.any()):
             return evaluation
         open_ = canvas.masked & canvas.unlocked(layout)
@@ -92,7 +91,7 @@ class DistinctFirst(NoDiversity):
         if not bool(split.any()):
             return evaluation
         order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
-        pick = particles.rank[slots] % open_.sum(dim=1).clamp(min=1)
+        pick = state.rank[rows] % open_.sum(dim=1).clamp(min=1)
         target = order.gather(1, pick[:, None]).squeeze(1)
         noise = torch.zeros_like(evaluation.confidence)
         rows = split.nonzero().squeeze(1)

@@ -32,9 +32,10 @@ from dlmsearch.search.commit import CommitRule
 from dlmsearch.search.engine import RolloutEngine
 from dlmsearch.search.expansion import ExpansionPolicy
 from dlmsearch.search.lookahead import Lookahead
-from dlmsearch.search.population import Particles, Population
+from dlmsearch.search.population_hook import PopulationHook, PopulationOutcome, SinglePath
 from dlmsearch.search.scorers import Scorer
 from dlmsearch.search.selectors import Selector
+from dlmsearch.search.slots import Slots
 from dlmsearch.search.state import Canvas, Evaluation, Layout, initial_canvas
 from dlmsearch.search.triggers import NeverTrigger, Trigger
 from dlmsearch.search.verifier import Verifier
@@ -50,15 +51,6 @@ class DecodeRequest:
     uid: int
     prompt: torch.Tensor
     generation: torch.Tensor
-
-
-@attrs.frozen
-class PopulationOutcome:
-    """What a population adds to a sample's result (a population of one: the defaults)."""
-
-    particle: int = 0  # the particle chosen as the output
-    live_particles: float = 1.0  # particles decoding, averaged over the sample's rounds
-    accepted: bool | None = None  # the task verifier's verdict on the output (None: not checked)
 
 
 @attrs.frozen
@@ -82,16 +74,18 @@ class DecodeResult:
 @attrs.frozen
 class DecodeState:
     """Everything a batch's decoding carries between rounds: ``state = decoder.step(engine, state)``
-    until ``finished``. The counters live in the engine (per sample) and the population's
-    bookkeeping in ``particles``; the canvases, their cached evaluations and the per-slot flags
-    are here, so a caller can stream finished samples or a server admit new ones between steps."""
+    until ``finished``. The counters live in the engine (per sample); the slot table, the
+    population's own state (opaque to the loop), the canvases, their cached evaluations and the
+    per-slot flags are here, so a caller can stream finished samples or a server admit new ones
+    between steps."""
 
     layout: Layout
     canvas: Canvas  # [slots] every slot's canvas
     cache: Evaluation  # [slots] the latest evaluation of each slot's canvas
     fresh: torch.Tensor  # [slots] the cached evaluation is of the current canvas
     late: torch.Tensor  # [slots] past the deadline: the base rule alone finishes it
-    particles: Particles
+    slots: Slots  # which sample and particle each slot is
+    population: object  # the population hook's state (None for a population of one)
     max_rounds: int
     started: float  # time.monotonic() at the start, for the deadline
     round_index: int = 0
@@ -108,7 +102,7 @@ class SearchDecoder:
     scorer: Scorer | None = None
     expansion: ExpansionPolicy | None = None
     selector: Selector | None = None
-    population: Population = attrs.field(factory=Population)
+    population: PopulationHook = attrs.field(factory=SinglePath)
     name: str = "custom"
     block_length: int | None = None  # a decoder with its own block structure (Dream: one block); None: the task's
 
@@ -167,6 +161,7 @@ class SearchDecoder:
         size = self.population.size
         canvas = initial_canvas([r.prompt for r in requests for _ in range(size)], [r.generation for r in requests for _ in range(size)], layout, mask_id, pad_id=mask_id)
         slots = len(requests) * size
+        slots_table = Slots.start(torch.tensor([r.uid for r in requests], dtype=torch.long), size, engine.seed)
         engine.reset(len(requests), size)
         # Every round commits at least one position per decoding slot, except the steps a fixed
         # schedule may leave empty (Dream's first steps): at most its budget per block.
@@ -176,7 +171,8 @@ class SearchDecoder:
             cache=Evaluation.empty(slots, layout.width, self.commit.statistics),
             fresh=torch.zeros(slots, dtype=torch.bool),
             late=torch.zeros(slots, dtype=torch.bool),
-            particles=Particles.start(torch.tensor([r.uid for r in requests], dtype=torch.long), size, engine.seed),
+            slots=slots_table,
+            population=self.population.start(slots_table),
             max_rounds=gen_length + 1 + (self.commit.block_budget or 0) * layout.num_blocks,
             started=time.monotonic(),
         )
@@ -191,14 +187,14 @@ class SearchDecoder:
         on_lookahead: Callable[[Lookahead], None] | None = None,
     ) -> DecodeState:
         """One round for every slot still decoding: evaluate, explore or exploit, commit, let the population act."""
-        layout, canvas, cache, particles = state.layout, state.canvas, state.cache, state.particles
+        layout, canvas, cache, slots, population = state.layout, state.canvas, state.cache, state.slots, state.population
         fresh, late = state.fresh.clone(), state.late.clone()
-        active = canvas.masked.any(dim=1) & particles.running()
+        active = canvas.masked.any(dim=1) & self.population.running(population, slots)
         if not bool(active.any()):
             return attrs.evolve(state, finished=True)
         need = (active & ~fresh).nonzero().squeeze(1)
         if need.numel():
-            cache = cache.put(need, self._evaluate(engine, particles, canvas.take(need), need, torch.zeros_like(need), layout))
+            cache = cache.put(need, self._evaluate(engine, slots, population, canvas.take(need), need, torch.zeros_like(need), layout))
             fresh[need] = True
         rows = active.nonzero().squeeze(1)
         root, evaluation = canvas.take(rows), cache.take(rows)
@@ -210,7 +206,7 @@ class SearchDecoder:
         if explored.numel():
             # Explore: adopt the selected branch with the evaluation it already has. Unless
             # the selector asks for a fresh lookahead from it, exploit that evaluation at once.
-            adopted, adopted_eval, restart = self._lookahead(engine, particles, root.take(explore), evaluation.take(explore), explored, layout, on_lookahead)
+            adopted, adopted_eval, restart = self._lookahead(engine, slots, population, root.take(explore), evaluation.take(explore), explored, layout, on_lookahead)
             at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
             root, evaluation = root.put(at, adopted), evaluation.put(at, adopted_eval)
             canvas = canvas.put(explored, adopted)
@@ -221,64 +217,67 @@ class SearchDecoder:
         if base.numel():
             sub, sub_eval = root.take(exploit), evaluation.take(exploit)
             call = engine.calls(base)
-            chosen = self.commit.select(sub, self.population.perturb(sub_eval, sub, base, particles, call, layout), layout)
+            proposals, population = self.population.perturb(sub_eval, sub, base, slots, population, call, layout)
+            chosen = self.commit.select(sub, proposals, layout)
             committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget)
             canvas = canvas.put(base, committed)
             fresh[base] = False
-        source = self.population.after_round(canvas, particles, layout, state.round_index, verifier)
+        population, source = self.population.after_round(canvas, slots, population, layout, state.round_index, verifier)
         if source is not None:
             canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
             engine.reorder_slots(source)
         if on_round is not None:
             on_round(canvas, source)
-        return attrs.evolve(state, canvas=canvas, cache=cache, fresh=fresh, late=late, round_index=state.round_index + 1)
+        return attrs.evolve(state, canvas=canvas, cache=cache, fresh=fresh, late=late, population=population, round_index=state.round_index + 1)
 
     def finish(self, engine: RolloutEngine, state: DecodeState, verifier: Verifier | None = None) -> list[DecodeResult]:
         """Each sample's output: the population's re-check and choice, then the chosen slot's result."""
-        layout, canvas, particles = state.layout, state.canvas, state.particles
-        recheck = lambda probe, slot: self._evaluate(engine, particles, probe, slot, torch.full_like(slot, RECHECK_KEY), layout)  # noqa: E731
-        chosen_slot = self.population.choose(canvas, particles, layout, verifier, recheck, engine.mask_id)
-        size = particles.size
-        samples = len(particles.stopped)
-        late_sample = state.late.view(samples, size).any(dim=1)
-        return [self._result(canvas, engine, particles, int(chosen_slot[i]), i, layout, bool(late_sample[i])) for i in range(samples)]
+        layout, canvas, slots, population = state.layout, state.canvas, state.slots, state.population
+        recheck = lambda probe, rows: self._evaluate(engine, slots, population, probe, rows, torch.full_like(rows, RECHECK_KEY), layout)  # noqa: E731
+        chosen_slot = self.population.choose(canvas, slots, population, layout, verifier, recheck, engine.mask_id)
+        late_sample = state.late.view(slots.samples, slots.size).any(dim=1)
+        return [
+            self._result(canvas, engine, slots, self.population.outcome(population, int(chosen_slot[i]), i), int(chosen_slot[i]), i, layout, bool(late_sample[i]))
+            for i in range(slots.samples)
+        ]
 
-    def _evaluate(self, engine: RolloutEngine, particles: Particles, canvas: Canvas, slot: torch.Tensor, branch_key: torch.Tensor, layout: Layout) -> Evaluation:
+    def _evaluate(self, engine: RolloutEngine, slots: Slots, population: object, canvas: Canvas, slot: torch.Tensor, branch_key: torch.Tensor, layout: Layout) -> Evaluation:
         """One engine step for rows of these slots (``branch_key``: 0 for roots, 1 + branch)."""
-        row_key = particles.particle[slot] * BRANCH_KEYS + branch_key
+        row_key = slots.particle[slot] * BRANCH_KEYS + branch_key
         return engine.evaluate(
             canvas.tokens,
             canvas.attention,
             slot,
-            particles.uid[slot],
+            slots.uid[slot],
             row_key,
             self.commit.statistics,
             layout.gen_start,
             canvas.window(layout),
-            temperature=self.population.token_temperature(particles, slot),
-            group=None if particles.size == 1 else particles.owner[slot] * BRANCH_KEYS + branch_key,
+            temperature=self.population.token_temperature(population, slots, slot),
+            group=None if slots.size == 1 else slots.owner[slot] * BRANCH_KEYS + branch_key,
         )
 
     def _lookahead(
         self,
         engine: RolloutEngine,
-        particles: Particles,
+        slots: Slots,
+        population: object,
         root: Canvas,
         evaluation: Evaluation,
-        slots: torch.Tensor,
+        exploring: torch.Tensor,
         layout: Layout,
         on_lookahead: Callable[[Lookahead], None] | None,
     ) -> tuple[Canvas, Evaluation, torch.Tensor]:
         """Roll hypotheses of all exploring slots level by level; the adopted branches, their
         evaluations, and ``[S]`` restart flags (the selector wants a fresh lookahead from the
         adopted state instead of exploiting it)."""
-        look = self._open(engine, root, evaluation, slots, layout)
+        look = self._open(engine, root, evaluation, exploring, layout)
         while not look.done:
-            look = self._advance(engine, particles, look, layout)
+            look = self._advance(engine, slots, population, look, layout)
             if on_lookahead is not None:
                 on_lookahead(look)
         assert self.selector is not None
-        adopted, adopted_eval = look.adopted(self.selector.best(look.scores.view(len(slots), look.width), look.live))
+        adopted, adopted_eval = look.adopted(self.selector.best(look.scores.view(len(exploring), look.width), look.live))
         return adopted, adopted_eval, look.restarted
 
     def _open(self, engine: RolloutEngine, root: Canvas, evaluation: Evaluation, slots: torch.Tensor, layout: Layout) -> Lookahead:
@@ -308,7 +307,7 @@ class SearchDecoder:
             expansion=self.expansion.plan(root, evaluation, layout),
         )
 
-    def _advance(self, engine: RolloutEngine, particles: Particles, look: Lookahead, layout: Layout) -> Lookahead:
+    def _advance(self, engine: RolloutEngine, slots: Slots, population: object, look: Lookahead, layout: Layout) -> Lookahead:
         """One level: evaluate and score the rolling branches; then either finish, or let the
         expansion policy and the selector's re-evaluation decide who rolls on and commit the
         base rule once more on those branches."""
@@ -316,7 +315,7 @@ class SearchDecoder:
         rows = look.rows()
         slot_row, branch_id = look.slot_row, look.branch_id
         sub = look.branches.take(rows)
-        sub_eval = self._evaluate(engine, particles, sub, slot_row[rows], 1 + branch_id[rows], layout)
+        sub_eval = self._evaluate(engine, slots, population, sub, slot_row[rows], 1 + branch_id[rows], layout)
         evaluation = look.evaluation.put(rows, sub_eval)
         gained = self.scorer.score(sub, sub_eval, layout, look.step_log_conf[rows])
         scores = look.scores.clone()
@@ -349,12 +348,11 @@ class SearchDecoder:
         rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.calls(slot_row[rows]), depth, branch_id[rows], layout, self.commit.block_budget)
         return attrs.evolve(look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth)
 
-    def _result(self, canvas: Canvas, engine: RolloutEngine, particles: Particles, slot: int, sample: int, layout: Layout, late: bool) -> DecodeResult:
+    def _result(self, canvas: Canvas, engine: RolloutEngine, slots: Slots, outcome: PopulationOutcome, slot: int, sample: int, layout: Layout, late: bool) -> DecodeResult:
         gen = slice(layout.gen_start, layout.width)
         call = canvas.commit_call[slot, gen]
-        verdict = int(particles.verdict[slot])
         return DecodeResult(
-            uid=int(particles.uid[slot]),
+            uid=int(slots.uid[slot]),
             tokens=canvas.tokens[slot, gen].clone(),
             steps=int(engine.steps[sample]),
             row_forwards=int(engine.row_forwards[sample]),
@@ -365,9 +363,5 @@ class SearchDecoder:
             commit_confidence=canvas.commit_confidence[slot, gen].clone(),
             commit_depth=canvas.commit_depth[slot, gen].clone(),
             commit_branch=canvas.commit_branch[slot, gen].clone(),
-            population=PopulationOutcome(
-                particle=int(particles.particle[slot]),
-                live_particles=round(float(particles.live_total[sample] / particles.rounds[sample].clamp(min=1)), 3),
-                accepted=None if verdict < 0 else bool(verdict),
-            ),
+            population=outcome,
         )

@@ -7,12 +7,12 @@ its particles diverge (``diversity``), when they are pruned or resampled (``resa
 they are scored (``score``) and which one is the output (``choice``); with a task verifier it
 may end particles whose partial output breaks the task's rules (``prune_conflicts``) and stop a
 sample once a complete particle is accepted (``stop_when_accepted``). ``size: 1`` is the plain
-decoder, token for token.
+decoder, token for token. :class:`Population` implements the driver's
+:class:`~dlmsearch.search.population_hook.PopulationHook`; its bookkeeping is a frozen
+:class:`ParticleState` beside the slot table (:class:`~dlmsearch.search.slots.Slots`).
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import attrs
 import torch
@@ -21,80 +21,13 @@ from dlmsearch.search.diversity import Diversity, NoDiversity
 from dlmsearch.search.randomness import Stream, hashed_uniform
 from dlmsearch.search.final_choice import BestScore, FinalChoice
 from dlmsearch.search.particle_scores import ParticleView, WeightedSum
+from dlmsearch.search.particle_state import ParticleState
+from dlmsearch.search.population_hook import Evaluate, PopulationOutcome
 from dlmsearch.search.resampling import NoResampling, Resampling
+from dlmsearch.search.slots import Slots
 from dlmsearch.search.state import Canvas, Evaluation, Layout
 from dlmsearch.search.verifier import Verifier
 from dlmsearch.validation import check_type, number
-
-
-@attrs.define(eq=False)
-class Particles:
-    """The state of one batch's populations, per slot (``[samples * size]``) or per sample."""
-
-    size: int
-    seed: int
-    uid: torch.Tensor  # [slots] the sample's dataset-wide id
-    owner: torch.Tensor  # [slots] sample index within the batch
-    particle: torch.Tensor  # [slots] particle index within its sample
-    rank: torch.Tensor  # [slots] rank within its family (copies of one state): who commits what at a split
-    diverged: torch.Tensor  # [slots] the family has split since it was formed
-    alive: torch.Tensor  # [slots] False: ended by the verifier
-    verdict: torch.Tensor  # [slots] -1 not yet checked, 0 rejected, 1 accepted by the verifier
-    base_score: torch.Tensor  # [slots] score at the last resampling point
-    stopped: torch.Tensor  # [samples] a particle was accepted and the sample stopped early
-    live_total: torch.Tensor  # [samples] particles decoding, summed over the sample's rounds
-    rounds: torch.Tensor  # [samples] rounds in which the sample decoded
-
-    @classmethod
-    def start(cls, uid: torch.Tensor, size: int, seed: int) -> "Particles":
-        samples = len(uid)
-        slots = samples * size
-        return cls(
-            size=size,
-            seed=seed,
-            uid=uid.repeat_interleave(size),
-            owner=torch.arange(samples).repeat_interleave(size),
-            particle=torch.arange(size).repeat(samples),
-            rank=torch.arange(size).repeat(samples),
-            diverged=torch.zeros(slots, dtype=torch.bool),
-            alive=torch.ones(slots, dtype=torch.bool),
-            verdict=torch.full((slots,), -1, dtype=torch.long),
-            base_score=torch.zeros(slots),
-            stopped=torch.zeros(samples, dtype=torch.bool),
-            live_total=torch.zeros(samples),
-            rounds=torch.zeros(samples),
-        )
-
-    def running(self) -> torch.Tensor:
-        """``[slots]`` particles that may still decode."""
-        return self.alive & ~self.stopped[self.owner]
-
-    def draw(self, slots: torch.Tensor, call: torch.Tensor, layout: Layout, stream: Stream) -> torch.Tensor:
-        """``[R, width]`` seeded uniforms keyed by (seed, sample, call, particle, generation
-        position, stream): the same whatever the batch's padding."""
-        position = torch.arange(layout.width) - layout.gen_start
-        keys = [torch.tensor(self.seed), self.uid[slots, None], call[:, None], self.particle[slots, None], position[None, :], torch.tensor(stream)]
-        return hashed_uniform(keys)
-
-    def adopt(self, source: torch.Tensor, resampled: torch.Tensor) -> None:
-        """Slot ``i`` continues from slot ``source[i]``; in the ``resampled`` samples, copies of
-        one state form a family that splits again (ranks 0, 1, ... with the state's own slot first)."""
-        moved = source != torch.arange(len(source))
-        for name in ("alive", "verdict", "base_score"):
-            setattr(self, name, getattr(self, name)[source])
-        family = torch.bincount(source, minlength=len(source))
-        # rank: the original keeps rank 0 where it survived; copies count up in slot order
-        slots = len(source)
-        order = torch.argsort(source * 2 * slots + moved.long() * slots + torch.arange(slots))
-        grouped = source[order]
-        starts = torch.ones(slots, dtype=torch.bool)
-        starts[1:] = grouped[1:] != grouped[:-1]
-        position = torch.arange(slots)
-        first = torch.where(starts, position, 0).cummax(dim=0).values
-        rank = torch.empty_like(source)
-        rank[order] = position - first
-        self.rank = torch.where(resampled, rank, self.rank)
-        self.diverged = torch.where(resampled, self.diverged[source] & (family[source] == 1), self.diverged)
 
 
 @attrs.define
@@ -123,40 +56,50 @@ class Population:
                 "checks complete ones only: set decoder.population.prune_conflicts=false"
             )
 
-    def token_temperature(self, particles: Particles, slots: torch.Tensor) -> torch.Tensor | None:
-        return None if self.size == 1 else self.diversity.token_temperature(particles, slots)
+    def start(self, slots: Slots) -> ParticleState:
+        return ParticleState.start(slots)
 
-    def perturb(self, evaluation: Evaluation, canvas: Canvas, slots: torch.Tensor, particles: Particles, call: torch.Tensor, layout: Layout) -> Evaluation:
+    def running(self, state: ParticleState, slots: Slots) -> torch.Tensor:
+        return state.running(slots)
+
+    def token_temperature(self, state: ParticleState, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
+        return None if self.size == 1 else self.diversity.token_temperature(slots, rows)
+
+    def perturb(
+        self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: ParticleState, call: torch.Tensor, layout: Layout,
+    ) -> tuple[Evaluation, ParticleState]:
         """The diversity's proposals (components only read the particles); slots whose commit
         order it changed are marked diverged here, in the population's own state."""
         if self.size == 1:
-            return evaluation
-        perturbed = self.diversity.perturb(evaluation, canvas, slots, particles, call, layout)
-        if perturbed.order_noise is not None:
-            particles.diverged[slots] |= (perturbed.order_noise != 0).any(dim=1)
-        return perturbed
+            return evaluation, state
+        perturbed = self.diversity.perturb(evaluation, canvas, rows, slots, state, call, layout)
+        if perturbed.order_noise is None:
+            return perturbed, state
+        diverged = state.diverged.clone()
+        diverged[rows] |= (perturbed.order_noise != 0).any(dim=1)
+        return perturbed, attrs.evolve(state, diverged=diverged)
 
-    def view(self, canvas: Canvas, particles: Particles, layout: Layout, verifier: Verifier | None, remask: torch.Tensor | None = None) -> ParticleView:
+    def view(self, canvas: Canvas, slots: Slots, layout: Layout, verifier: Verifier | None, remask: torch.Tensor | None = None) -> ParticleView:
         gen = slice(layout.gen_start, layout.width)
         committed = canvas.commit_call[:, gen] >= 0
         log_confidence = torch.where(committed, torch.log(canvas.commit_confidence[:, gen].clamp(min=1e-30)), 0.0)
-        return ParticleView(particles.owner, canvas.tokens[:, gen], canvas.masked[:, gen], committed, log_confidence, verifier, remask)
+        return ParticleView(slots.owner, canvas.tokens[:, gen], canvas.masked[:, gen], committed, log_confidence, verifier, remask)
 
-    def recheck(self, canvas: Canvas, particles: Particles, mask_id: int, evaluate: Callable[[Canvas, torch.Tensor], Evaluation]) -> torch.Tensor | None:
+    def recheck(self, canvas: Canvas, slots: Slots, state: ParticleState, mask_id: int, evaluate: Evaluate) -> torch.Tensor | None:
         """The model's re-check of complete particles (:class:`RemaskAgreement`), in one step
         over every sample that still has a choice to make; None where no score asks for it."""
         groups = self.score.remask_groups
-        samples, size = len(particles.stopped), self.size
+        samples, size = slots.samples, self.size
         if not groups or size == 1:
             return None
-        complete = particles.alive & ~canvas.masked.any(dim=1) & ~particles.stopped[particles.owner]
+        complete = state.alive & ~canvas.masked.any(dim=1) & ~state.stopped[slots.owner]
         choosing = complete.view(samples, size).sum(dim=1) > 1
-        slots = (complete & choosing[particles.owner]).nonzero().squeeze(1)
+        chosen = (complete & choosing[slots.owner]).nonzero().squeeze(1)
         scores = torch.zeros(len(complete))
-        if not slots.numel():
+        if not chosen.numel():
             return scores
-        rows = slots.repeat_interleave(groups)
-        group = torch.arange(groups).repeat(len(slots))
+        rows = chosen.repeat_interleave(groups)
+        group = torch.arange(groups).repeat(len(chosen))
         committed = canvas.commit_call[rows] >= 0
         remasked = committed & ((committed.long().cumsum(dim=1) - 1) % groups == group[:, None])
         probe = attrs.evolve(canvas.take(rows), tokens=torch.where(remasked, mask_id, canvas.tokens[rows]), masked=remasked)
@@ -166,71 +109,81 @@ class Population:
         log_p = torch.where(remasked, torch.where(agree, torch.log(confidence), torch.log1p(-confidence)), 0.0).sum(dim=1)
         total = torch.zeros(len(complete)).index_add_(0, rows, log_p)
         count = torch.zeros(len(complete)).index_add_(0, rows, remasked.sum(dim=1).float())
-        scores[slots] = total[slots] / count[slots].clamp(min=1)
+        scores[chosen] = total[chosen] / count[chosen].clamp(min=1)
         return scores
 
-    def after_round(self, canvas: Canvas, particles: Particles, layout: Layout, round_index: int, verifier: Verifier | None) -> torch.Tensor | None:
+    def after_round(
+        self, canvas: Canvas, slots: Slots, state: ParticleState, layout: Layout, round_index: int, verifier: Verifier | None,
+    ) -> tuple[ParticleState, torch.Tensor | None]:
         """End conflicting particles, judge finished ones, stop accepted samples, and resample
-        at the policy's rounds. Returns the slot each slot continues from (None: unchanged)."""
-        samples, size = len(particles.stopped), self.size
-        running = particles.running()
+        at the policy's rounds. Returns the new state and the slot each slot continues from
+        (None: unchanged)."""
+        samples, size = slots.samples, self.size
+        running = state.running(slots)
         open_ = canvas.masked.any(dim=1)
         decoding = (running & open_).view(samples, size).sum(dim=1)
-        particles.live_total += decoding
-        particles.rounds += decoding > 0
+        state = attrs.evolve(state, live_total=state.live_total + decoding, rounds=state.rounds + (decoding > 0))
         if size == 1 and not self.needs_verifier:
-            return None
+            return state, None
         gen = slice(layout.gen_start, layout.width)
         tokens, masked = canvas.tokens[:, gen], canvas.masked[:, gen]
         if self.prune_conflicts and verifier is not None:
             rows = running.nonzero().squeeze(1)
             bad = torch.zeros_like(running)
-            bad[rows] = ~verifier.consistent(particles.owner[rows], tokens[rows], masked[rows])
+            bad[rows] = ~verifier.consistent(slots.owner[rows], tokens[rows], masked[rows])
             spared = (running & ~bad).view(samples, size).any(dim=1)  # never end a sample's last particles
-            particles.alive &= ~(bad & spared[particles.owner])
-        unchecked = particles.alive & ~open_ & (particles.verdict < 0)
+            state = attrs.evolve(state, alive=state.alive & ~(bad & spared[slots.owner]))
+        unchecked = state.alive & ~open_ & (state.verdict < 0)
         if verifier is not None and bool(unchecked.any()):
             rows = unchecked.nonzero().squeeze(1)
-            particles.verdict[rows] = verifier.accepts(particles.owner[rows], tokens[rows]).long()
+            verdict = state.verdict.clone()
+            verdict[rows] = verifier.accepts(slots.owner[rows], tokens[rows]).long()
+            state = attrs.evolve(state, verdict=verdict)
         if self.stop_when_accepted:
-            particles.stopped |= (particles.alive & (particles.verdict == 1)).view(samples, size).any(dim=1)
+            state = attrs.evolve(state, stopped=state.stopped | (state.alive & (state.verdict == 1)).view(samples, size).any(dim=1))
         every = self.resampling.every
         if size == 1 or not every or (round_index + 1) % every:
-            return None
-        scores = self.score(self.view(canvas, particles, layout, verifier))
-        candidates = particles.alive & ~particles.stopped[particles.owner]
+            return state, None
+        scores = self.score(self.view(canvas, slots, layout, verifier))
+        candidates = state.alive & ~state.stopped[slots.owner]
         busy = (candidates & open_).view(samples, size).any(dim=1)  # resample only where something still decodes
-        uniform = hashed_uniform([torch.tensor(particles.seed), particles.uid.view(samples, size)[:, 0], torch.tensor(round_index), torch.tensor(Stream.RESAMPLING)])
+        uniform = hashed_uniform([torch.tensor(slots.seed), slots.uid.view(samples, size)[:, 0], torch.tensor(round_index), torch.tensor(Stream.RESAMPLING)])
         source = self.resampling.sources(
-            scores.view(samples, size), particles.base_score.view(samples, size), (candidates.view(samples, size) & busy[:, None]),
+            scores.view(samples, size), state.base_score.view(samples, size), (candidates.view(samples, size) & busy[:, None]),
             tokens.view(samples, size, -1), uniform,
         )
         if source is None:
-            return None
+            return state, None
         changed = (source != torch.arange(size)).any(dim=1)  # per sample: its own business, whatever the batch
         if not bool(changed.any()):
-            return None
-        slots = (source + torch.arange(samples)[:, None] * size).flatten()
-        moved = changed[particles.owner]
-        particles.base_score = torch.where(moved, scores, particles.base_score)
-        particles.adopt(slots, moved)
-        return slots
+            return state, None
+        moved_from = (source + torch.arange(samples)[:, None] * size).flatten()
+        moved = changed[slots.owner]
+        state = attrs.evolve(state, base_score=torch.where(moved, scores, state.base_score))
+        return state.adopt(moved_from, moved), moved_from
 
     def choose(
-        self, canvas: Canvas, particles: Particles, layout: Layout, verifier: Verifier | None,
-        evaluate: Callable[[Canvas, torch.Tensor], Evaluation], mask_id: int,
+        self, canvas: Canvas, slots: Slots, state: ParticleState, layout: Layout, verifier: Verifier | None, evaluate: Evaluate, mask_id: int,
     ) -> torch.Tensor:
         """``[samples]`` the slot whose canvas is each sample's output. Where a score asks for the
         model's re-check, it is computed here through ``evaluate`` (one engine step for probe
         canvases of the given slots)."""
-        samples, size = len(particles.stopped), self.size
+        samples, size = slots.samples, self.size
         if size == 1:
             return torch.arange(samples)
-        view = self.view(canvas, particles, layout, verifier, self.recheck(canvas, particles, mask_id, evaluate))
+        view = self.view(canvas, slots, layout, verifier, self.recheck(canvas, slots, state, mask_id, evaluate))
         scores = self.score(view).view(samples, size)
-        complete = (particles.alive & ~canvas.masked.any(dim=1)).view(samples, size)
+        complete = (state.alive & ~canvas.masked.any(dim=1)).view(samples, size)
         candidates = torch.where(complete.any(dim=1, keepdim=True), complete, ~canvas.masked.any(dim=1).view(samples, size))
-        accepted = (particles.verdict == 1).view(samples, size)
-        candidates = torch.where(particles.stopped[:, None], candidates & accepted, candidates)  # a stopped sample's output is what stopped it
+        accepted = (state.verdict == 1).view(samples, size)
+        candidates = torch.where(state.stopped[:, None], candidates & accepted, candidates)  # a stopped sample's output is what stopped it
         particle = self.choice.choose(scores, candidates, accepted, view.tokens.view(samples, size, -1), verifier)
         return torch.arange(samples) * size + particle
+
+    def outcome(self, state: ParticleState, slot: int, sample: int) -> PopulationOutcome:
+        verdict = int(state.verdict[slot])
+        return PopulationOutcome(
+            particle=slot % self.size,
+            live_particles=round(float(state.live_total[sample] / state.rounds[sample].clamp(min=1)), 3),
+            accepted=None if verdict < 0 else bool(verdict),
+        )

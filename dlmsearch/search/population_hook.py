@@ -1,0 +1,94 @@
+"""What the decode loop asks of a population, and the population of one that answers with no-ops.
+
+The driver knows a population only through this hook: which slots still decode, the token
+temperature of a slot's rows, the proposals the base rule commits from (``perturb``), what
+happens after a round (``after_round``: the slot each slot continues from), which slot is each
+sample's output (``choose``) and what the result records about it (``outcome``). The hook's
+own bookkeeping is an opaque ``state`` the driver carries in its frozen decode state and hands
+back; :class:`SinglePath` (no state) is the default, and ``dlmsearch.search.population``
+implements the hook for width search.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import attrs
+import torch
+
+from dlmsearch.search.slots import Slots
+from dlmsearch.search.state import Canvas, Evaluation, Layout
+from dlmsearch.search.verifier import Verifier
+
+# One engine step for probe canvases of the given slots (the final re-check of a population).
+Evaluate = Callable[[Canvas, torch.Tensor], Evaluation]
+
+
+@attrs.frozen
+class PopulationOutcome:
+    """What a population adds to a sample's result (a population of one: the defaults)."""
+
+    particle: int = 0  # the particle chosen as the output
+    live_particles: float = 1.0  # particles decoding, averaged over the sample's rounds
+    accepted: bool | None = None  # the task verifier's verdict on the output (None: not checked)
+
+
+class PopulationHook(Protocol):
+    size: int  # particles per sample
+
+    def check(self, verifier: Verifier | None) -> None:
+        """Fail before decoding when the population needs what the task does not give."""
+
+    def start(self, slots: Slots) -> Any:
+        """The population's state before the first round."""
+
+    def running(self, state: Any, slots: Slots) -> torch.Tensor:
+        """``[slots]`` the slots that may still decode."""
+
+    def token_temperature(self, state: Any, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
+        """``[R]`` token temperature for rows of these slots, or None: the engine's own."""
+
+    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: Any, call: torch.Tensor, layout: Layout) -> tuple[Evaluation, Any]:
+        """The evaluation the base rule commits from at these slots, and the state after it."""
+
+    def after_round(self, canvas: Canvas, slots: Slots, state: Any, layout: Layout, round_index: int, verifier: Verifier | None) -> tuple[Any, torch.Tensor | None]:
+        """The state after a round and the slot each slot continues from (None: its own)."""
+
+    def choose(self, canvas: Canvas, slots: Slots, state: Any, layout: Layout, verifier: Verifier | None, evaluate: Evaluate, mask_id: int) -> torch.Tensor:
+        """``[samples]`` the slot whose canvas is each sample's output."""
+
+    def outcome(self, state: Any, slot: int, sample: int) -> PopulationOutcome:
+        """What the result of ``sample`` (output slot ``slot``) records about the population."""
+
+
+@attrs.define
+class SinglePath:
+    """No population: one slot per sample, decoded by the plain loop."""
+
+    @property
+    def size(self) -> int:
+        return 1
+
+    def check(self, verifier: Verifier | None) -> None:
+        return None
+
+    def start(self, slots: Slots) -> None:
+        return None
+
+    def running(self, state: None, slots: Slots) -> torch.Tensor:
+        return torch.ones(len(slots), dtype=torch.bool)
+
+    def token_temperature(self, state: None, slots: Slots, rows: torch.Tensor) -> None:
+        return None
+
+    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: None, call: torch.Tensor, layout: Layout) -> tuple[Evaluation, None]:
+        return evaluation, None
+
+    def after_round(self, canvas: Canvas, slots: Slots, state: None, layout: Layout, round_index: int, verifier: Verifier | None) -> tuple[None, None]:
+        return None, None
+
+    def choose(self, canvas: Canvas, slots: Slots, state: None, layout: Layout, verifier: Verifier | None, evaluate: Evaluate, mask_id: int) -> torch.Tensor:
+        return torch.arange(slots.samples)
+
+    def outcome(self, state: None, slot: int, sample: int) -> PopulationOutcome:
+        return PopulationOutcome()

@@ -1,0 +1,51 @@
+"""The slot table: which sample and which particle each row of the decode state is.
+
+A batch of ``samples`` with populations of ``size`` has ``samples * size`` slots
+(``slot = sample * size + particle``). The table never changes during a decode: resampling
+moves canvases between slots, not slots between samples. It keys every seeded draw, so it
+sits apart from what a population keeps about its particles (``population.ParticleState``).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from dlmsearch.search.randomness import Stream, hashed_uniform
+from dlmsearch.search.state import Layout
+
+
+@attrs.frozen(eq=False)
+class Slots:
+    """Per slot: the sample's dataset-wide ``uid``, its index in the batch (``owner``) and the ``particle``."""
+
+    size: int  # particles per sample
+    seed: int
+    uid: torch.Tensor  # [slots]
+    owner: torch.Tensor  # [slots]
+    particle: torch.Tensor  # [slots]
+
+    @classmethod
+    def start(cls, uid: torch.Tensor, size: int, seed: int) -> "Slots":
+        samples = len(uid)
+        return cls(
+            size=size,
+            seed=seed,
+            uid=uid.repeat_interleave(size),
+            owner=torch.arange(samples).repeat_interleave(size),
+            particle=torch.arange(size).repeat(samples),
+        )
+
+    @property
+    def samples(self) -> int:
+        return len(self.uid) // self.size
+
+    def __len__(self) -> int:
+        return len(self.uid)
+
+    def draw(self, rows: torch.Tensor, call: torch.Tensor, layout: Layout, stream: Stream) -> torch.Tensor:
+        """``[R, width]`` seeded uniforms keyed by (seed, sample, call, particle, generation
+        position, stream) for the slots ``rows``: the same whatever the batch's padding."""
+        position = torch.arange(layout.width) - layout.gen_start
+        keys = [torch.tensor(self.seed), self.uid[rows, None], call[:, None], self.particle[rows, None], position[None, :], torch.tensor(stream)]
+        return hashed_uniform(keys)
