@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import attrs
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dlmsearch.config import CONF_DIR, ConfigError, build, compose, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
@@ -37,77 +37,88 @@ from dlmsearch.tasks.sudoku_files import PuzzleFileError, SudokuPuzzle, _parse_g
 from dlmsearch.tasks.sudoku_grids import clue_conflict
 from dlmsearch.tasks.text import TextTask, load_tokenizer
 
-__all__ = ["Decoder", "Generation", "Model", "PromptList", "hydra_override"]
+__all__ = ["Decoder", "Generation", "Model", "PromptList"]
 
 # Keys a decoder may override (the rest belongs to Model.load or to generate's arguments).
 DECODER_KEYS = ("decoder", "engine", "decoding", "seed", "deadline_s")
-_PLAIN = re.compile(r"[A-Za-z_][\w./-]*")
+_OPTION_NAME = re.compile(r"[\w.-]+")
+
+# A setting given as Python data: (dotted key, value), set on the composed config by OmegaConf,
+# so no value ever passes through Hydra's override grammar (paths with quotes, commas, ``${``).
+Setting = tuple[str, Any]
 
 
-def hydra_override(key: str, value: Any) -> str:
-    """``key=value`` in Hydra's override grammar, for a Python value (str, number, bool, None, list, dict).
-
-    Strings are quoted unless they are plain names, so paths with spaces or commas survive;
-    a group choice (``decoder/expansion``) takes the option's name.
-    """
-    return f"{key}={_hydra_value(value)}"
+def _is_group(key: str) -> bool:
+    """Whether ``key`` names a config group (``decoding``, ``decoder/expansion``): its value picks a file."""
+    return (CONF_DIR / key.replace(".", "/")).is_dir()
 
 
-def _hydra_value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, Path):
-        value = str(value)
-    if isinstance(value, str):
-        if _PLAIN.fullmatch(value) and value.lower() not in ("null", "true", "false", "nan", "inf"):
-            return value
-        # Hydra's quoted strings: backslashes double only before a quote or the end; ${ would interpolate
-        escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'").replace("${", "\\${")
-        return "'" + escaped + "'"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} {value!r} as a config value")
-
-
-def _as_overrides(overrides: Mapping[str, Any] | Sequence[str] | None, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
-    """Hydra override strings from a mapping (``{"decoder.commit.threshold": 0.8}``) or from
-    strings already written as Hydra overrides (``["decoder/expansion=fixed_depth"]``)."""
+def _split_overrides(
+    overrides: Mapping[str, Any] | Sequence[str] | None, allowed: tuple[str, ...], what: str,
+) -> tuple[tuple[str, ...], tuple[Setting, ...]]:
+    """Hydra override strings (group choices, or strings the caller wrote in Hydra's grammar)
+    and settings (Python values for keys), from a mapping (``{"decoder.commit.threshold": 0.8,
+    "decoder/expansion": "fixed_depth"}``) or from Hydra override strings."""
     if overrides is None:
-        return ()
+        return (), ()
     if isinstance(overrides, Mapping):
-        pairs = [(str(k), hydra_override(str(k), v)) for k, v in overrides.items()]
+        pairs = [(str(k), v) for k, v in overrides.items()]
+        strings = []
+        for key, value in pairs:
+            if _is_group(key) and not (isinstance(value, str) and _OPTION_NAME.fullmatch(value)):
+                raise ValueError(f"{what}: {key!r} is a config group; its value names one of its files, got {value!r}")
+        strings = [f"{k}={v}" for k, v in pairs if _is_group(k)]
+        settings = tuple((k, v) for k, v in pairs if not _is_group(k))
+        keys = [k for k, _ in pairs]
     elif isinstance(overrides, Sequence) and not isinstance(overrides, str):
-        pairs = [(str(o).split("=", 1)[0].lstrip("+~"), str(o)) for o in overrides]
+        strings, settings = [str(o) for o in overrides], ()
+        keys = [o.split("=", 1)[0].lstrip("+~") for o in strings]
     else:
         raise TypeError(f"{what} must be a dict of key -> value or a list of 'key=value' strings, got {type(overrides).__name__}")
-    for key, _ in pairs:
+    for key in keys:
         root = re.split(r"[./]", key, maxsplit=1)[0]
         if root not in allowed:
             raise ValueError(f"{what}: {key!r} is not a key of {', '.join(allowed)}; {_WHERE.get(root, 'see conf/config.yaml')}")
-    return tuple(text for _, text in pairs)
+    return tuple(strings), settings
 
 
-def _compose(overrides: list[str]) -> DictConfig:
-    """:func:`dlmsearch.config.compose`, with Hydra's composition errors as one line naming the key."""
-    from hydra.errors import HydraException
+def _compose(overrides: list[str], settings: Sequence[Setting] = ()) -> DictConfig:
+    """:func:`dlmsearch.config.compose` with the group choices, then each setting set on the result
+    (later settings win); every mistake is one :class:`ConfigError` naming the key."""
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
     try:
-        return compose(overrides)
+        cfg = compose(overrides)
+    except MissingConfigException as error:  # an unknown option of a group: Hydra lists the options
+        options = f"; options: {', '.join(error.options)}" if error.options else ""
+        raise ConfigError(f"Could not find '{error.missing_cfg_file}'{options}") from error
+    except OverrideParseException as error:
+        raise ConfigError(f"cannot read the override {error.override!r}: {error.message}") from error
     except HydraException as error:
-        text = str(error)
-        message = text.strip().splitlines()[0].rstrip(".")
-        if error.__cause__ is not None:
-            message += f" ({str(error.__cause__).splitlines()[0]})"
-        options = [line.strip() for line in text.split("Config search path")[0].splitlines() if line.startswith("\t")]
-        if options:
-            message += f"; options: {', '.join(options)}"
-        raise ConfigError(message) from error
+        cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+        raise ConfigError(f"{str(error).strip().splitlines()[0].rstrip('.')}{cause}") from error
+    for key, value in settings:
+        _set(cfg, key, value)
+    return cfg
+
+
+def _set(cfg: DictConfig, key: str, value: Any) -> None:
+    """``cfg.<key> = value`` for a key the config has (a Python value: no quoting, no interpolation)."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    if not isinstance(parent, DictConfig) or leaf not in parent.keys():
+        where = parent_key or "the config"
+        known = f"; {where} has: {', '.join(sorted(str(k) for k in parent))}" if isinstance(parent, DictConfig) else f"; {parent_key} is not a section"
+        raise ConfigError(f"{key} is not a key of the config{known}")
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str) and "${" in value:  # OmegaConf would read it as an interpolation
+        value = value.replace("${", "\\${")
+    try:
+        with open_dict(parent):
+            parent[leaf] = OmegaConf.create(value) if isinstance(value, (Mapping, list, tuple)) else value
+    except (ValueError, TypeError) as error:  # e.g. an object OmegaConf cannot hold
+        raise ConfigError(f"{key}: cannot set {type(value).__name__} {value!r}: {error}") from error
 
 
 _WHERE = {
@@ -154,15 +165,15 @@ class PromptList(TextTask):
 class Model:
     """A loaded model (``adapter``) with its tokenizer (text families) and the config it came from.
 
-    ``name`` is the config in ``conf/model/`` (``llada``, ``dream`` or ``sudoku``); ``overrides``
-    are the ``model.*`` settings it was loaded with, so that a decode composes the same config
+    ``name`` is the config in ``conf/model/`` (``llada``, ``dream`` or ``sudoku``); ``settings``
+    are the ``model.*`` values it was loaded with, so that a decode composes the same config
     as the CLI would.
     """
 
     name: str
     adapter: ModelAdapter
     config: DictConfig
-    overrides: tuple[str, ...] = ()
+    settings: tuple[Setting, ...] = ()
     tokenizer: Any = None
     _tasks: dict[tuple[Any, ...], PromptList] = attrs.field(factory=dict, repr=False)
 
@@ -179,12 +190,12 @@ class Model:
         if family_or_config not in available:
             raise ValueError(f"unknown model {family_or_config!r}; one of: {', '.join(available)}")
         settings = {**({"path": str(Path(path).expanduser())} if path is not None else {}), **model_overrides}
-        overrides = tuple(hydra_override(f"model.{k}", v) for k, v in settings.items())
+        values = tuple((f"model.{k}", v) for k, v in settings.items())
         text = family_or_config != "sudoku"
-        cfg = _compose([f"model={family_or_config}", *overrides, *(["task=prompts"] if text else [])])
+        cfg = _compose([f"model={family_or_config}", *(["task=prompts"] if text else [])], values)
         adapter = build(cfg, "model")
         tokenizer = load_tokenizer(cfg.task.tokenizer, bool(cfg.task.trust_remote_code)) if text else None
-        return cls(name=family_or_config, adapter=adapter, config=cfg.model, overrides=overrides, tokenizer=tokenizer)
+        return cls(name=family_or_config, adapter=adapter, config=cfg.model, settings=values, tokenizer=tokenizer)
 
     @property
     def is_text(self) -> bool:
@@ -214,7 +225,8 @@ class Decoder:
     """
 
     preset: str
-    overrides: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()  # Hydra override strings: group choices, or what the caller wrote as strings
+    settings: tuple[Setting, ...] = ()  # Python values for keys, set on the composed config
     decoding: str | None = None
 
     @classmethod
@@ -231,8 +243,11 @@ class Decoder:
         """
         if name not in decoder_presets():
             raise ValueError(f"unknown decoder preset {name!r}; one of: {', '.join(decoder_presets())}")
-        decoder = cls(preset=name, overrides=_as_overrides(overrides, DECODER_KEYS, "Decoder.from_preset overrides"), decoding=decoding)
-        cfg = _compose(decoder._overrides())
+        if decoding is not None and not (isinstance(decoding, str) and _OPTION_NAME.fullmatch(decoding)):
+            raise ValueError(f"decoding must name a file of conf/decoding/ (text, sudoku), got {decoding!r}")
+        strings, settings = _split_overrides(overrides, DECODER_KEYS, "Decoder.from_preset overrides")
+        decoder = cls(preset=name, overrides=strings, settings=settings, decoding=decoding)
+        cfg = _compose(decoder._overrides(), settings)
         build(cfg, "decoder")  # engine keys were checked by compose; its values are checked with the model, in generate
         return decoder
 
@@ -240,8 +255,8 @@ class Decoder:
     def name(self) -> str:
         return self.preset
 
-    def _overrides(self, *settings: str) -> list[str]:
-        return [f"+decoder={self.preset}", *([hydra_override("decoding", self.decoding)] if self.decoding else []), *settings, *self.overrides]
+    def _overrides(self, *choices: str) -> list[str]:
+        return [f"+decoder={self.preset}", *([f"decoding={self.decoding}"] if self.decoding else []), *choices, *self.overrides]
 
     def config(
         self,
@@ -253,19 +268,19 @@ class Decoder:
         **engine: Any,
     ) -> DictConfig:
         """The whole config a decode with these settings uses (what ``python -m dlmsearch`` would compose)."""
-        task: list[str] = []
+        task: list[Setting] = []
         if model.is_text:
-            task = ["task=prompts", hydra_override("task.chat", chat)]
-            task += [hydra_override("task.gen_length", gen_length or 256), hydra_override("task.block_length", block_length or 32)]
+            task = [("task.chat", chat), ("task.gen_length", gen_length or 256), ("task.block_length", block_length or 32)]
         elif (gen_length, block_length) not in ((None, None), (81, 81)):
             raise ValueError(f"a Sudoku canvas is one block of 81 cells: leave gen_length and block_length unset (got {gen_length}, {block_length})")
         given = {k: v for k, v in engine.items() if v is not None}
         unknown = set(given) - {"cache", "temperature", "seed", "row_budget"}
         if unknown:
             raise TypeError(f"unknown generate() argument(s): {', '.join(sorted(unknown))}")
-        settings = [hydra_override("seed" if k == "seed" else f"engine.{k}", v) for k, v in given.items()]
+        explicit = [("seed" if k == "seed" else f"engine.{k}", v) for k, v in given.items()]
+        choices = [f"model={model.name}", *(["task=prompts"] if model.is_text else [])]
         # Explicit generate() arguments win over the preset's overrides: they come last.
-        return _compose([*self._overrides(f"model={model.name}", *model.overrides, *task), hydra_override("batch_size", batch_size), *settings])
+        return _compose(self._overrides(*choices), [*model.settings, *task, *self.settings, ("batch_size", batch_size), *explicit])
 
     def generate(
         self,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dlmsearch.api import Decoder, Model, hydra_override
+from dlmsearch.api import Decoder, Model
 from dlmsearch.config import ConfigError, compose
 from dlmsearch.run import run
 from dlmsearch.tasks.sudoku_files import load_puzzles, tier_path
@@ -26,14 +26,13 @@ def sudoku_model() -> Model:
     return Model.load("sudoku")
 
 
-def test_hydra_override_quotes_what_needs_it() -> None:
-    assert hydra_override("decoder.commit.threshold", 0.8) == "decoder.commit.threshold=0.8"
-    assert hydra_override("engine.cache", "dual") == "engine.cache=dual"
-    assert hydra_override("decoder/expansion", "fixed_depth") == "decoder/expansion=fixed_depth"
-    assert hydra_override("model.stop_ids", [1, 2]) == "model.stop_ids=[1,2]"
-    assert hydra_override("x", None) == "x=null" and hydra_override("x", True) == "x=true"
-    for text in ("/tmp/a dir, with 'quotes'/m", "null", "C:\\models\\", "it\\'s", "x${seed}", "a=b"):
-        assert compose([hydra_override("model.path", text)]).model.path == text
+def test_values_reach_the_config_verbatim(sudoku_model: Model) -> None:
+    """Values are set on the composed config as Python data: nothing is quoted or interpolated."""
+    for text in ("/tmp/a dir, with 'quotes'/m", "null", "C:\\models\\", "it\\'s", "x${seed}", "a=b", "[1, 2]"):
+        cfg = Decoder.from_preset("llada", overrides={"decoder.name": text}).config(sudoku_model)
+        assert cfg.decoder.name == text
+    cfg = Decoder.from_preset("llada", overrides={"engine.row_budget": 3, "deadline_s": None}).config(sudoku_model)
+    assert cfg.engine.row_budget == 3 and cfg.deadline_s is None
 
 
 def test_from_preset_with_overrides(sudoku_model: Model) -> None:
@@ -53,8 +52,12 @@ def test_from_preset_with_overrides(sudoku_model: Model) -> None:
 def test_from_preset_mistakes_name_the_key() -> None:
     with pytest.raises(ValueError, match="unknown decoder preset 'adalok'; one of: .*adalook"):
         Decoder.from_preset("adalok")
-    with pytest.raises(ConfigError, match="Could not override 'decoder.expansion.max_dept'"):
+    with pytest.raises(ConfigError, match="decoder.expansion.max_dept is not a key of the config; decoder.expansion has: .*max_depth"):
         Decoder.from_preset("adalook", overrides={"decoder.expansion.max_dept": 3})
+    with pytest.raises(ConfigError, match="Could not override 'decoder.expansion.max_dept'"):  # Hydra's own words for a string override
+        Decoder.from_preset("adalook", overrides=["decoder.expansion.max_dept=3"])
+    with pytest.raises(ValueError, match="'decoder/expansion' is a config group"):
+        Decoder.from_preset("adalook", overrides={"decoder/expansion": "../x"})
     with pytest.raises(ConfigError, match="max_depth"):
         Decoder.from_preset("adalook", overrides={"decoder.expansion.max_depth": "abc"})
     with pytest.raises(ConfigError, match="Could not find 'decoder/expansion/deep'; options: confidence_depth, fixed_depth, one_step, variance_gate"):

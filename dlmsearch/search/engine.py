@@ -21,6 +21,7 @@ import torch
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.kv_cache import MODES, KVCache
+from dlmsearch.search.profile import ForwardProfile
 from dlmsearch.search.randomness import Stream, hashed_uniform
 from dlmsearch.search.state import Evaluation
 from dlmsearch.validation import check_choice, check_type, number
@@ -81,6 +82,7 @@ class RolloutEngine:
     temperature: float = number(float, 0.0, default=0.0)
     seed: int = attrs.field(default=0, validator=check_type(int))
     cache: str = attrs.field(default="none", validator=check_choice(*MODES))
+    profile: ForwardProfile | None = attrs.field(default=None, eq=False)  # set: every forward is timed (benchmarks)
     steps: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     owner: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))  # [slots] the sample each slot belongs to
     row_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
@@ -337,11 +339,35 @@ class RolloutEngine:
         temperature: torch.Tensor | None = None,
         copy_of: torch.Tensor | None = None,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
+        if self.profile is None:
+            return self._summaries(tokens, attention, draw, statistics, uid, low, high, past, temperature, copy_of)
+        with self.profile.timing("summary", self.adapter.device):
+            return self._summaries(tokens, attention, draw, statistics, uid, low, high, past, temperature, copy_of)
+
+    def _model(self, tokens: torch.Tensor, attention: torch.Tensor, low: int, high: int, past: list | None) -> tuple[torch.Tensor, list | None]:
+        if self.profile is None:
+            return self.adapter.window_logits(tokens, attention, low, high, past)
+        with self.profile.timing("model", self.adapter.device):
+            return self.adapter.window_logits(tokens, attention, low, high, past)
+
+    def _summaries(
+        self,
+        tokens: torch.Tensor,
+        attention: torch.Tensor,
+        draw: torch.Tensor,
+        statistics: frozenset[str],
+        uid: torch.Tensor,
+        low: int,
+        high: int,
+        past: list | None,
+        temperature: torch.Tensor | None = None,
+        copy_of: torch.Tensor | None = None,
+    ) -> tuple[dict[str, torch.Tensor], list | None]:
         if copy_of is None:
-            logits, kv = self.adapter.window_logits(tokens, attention, low, high, past)
+            logits, kv = self._model(tokens, attention, low, high, past)
         else:  # rows that repeat an earlier row of their group: forward the distinct rows, then copy
             distinct = torch.unique(copy_of)
-            logits, kv = self.adapter.window_logits(tokens[distinct], attention[distinct], low, high, past)
+            logits, kv = self._model(tokens[distinct], attention[distinct], low, high, past)
             where = torch.searchsorted(distinct, copy_of).to(logits.device)
             logits = logits[where]
             kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
