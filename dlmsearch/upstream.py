@@ -8,6 +8,7 @@ private module names, with the shims transformers 5.x needs applied to those pri
 :func:`upstream_missing_reason` says why and callers skip.
 
 * :func:`llada_generate`, :func:`llada_generate_cached`: upstream ``llada/generate.py`` loops.
+* :func:`llada_generate_guided`: LLaDA's ``generate(cfg_scale=...)`` from ``../pc-sampler`` (MIT).
 * :func:`dream_generate`: upstream ``DreamGenerationMixin.diffusion_generate``.
 * :func:`upstream_logits`: the upstream forward's float32 logits (Dream: unshifted).
 * :func:`load_upstream`: an upstream model rebuilt from a LLaDA or Dream model directory.
@@ -251,17 +252,55 @@ def llada_generate(
     block_length: int,
     threshold: float | None = None,
     mask_id: int = 126336,
+    temperature: float = 0.0,
+    remasking: str = "low_confidence",
 ) -> tuple[torch.Tensor, int]:
-    """Upstream ``llada/generate.py`` ``generate()`` on one prompt: temperature 0, low-confidence
-    remasking; ``threshold=None`` is LLaDA's loop, a threshold Fast-dLLM's parallel decoding.
+    """Upstream ``llada/generate.py`` ``generate()`` on one prompt (``remasking``: low_confidence
+    or random); ``threshold=None`` is LLaDA's loop, a threshold Fast-dLLM's parallel decoding.
     Returns (the generated region, 1-D long, ``gen_length`` tokens; number of model calls)."""
     _, generate = _llada_modules()
     row = _prompt_row(model, prompt)
     x, nfe = generate.generate(
-        model, row, steps=steps, gen_length=gen_length, block_length=block_length, temperature=0.0,
-        remasking="low_confidence", mask_id=mask_id, threshold=threshold,
+        model, row, steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
+        remasking=remasking, mask_id=mask_id, threshold=threshold,
     )
     return x[0, row.shape[1]:].cpu(), int(nfe)
+
+
+def llada_generate_module():
+    """Fast-dLLM's ``llada/generate.py`` module as loaded here (to substitute its sampling calls in tests)."""
+    return _llada_modules()[1]
+
+
+@functools.lru_cache(maxsize=None)
+def pc_sampler_module():
+    """PC-Sampler's ``generate.py`` (MIT; LLaDA's original ``generate()`` with ``cfg_scale``), loaded once.
+
+    It puts its parent directory on ``sys.path`` when imported; that is undone here."""
+    path = UPSTREAM.parent / "pc-sampler" / "generate.py"
+    if not path.is_file():
+        raise RuntimeError(f"PC-Sampler's reference code not found at {path}")
+    saved = list(sys.path)
+    try:
+        return _load_file("dlmsearch_upstream_pc_sampler", path)
+    finally:
+        sys.path[:] = saved
+
+
+def llada_generate_guided(
+    model: torch.nn.Module, prompt: torch.Tensor, *, steps: int, gen_length: int, block_length: int, cfg_scale: float,
+    mask_id: int = 126336, temperature: float = 0.0, remasking: str = "low_confidence",
+) -> tuple[torch.Tensor, int]:
+    """LLaDA's original ``generate(cfg_scale=...)`` (as PC-Sampler ships it) on one prompt: the row
+    and its prompt-masked copy forwarded together, logits ``un + (s + 1)(cond - un)``. Returns
+    (generated region, model calls: ``steps``)."""
+    module = pc_sampler_module()
+    row = _prompt_row(model, prompt)
+    x = module.generate(
+        model, row, steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
+        cfg_scale=cfg_scale, remasking=remasking, mask_id=mask_id,
+    )
+    return x[0, row.shape[1]:].cpu(), steps
 
 
 def llada_generate_cached(
@@ -302,10 +341,13 @@ def dream_generate(
     alg: str,
     temperature: float = 0.0,
     eps: float = 1e-3,
+    **options,
 ) -> tuple[torch.Tensor, int]:
     """Upstream ``DreamGenerationMixin.diffusion_generate`` on one prompt (``max_new_tokens =
-    gen_length``, no attention mask). Returns (generated region, 1-D long; number of model
-    forward calls, counted with a forward hook -- it equals ``steps``). Its prints are silenced."""
+    gen_length``, no attention mask); ``options`` (``top_p``, ``top_k``, ``alg_temp``,
+    ``generation_logits_hook_func``) are passed as given, so an option left out takes the
+    generation config's value. Returns (generated region, 1-D long; number of model forward
+    calls, counted with a forward hook -- it equals ``steps``). Its prints are silenced."""
     if alg not in DREAM_ALGS:
         raise ValueError(f"alg={alg!r}: expected one of {DREAM_ALGS}")
     row = _prompt_row(model, prompt)
@@ -320,7 +362,7 @@ def dream_generate(
             warnings.simplefilter("ignore")
             output = model.diffusion_generate(
                 row, max_new_tokens=gen_length, steps=steps, alg=alg, temperature=temperature, eps=eps,
-                return_dict_in_generate=True, output_history=False,
+                return_dict_in_generate=True, output_history=False, **options,
             )
     finally:
         handle.remove()

@@ -31,28 +31,30 @@ def check_type(kind: type, *, optional: bool = False) -> Validator:
     return validate
 
 
-def check_range(low: float = -math.inf, high: float = math.inf, *, optional: bool = False) -> Validator:
-    """Numbers within ``[low, high]``."""
+def check_range(low: float = -math.inf, high: float = math.inf, *, optional: bool = False, open_low: bool = False) -> Validator:
+    """Numbers within ``[low, high]`` (``(low, high]`` with ``open_low``)."""
 
     def validate(instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
         if value is None and optional:
             return
-        if not low <= value <= high:
-            raise ValueError(f"{attribute.name} must be within [{low}, {high}], got {value!r}")
+        if not (low < value if open_low else low <= value) or not value <= high:
+            raise ValueError(f"{attribute.name} must be within {'(' if open_low else '['}{low}, {high}], got {value!r}")
 
     return validate
 
 
-def check_choice(*choices: str) -> Validator:
+def check_choice(*choices: str, optional: bool = False) -> Validator:
     """One of a fixed set of strings."""
 
     def validate(instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+        if value is None and optional:
+            return
         if value not in choices:
             raise ValueError(f"{attribute.name} must be one of {', '.join(choices)}; got {value!r}")
 
     return validate
 
 
-def number(kind: type, low: float = -math.inf, high: float = math.inf, **kwargs: Any) -> Any:
-    """An attrs field holding a typed number within a range."""
-    return attrs.field(validator=[check_type(kind), check_range(low, high)], **kwargs)
+def number(kind: type, low: float = -math.inf, high: float = math.inf, *, optional: bool = False, open_low: bool = False, **kwargs: Any) -> Any:
+    """An attrs field holding a typed number within a range (``optional``: None allowed, meaning not set)."""
+    return attrs.field(validator=[check_type(kind, optional=optional), check_range(low, high, optional=optional, open_low=open_low)], **kwargs)

@@ -64,13 +64,18 @@ def test_fast_dllm_threshold_matches_generate(checkpoints, threshold: float, blo
 
 @pytest.mark.parametrize("ordering,alg", [("confidence", "maskgit_plus"), ("margin", "topk_margin"), ("neg_entropy", "entropy")])
 @pytest.mark.parametrize("steps", [16, 6])
-def test_dream_preset_matches_diffusion_generate(checkpoints, ordering: str, alg: str, steps: int) -> None:
+def test_dream_preset_without_truncation_matches_diffusion_generate(checkpoints, ordering: str, alg: str, steps: int) -> None:
+    """``diffusion_generate(top_k=None, top_p=None)``: the preset with its top-k 50 turned off
+    (``decoder.sampling.top_k=null``); at its own defaults, see ``test_sampling_parity``."""
     spec, gen_length = checkpoints["dream"], 16
     requests = mixed_batch(spec, gen_length, seed=2)
-    decoder = text_decoder("dream", f"decoder.commit.steps={steps}", f"decoder.commit.ordering={ordering}", gen_length=gen_length)
+    decoder = text_decoder(
+        "dream", f"decoder.commit.steps={steps}", f"decoder.commit.ordering={ordering}", "decoder.sampling.top_k=null", "decoder.sampling.top_p=null",
+        gen_length=gen_length,
+    )
     results = decoder.decode(engine_for(spec, "dream"), requests, block_length=8)  # the preset's own single block wins
     for request, result in zip(requests, results):
-        expected, calls = dream_generate(spec.upstream, request.prompt, steps=steps, gen_length=gen_length, alg=alg)
+        expected, calls = dream_generate(spec.upstream, request.prompt, steps=steps, gen_length=gen_length, alg=alg, top_k=None, top_p=None)
         assert torch.equal(result.tokens, expected), f"prompt length {len(request.prompt)}"
         assert result.steps == calls == steps
 

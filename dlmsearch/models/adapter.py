@@ -14,6 +14,7 @@ import attrs
 import torch
 from torch import nn
 
+from dlmsearch.search.sampling import Sampling
 from dlmsearch.validation import check_choice, check_type
 
 
@@ -31,9 +32,12 @@ class ModelAdapter:
     honours_padding: bool = attrs.field(default=True, validator=check_type(bool))  # False: rows are forwarded unpadded, grouped by prompt length
     suppressed_ids: list[int] = attrs.field(factory=list)  # never proposed (LLaDA's logits_eos_inf)
     deferred_ids: list[int] = attrs.field(factory=list)  # proposed with confidence 0, so committed last (confidence_eos_eot_inf)
+    stop_ids: list[int] = attrs.field(factory=list)  # tokens that end an answer (EOS first: the tail is filled with it)
+    generation_defaults: Sampling = attrs.field(factory=Sampling)  # the checkpoint's generation_config.json (temperature, top-p, top-k)
 
     def __attrs_post_init__(self) -> None:
-        for name, ids in (("model.mask_id=", [self.mask_id]), ("suppressed token id ", self.suppressed_ids), ("deferred token id ", self.deferred_ids)):
+        checked = (("model.mask_id=", [self.mask_id]), ("suppressed token id ", self.suppressed_ids), ("deferred token id ", self.deferred_ids), ("stop token id ", self.stop_ids))
+        for name, ids in checked:
             outside = [i for i in ids if not 0 <= i < self.vocab_size]
             if outside:
                 raise ValueError(f"{name}{outside[0]} is outside the vocabulary [0, {self.vocab_size})")

@@ -5,12 +5,14 @@ Nothing here downloads: a path that does not exist fails with one line naming it
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.denoiser import BidirectionalDenoiser
+from dlmsearch.search.sampling import Sampling
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +102,28 @@ def load_text_model(
         honours_padding=impl == "native",
         suppressed_ids=list(eos) if logits_eos_inf else [],
         deferred_ids=list(stop_ids) if confidence_eos_eot_inf else [],
+        stop_ids=list(stop_ids),
+        generation_defaults=generation_defaults(directory),
     )
+
+
+def generation_defaults(directory: Path) -> Sampling:
+    """The sampling settings a checkpoint's ``generation_config.json`` gives (temperature, top-p,
+    top-k; ``do_sample: false`` means temperature 0); unset where the file or the key is absent."""
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return Sampling()
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
+    temperature = config.get("temperature")
+    if config.get("do_sample") is False:
+        temperature = 0.0
+    try:
+        return Sampling(temperature=None if temperature is None else float(temperature), top_p=config.get("top_p"), top_k=config.get("top_k"))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: {error}") from error
 
 
 def _load_remote(directory: Path, dtype: str) -> "torch.nn.Module":

@@ -35,6 +35,15 @@ def ordering_scores(evaluation: Evaluation, ordering: str) -> torch.Tensor:
     return scores if evaluation.order_noise is None else scores + evaluation.order_noise
 
 
+def sampled_order(scores: torch.Tensor, eligible: torch.Tensor, uniform: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Keys whose top k draw k eligible positions without replacement with probabilities
+    ``softmax(scores / temperature)`` (Dream's ``alg_temp``): ``log softmax + Gumbel(uniform)``,
+    the Gumbel-top-k trick (Kool et al., 2019); -inf where not eligible."""
+    probs = torch.softmax(torch.where(eligible, scores / temperature, -math.inf), dim=1)
+    gumbel = -torch.log(-torch.log(uniform.clamp(1e-12, 1 - 1e-7)))
+    return torch.where(eligible, torch.log(probs) + gumbel, -math.inf)
+
+
 def statistics_for(ordering: str) -> frozenset[str]:
     return frozenset({"margin": {"margin"}, "neg_entropy": {"entropy"}}.get(ordering, set()))
 
@@ -69,10 +78,13 @@ class CommitRule(Protocol):
 
 @attrs.define
 class _FixedSteps:
-    """Schedules with a fixed number of ``steps``, split evenly over the blocks, ranking by ``ordering``."""
+    """Schedules with a fixed number of ``steps``, split evenly over the blocks, ranking by
+    ``ordering``; ``alg_temp`` > 0 draws the step's positions ∝ ``softmax(score / alg_temp)``
+    instead of taking the best (Dream's ``alg_temp``; seeded by the evaluation's uniforms)."""
 
     steps: int = number(int, 1)
     ordering: str = attrs.field(default="confidence", validator=check_choice(*ORDERINGS))
+    alg_temp: float = number(float, 0.0, default=0.0)
     block_budget: int | None = attrs.field(init=False, default=None)
 
     @property
@@ -83,6 +95,11 @@ class _FixedSteps:
         if self.steps % layout.num_blocks:
             raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
         self.block_budget = self.steps // layout.num_blocks
+
+    def ranking(self, evaluation: Evaluation, eligible: torch.Tensor) -> torch.Tensor:
+        """What the step's top k are taken of: the ordering's scores, or their seeded draw at ``alg_temp``."""
+        scores = ordering_scores(evaluation, self.ordering)
+        return scores if self.alg_temp == 0 else sampled_order(scores, eligible, evaluation.uniform, self.alg_temp)
 
 
 @attrs.define
@@ -100,7 +117,7 @@ class LowConfidenceSchedule(_FixedSteps):
         remaining = eligible.sum(dim=1)
         steps_left = (self.block_budget - canvas.block_step).clamp(min=1)
         k = (remaining + steps_left - 1) // steps_left
-        return top_k_mask(ordering_scores(evaluation, self.ordering), eligible, k.clamp(min=1))
+        return top_k_mask(self.ranking(evaluation, eligible), eligible, k.clamp(min=1))
 
 
 class _UntilBlockFull:
@@ -189,4 +206,4 @@ class DreamSchedule(_FixedSteps):
         # float32 arithmetic in upstream's order, truncated as its int() does
         k = (remaining.float() * (1 - s / t)).long()
         k = torch.where(step >= self.block_budget - 1, remaining, k)
-        return top_k_mask(ordering_scores(evaluation, self.ordering), eligible, k)
+        return top_k_mask(self.ranking(evaluation, eligible), eligible, k)

@@ -31,12 +31,15 @@ from dlmsearch.search.candidates import CandidateGenerator
 from dlmsearch.search.commit import CommitRule
 from dlmsearch.search.engine import RolloutEngine
 from dlmsearch.search.expansion import ExpansionPolicy
+from dlmsearch.search.guidance import Guidance
 from dlmsearch.search.lookahead import Lookahead
 from dlmsearch.search.population_hook import PopulationHook, PopulationOutcome, SinglePath
+from dlmsearch.search.sampling import Sampling
 from dlmsearch.search.scorers import Scorer
 from dlmsearch.search.selectors import Selector
 from dlmsearch.search.slots import Slots
 from dlmsearch.search.state import Canvas, Evaluation, Layout, initial_canvas
+from dlmsearch.search.stopping import fill_after_end
 from dlmsearch.search.triggers import NeverTrigger, Trigger
 from dlmsearch.search.verifier import Verifier
 
@@ -105,6 +108,9 @@ class SearchDecoder:
     population: PopulationHook = attrs.field(factory=SinglePath)
     name: str = "custom"
     block_length: int | None = None  # a decoder with its own block structure (Dream: one block); None: the task's
+    sampling: Sampling = attrs.field(factory=Sampling)  # the reference loop's defaults (engine.* and the checkpoint's win)
+    guidance: Guidance = attrs.field(factory=Guidance)  # classifier-free guidance (LLaDA's cfg_scale)
+    stop_at_eos: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))  # finish once the answer has ended
 
     def __attrs_post_init__(self) -> None:
         if self.trigger.explores:
@@ -146,6 +152,13 @@ class SearchDecoder:
     def start(self, engine: RolloutEngine, requests: list[DecodeRequest], block_length: int, verifier: Verifier | None = None) -> DecodeState:
         """The state before the first round: checks the batch, lays out the canvases, resets the engine's counters."""
         self.population.check(verifier)
+        if self.guidance.active and engine.cache != "none":
+            raise ValueError(
+                f"decoder.guidance.scale={self.guidance.scale} needs engine.cache=none (the unconditional rows would need "
+                f"key/value caches of their own); got engine.cache={engine.cache}"
+            )
+        if self.stop_at_eos and not engine.adapter.stop_ids:
+            raise ValueError("decoder.stop_at_eos needs the model's stop tokens (model.stop_ids); this model has none")
         block_length = self.block_length or block_length
         gen_length = len(requests[0].generation)
         if any(len(r.generation) != gen_length for r in requests):
@@ -162,7 +175,7 @@ class SearchDecoder:
         canvas = initial_canvas([r.prompt for r in requests for _ in range(size)], [r.generation for r in requests for _ in range(size)], layout, mask_id, pad_id=mask_id)
         slots = len(requests) * size
         slots_table = Slots.start(torch.tensor([r.uid for r in requests], dtype=torch.long), size, engine.seed)
-        engine.reset(len(requests), size)
+        engine.reset(len(requests), size, self.sampling)
         # Every round commits at least one position per decoding slot, except the steps a fixed
         # schedule may leave empty (Dream's first steps): at most its budget per block.
         return DecodeState(
@@ -222,6 +235,8 @@ class SearchDecoder:
             committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget)
             canvas = canvas.put(base, committed)
             fresh[base] = False
+        if self.stop_at_eos:
+            canvas = fill_after_end(canvas, layout, torch.tensor(engine.adapter.stop_ids))
         population, source = self.population.after_round(canvas, slots, population, layout, state.round_index, verifier)
         if source is not None:
             canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
@@ -255,6 +270,7 @@ class SearchDecoder:
             canvas.window(layout),
             temperature=self.population.token_temperature(population, slots, slot),
             group=None if slots.size == 1 else slots.owner[slot] * BRANCH_KEYS + branch_key,
+            guidance=self.guidance.scale,
         )
 
     def _lookahead(

@@ -20,9 +20,11 @@ import attrs
 import torch
 
 from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.search.guidance import combine, unconditional
 from dlmsearch.search.kv_cache import MODES, KVCache
 from dlmsearch.search.profile import ForwardProfile
 from dlmsearch.search.randomness import Stream, hashed_uniform
+from dlmsearch.search.sampling import CONFIDENCE_SOURCES, Sampling, summarise_logits
 from dlmsearch.search.state import Evaluation
 from dlmsearch.validation import check_choice, check_type, number
 
@@ -79,7 +81,11 @@ class RolloutEngine:
 
     adapter: ModelAdapter
     row_budget: int = number(int, 1, default=64)
-    temperature: float = number(float, 0.0, default=0.0)
+    # Sampling as the user sets it (None: not set, so the checkpoint's generation_config.json, else the decoder's own)
+    temperature: float | None = number(float, 0.0, optional=True, default=None)
+    top_p: float | None = number(float, 0.0, 1.0, optional=True, open_low=True, default=None)
+    top_k: int | None = number(int, 1, optional=True, default=None)
+    confidence: str | None = attrs.field(default=None, validator=check_choice(*CONFIDENCE_SOURCES, optional=True))
     seed: int = attrs.field(default=0, validator=check_type(int))
     cache: str = attrs.field(default="none", validator=check_choice(*MODES))
     profile: ForwardProfile | None = attrs.field(default=None, eq=False)  # set: every forward is timed (benchmarks)
@@ -88,6 +94,7 @@ class RolloutEngine:
     row_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     token_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     kv: KVCache = attrs.field(init=False)
+    sampling: Sampling = attrs.field(init=False, factory=lambda: Sampling().resolved())  # what this batch samples with (see ``reset``)
     budget: int | None = attrs.field(init=False, default=None)  # row budget lowered after running out of memory; None: row_budget
     regrow_after: int = attrs.field(init=False, default=20)  # successful forwards before a lowered budget doubles again
     successes: int = attrs.field(init=False, default=0)  # successful forwards since the budget last changed
@@ -109,9 +116,17 @@ class RolloutEngine:
         """Rows per forward now: ``row_budget``, or less after an out-of-memory error."""
         return self.row_budget if self.budget is None else min(self.budget, self.row_budget)
 
-    def reset(self, samples: int, particles: int = 1) -> None:
+    @property
+    def user_sampling(self) -> Sampling:
+        """The sampling settings given to the engine itself (``engine.temperature``, ``top_p``, ``top_k``, ``confidence``)."""
+        return Sampling(self.temperature, self.top_p, self.top_k, self.confidence)
+
+    def reset(self, samples: int, particles: int = 1, decoder_sampling: Sampling | None = None) -> None:
         """Zero the per-sample counters for a new batch of ``samples``, each with ``particles``
-        slots (consecutive: slot ``s * particles + p``)."""
+        slots (consecutive: slot ``s * particles + p``), and settle the batch's sampling: each
+        setting the engine's own, else the checkpoint's ``generation_config.json``, else the
+        decoder's (its reference loop's defaults: Dream's top-k 50), else neutral."""
+        self.sampling = self.user_sampling.over(self.adapter.generation_defaults).over(decoder_sampling or Sampling()).resolved()
         self.steps = torch.zeros(samples, dtype=torch.long)
         self.row_forwards = torch.zeros(samples, dtype=torch.long)
         self.token_forwards = torch.zeros(samples, dtype=torch.long)
@@ -138,6 +153,7 @@ class RolloutEngine:
         window: tuple[torch.Tensor, torch.Tensor] | None = None,
         temperature: torch.Tensor | None = None,
         group: torch.Tensor | None = None,
+        guidance: float = 0.0,
     ) -> Evaluation:
         """One step for every sample with a row here: forward all rows, summarise per position.
 
@@ -151,6 +167,8 @@ class RolloutEngine:
         as the mask with confidence 0). ``temperature`` (per row) overrides the engine's own for
         token sampling. Rows with equal ``group`` and the same tokens (particles of a sample that
         reached the same canvas) share one forward, counted once; each keeps its own draws.
+        ``guidance`` > 0 forwards each row's unconditional copy (prompt masked) in the same call
+        and combines the logits (:mod:`~dlmsearch.search.guidance`); the copies count as rows.
         """
         unknown = set(statistics) - set(STATISTICS)
         if unknown:
@@ -161,8 +179,8 @@ class RolloutEngine:
         position = attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
         keys = [torch.tensor(self.seed), sample_uid[:, None], call[:, None], row_key[:, None], position]
         uniform = hashed_uniform(keys)
-        if temperature is None and self.temperature > 0:
-            temperature = torch.full((len(sample),), self.temperature)
+        if temperature is None and self.sampling.temperature > 0:
+            temperature = torch.full((len(sample),), float(self.sampling.temperature))
         sampled = temperature is not None and bool((temperature > 0).any())
         draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else uniform
         rows, width = tokens.shape
@@ -186,6 +204,8 @@ class RolloutEngine:
                 past,
                 None if temperature is None else temperature[index],
                 None if bool(computed.all()) else source,
+                from_column - first,
+                guidance,
             )
             return part, kv, computed
 
@@ -197,11 +217,12 @@ class RolloutEngine:
                 for name, value in part.items():
                     out[name][index, low:high] = value
                 counted = owner[index[computed]]
-                self.row_forwards.index_add_(0, counted, torch.ones_like(counted))
+                copies = 2 if guidance > 0 else 1  # a guided row is forwarded with its unconditional copy
+                self.row_forwards.index_add_(0, counted, torch.full_like(counted, copies))
                 if forward.cached:
-                    self.token_forwards.index_add_(0, counted, torch.full_like(counted, high - low + int(self.adapter.shift_logits and low > 0)))
+                    self.token_forwards.index_add_(0, counted, torch.full_like(counted, copies * (high - low + int(self.adapter.shift_logits and low > 0))))
                 else:
-                    self.token_forwards.index_add_(0, counted, attention[index[computed]].sum(dim=1))
+                    self.token_forwards.index_add_(0, counted, copies * attention[index[computed]].sum(dim=1))
                 if forward.refresh.any():
                     keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
                     self.kv.store(sample[index][forward.refresh], first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
@@ -338,13 +359,24 @@ class RolloutEngine:
         past: list | None,
         temperature: torch.Tensor | None = None,
         copy_of: torch.Tensor | None = None,
+        prompt_end: int = 0,
+        guidance: float = 0.0,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
+        args = (tokens, attention, draw, statistics, uid, low, high, past, temperature, copy_of, prompt_end, guidance)
         if self.profile is None:
-            return self._summaries(tokens, attention, draw, statistics, uid, low, high, past, temperature, copy_of)
+            return self._summaries(*args)
         with self.profile.timing("summary", self.adapter.device):
-            return self._summaries(tokens, attention, draw, statistics, uid, low, high, past, temperature, copy_of)
+            return self._summaries(*args)
 
-    def _model(self, tokens: torch.Tensor, attention: torch.Tensor, low: int, high: int, past: list | None) -> tuple[torch.Tensor, list | None]:
+    def _model(
+        self, tokens: torch.Tensor, attention: torch.Tensor, low: int, high: int, past: list | None, prompt_end: int, guidance: float,
+    ) -> tuple[torch.Tensor, list | None]:
+        """The rows' logits (guided: each row beside its unconditional copy in the same call, combined)."""
+        if guidance > 0:
+            rows = len(tokens)
+            both = torch.cat([tokens, unconditional(tokens, attention, prompt_end, self.mask_id)])
+            logits, _ = self._model(both, torch.cat([attention, attention]), low, high, past, prompt_end, 0.0)
+            return combine(logits[:rows], logits[rows:], guidance), None
         if self.profile is None:
             return self.adapter.window_logits(tokens, attention, low, high, past)
         with self.profile.timing("model", self.adapter.device):
@@ -362,35 +394,23 @@ class RolloutEngine:
         past: list | None,
         temperature: torch.Tensor | None = None,
         copy_of: torch.Tensor | None = None,
+        prompt_end: int = 0,
+        guidance: float = 0.0,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
         if copy_of is None:
-            logits, kv = self._model(tokens, attention, low, high, past)
+            logits, kv = self._model(tokens, attention, low, high, past, prompt_end, guidance)
         else:  # rows that repeat an earlier row of their group: forward the distinct rows, then copy
             distinct = torch.unique(copy_of)
-            logits, kv = self._model(tokens[distinct], attention[distinct], low, high, past)
+            logits, kv = self._model(tokens[distinct], attention[distinct], low, high, past, prompt_end, guidance)
             where = torch.searchsorted(distinct, copy_of).to(logits.device)
             logits = logits[where]
             kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
         logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
-        probs = torch.softmax(logits, dim=-1)
-        confidence, token = probs.max(dim=-1)
-        if temperature is not None and bool((temperature > 0).any()):
-            hot = (temperature > 0).to(logits.device)
-            scale = temperature.clamp(min=1e-6).to(logits.device, logits.dtype)[:, None, None]
-            tempered = torch.softmax(logits / scale, dim=-1).cumsum(dim=-1)
-            draw = draw.to(tempered.device)[..., None] * tempered[..., -1:]
-            sampled = torch.searchsorted(tempered, draw).squeeze(-1).clamp(max=logits.shape[-1] - 1)
-            token = torch.where(hot[:, None], sampled, token)
-            confidence = probs.gather(-1, token[..., None]).squeeze(-1)
+        summaries = summarise_logits(logits, self.sampling, temperature, draw, statistics)
+        token, confidence = summaries.pop("token"), summaries["confidence"]
         if self.adapter.deferred_ids:
             deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))
-            confidence = torch.where(deferred, 0.0, confidence)
-        summaries = {"confidence": confidence, "nan": torch.isnan(probs[..., 0]).float()}  # NaN logits make the whole softmax NaN
-        if "margin" in statistics:
-            top2 = probs.topk(2, dim=-1).values
-            summaries["margin"] = top2[..., 0] - top2[..., 1]
-        if "entropy" in statistics:
-            summaries["entropy"] = -(probs * torch.log(probs + 1e-10)).sum(dim=-1)  # Dream's definition
+            summaries["confidence"] = torch.where(deferred, 0.0, confidence)
         # One transfer of the step's float summaries and one of its tokens: no per-row synchronisation.
         host = dict(zip(summaries, torch.stack(list(summaries.values())).cpu().unbind(0)))
         bad = host.pop("nan").bool().any(dim=1) & attention[:, low:high].any(dim=1)

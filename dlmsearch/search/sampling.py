@@ -1,0 +1,122 @@
+"""From a forward's logits to the per-position summaries every component reads.
+
+Sampling is a chain of logits processors applied per row inside the engine's call (the
+vocabulary-sized tensors never leave it), in Dream's order: temperature, then top-p (nucleus),
+then top-k. Where the confidence is read is a switch, because the two families differ:
+
+* ``confidence: model`` (LLaDA's ``generate()``): the proposal is drawn from the processed
+  distribution (Gumbel-max over ``logits / T`` in LLaDA), but its confidence, margin and entropy
+  are those of the model's own distribution, ``softmax(logits)`` at temperature 1;
+* ``confidence: sampling`` (Dream's ``sample_tokens``): confidence, margin and entropy are read
+  from the tempered, truncated distribution the token was drawn from (at temperature 0 with
+  top-k 50: over the 50 most likely tokens, renormalised).
+
+Draws are counter-based (``randomness``): a proposal at temperature > 0 is the inverse CDF of
+the processed distribution at the position's seeded uniform, so it does not depend on the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import torch
+
+from dlmsearch.validation import check_choice, number
+
+CONFIDENCE_SOURCES = ("model", "sampling")
+
+
+@attrs.frozen
+class Sampling:
+    """How proposals are drawn and where their confidence is read; ``None``: not set here (see :meth:`over`)."""
+
+    temperature: float | None = number(float, 0.0, optional=True, default=None)
+    top_p: float | None = number(float, 0.0, 1.0, optional=True, open_low=True, default=None)
+    top_k: int | None = number(int, 1, optional=True, default=None)
+    confidence: str | None = attrs.field(default=None, validator=check_choice(*CONFIDENCE_SOURCES, optional=True))
+
+    def over(self, fallback: "Sampling") -> "Sampling":
+        """Each field set here, else ``fallback``'s (settings layered: the user's over the checkpoint's over the decoder's)."""
+        return Sampling(**{f.name: fallback_value if (value := getattr(self, f.name)) is None else value
+                           for f in attrs.fields(Sampling) for fallback_value in [getattr(fallback, f.name)]})
+
+    def resolved(self) -> "Sampling":
+        """Unset fields at their neutral values: temperature 0, no truncation, the model's confidence."""
+        return self.over(Sampling(temperature=0.0, confidence="model"))
+
+    @property
+    def truncates(self) -> bool:
+        return (self.top_p is not None and self.top_p < 1.0) or self.top_k is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus truncation: keep the most likely tokens until their mass first exceeds ``top_p``
+    (the token that crosses it is kept, and always the most likely one); the rest get -inf."""
+    ordered, order = torch.sort(logits, dim=-1, descending=True)
+    mass = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+    before = torch.cat([torch.zeros_like(mass[..., :1]), mass[..., :-1]], dim=-1)  # mass of the tokens ranked above
+    drop_sorted = before > top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, -math.inf)
+
+
+def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the tokens whose logit is at least the ``top_k``-th largest (ties at it are kept); the rest get -inf."""
+    kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, -math.inf)
+
+
+def process(logits: torch.Tensor, temperature: torch.Tensor | None, sampling: Sampling) -> torch.Tensor:
+    """``logits [R, T, V]`` after the processors: divided by each row's temperature where it is
+    positive (``temperature [R]``), then top-p, then top-k (Dream's order)."""
+    if temperature is not None and bool((temperature > 0).any()):
+        scale = torch.where(temperature > 0, temperature, 1.0).to(logits.device, logits.dtype)
+        logits = logits / scale[:, None, None]
+    if sampling.top_p is not None and sampling.top_p < 1.0:
+        logits = top_p_filter(logits, sampling.top_p)
+    if sampling.top_k is not None:
+        logits = top_k_filter(logits, sampling.top_k)
+    return logits
+
+
+def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The token at each position whose cumulative probability first exceeds ``uniform`` (a draw
+    from ``probs [..., V]`` with one uniform per position)."""
+    cumulative = probs.cumsum(dim=-1)
+    target = uniform.to(cumulative.device, cumulative.dtype)[..., None] * cumulative[..., -1:]
+    return torch.searchsorted(cumulative, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def summarise_logits(
+    logits: torch.Tensor,
+    sampling: Sampling,
+    temperature: torch.Tensor | None,
+    draw: torch.Tensor,
+    statistics: frozenset[str],
+) -> dict[str, torch.Tensor]:
+    """Proposal (``token``), ``confidence`` and the requested statistics (``margin``: top-1
+    minus top-2 probability; ``entropy``, Dream's definition) per position, from ``logits
+    [R, T, V]`` (impossible tokens already at -inf). ``temperature [R]`` (or None: 0 for all
+    rows) and ``draw [R, T]`` (the positions' uniforms) decide the samples; ``nan`` flags
+    positions whose logits were NaN."""
+    model_probs = torch.softmax(logits, dim=-1)
+    processed = sampling.truncates or (temperature is not None and bool((temperature > 0).any()))
+    probs = torch.softmax(process(logits, temperature, sampling), dim=-1) if processed else model_probs
+    best, token = probs.max(dim=-1)
+    hot = None if temperature is None else (temperature > 0).to(logits.device)
+    if hot is not None and bool(hot.any()):
+        token = torch.where(hot[:, None], inverse_cdf(probs, draw), token)
+    read = probs if sampling.confidence == "sampling" else model_probs
+    confidence = best if (read is probs and hot is None) else read.gather(-1, token[..., None]).squeeze(-1)
+    out = {"token": token, "confidence": confidence, "nan": torch.isnan(model_probs[..., 0]).float()}  # NaN logits make the whole softmax NaN
+    if "margin" in statistics:
+        top2 = read.topk(2, dim=-1).values
+        out["margin"] = top2[..., 0] - top2[..., 1]
+    if "entropy" in statistics:
+        out["entropy"] = -(read * torch.log(read + 1e-10)).sum(dim=-1)  # Dream's definition
+    return out
