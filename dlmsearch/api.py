@@ -274,7 +274,7 @@ class Decoder:
         elif (gen_length, block_length) not in ((None, None), (81, 81)):
             raise ValueError(f"a Sudoku canvas is one block of 81 cells: leave gen_length and block_length unset (got {gen_length}, {block_length})")
         given = {k: v for k, v in engine.items() if v is not None}
-        unknown = set(given) - {"cache", "temperature", "seed", "row_budget"}
+        unknown = set(given) - {"cache", "temperature", "top_p", "top_k", "seed", "row_budget"}
         if unknown:
             raise TypeError(f"unknown generate() argument(s): {', '.join(sorted(unknown))}")
         explicit = [("seed" if k == "seed" else f"engine.{k}", v) for k, v in given.items()]
@@ -295,14 +295,16 @@ class Decoder:
         seed: int | None = None,
         row_budget: int | None = None,
         progress: bool = False,
+        top_p: float | None = None,
+        top_k: int | None = None,
     ) -> list[Generation]:
         """Decode ``prompts`` (text models) or 81-character puzzles (``0`` or ``.`` for blanks; Sudoku).
 
         Text: ``gen_length`` tokens (default 256) in blocks of ``block_length`` (default 32);
         ``chat=True`` wraps each prompt in the tokenizer's chat template (Instruct models),
         ``chat=False`` encodes the raw text (Base models). ``cache`` (none|prefix|dual),
-        ``temperature``, ``seed`` and ``row_budget`` override the engine's settings (None: the
-        preset's, else conf/engine). Prompts are decoded ``batch_size`` at a time, longest first
+        ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``row_budget`` override the engine's
+        settings (None: the preset's, the checkpoint's generation_config.json, else conf/engine). Prompts are decoded ``batch_size`` at a time, longest first
         (results do not depend on the batch); item ``i`` keys its randomness with uid ``i``, as
         the CLI does for the ``i``-th item of a task.
         """
@@ -313,7 +315,9 @@ class Decoder:
         prompts = list(prompts)
         if not prompts:
             return []
-        cfg = self.config(model, gen_length, block_length, chat, batch_size, cache=cache, temperature=temperature, seed=seed, row_budget=row_budget)
+        cfg = self.config(
+            model, gen_length, block_length, chat, batch_size, cache=cache, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, row_budget=row_budget,
+        )
         decoder = build(cfg, "decoder")
         engine = build(cfg, "engine", adapter=model.adapter)
         if model.is_text:

@@ -277,7 +277,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 raise Interrupted(stop["signal"], written)
     done = ranks.merge(out, [item.id for item in items], done, partial(read_done, keep_errors=True))
     records = [done[item.id] for item in items if item.id in done]
-    summary = {"decoder": decoder_name, "task": task.name, **summarise(records), **peak_memory_mb(), "world_size": ranks.world, "config": to_plain(cfg)}
+    summary = {
+        "decoder": decoder_name, "task": task.name, **summarise(records), **peak_memory_mb(), "world_size": ranks.world,
+        "sampling": engine.sampling.as_dict(),  # what was used: the engine's, the checkpoint's and the decoder's settings layered
+        "config": to_plain(cfg),
+    }
     if ranks.rank == 0:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     summary["examples"] = [task.render(item, done[item.id]["output"]) for item in items[: int(cfg.examples)] if "output" in done.get(item.id, {})]
