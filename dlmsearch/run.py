@@ -186,6 +186,9 @@ class Decoding:
         }
         if result.population.accepted is not None:
             record["verifier_accepted"] = result.population.accepted
+        revised = int(result.revisions.sum())
+        if revised:
+            record["revisions"] = revised  # positions returned to the mask, summed over the decode
         if result.deadline_hit:
             record["deadline_hit"] = True
         if fallback:
@@ -266,7 +269,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 results.write(json.dumps(record) + "\n")
                 if traces is not None and result is not None:
                     lookahead = decoding.lookahead_log.take(uid) if decoding.lookahead_log is not None else []
-                    traces.write(json.dumps({"id": record["id"], "events": trace_events(result, task), "lookahead": lookahead}) + "\n")
+                    line = {"id": record["id"], "events": trace_events(result, task), "lookahead": lookahead, "revisions": result.revisions.tolist()}
+                    traces.write(json.dumps(line) + "\n")
                 written += 1
             results.flush()
             bar.update(min(int(cfg.batch_size), len(pending) - start) * ranks.world)

@@ -68,6 +68,7 @@ def at_least_one(chosen: torch.Tensor, scores: torch.Tensor, canvas: Canvas, lay
 class CommitRule(Protocol):
     block_budget: int | None
     statistics: frozenset[str]
+    holds_block: bool  # stay in a block for the whole budget even when it is full (rules paired with a revision)
 
     def bind(self, layout: Layout) -> None:
         """Check the rule against the canvas layout before decoding starts."""
@@ -86,6 +87,7 @@ class _FixedSteps:
     ordering: str = attrs.field(default="confidence", validator=check_choice(*ORDERINGS))
     alg_temp: float = number(float, 0.0, default=0.0)
     block_budget: int | None = attrs.field(init=False, default=None)
+    holds_block: ClassVar[bool] = False
 
     @property
     def statistics(self) -> frozenset[str]:
@@ -125,6 +127,7 @@ class _UntilBlockFull:
 
     statistics: ClassVar[frozenset[str]] = frozenset()
     block_budget: ClassVar[None] = None
+    holds_block: ClassVar[bool] = False
 
     def bind(self, layout: Layout) -> None:
         pass
@@ -169,6 +172,7 @@ class FastBlockRule:
     budget: int = number(int, 1, default=8)
     threshold: float = number(float, 0.0, 1.0, default=0.9)
     statistics: ClassVar[frozenset[str]] = frozenset()
+    holds_block: ClassVar[bool] = False
 
     @property
     def block_budget(self) -> int:
@@ -207,3 +211,85 @@ class DreamSchedule(_FixedSteps):
         k = (remaining.float() * (1 - s / t)).long()
         k = torch.where(step >= self.block_budget - 1, remaining, k)
         return top_k_mask(self.ranking(evaluation, eligible), eligible, k)
+
+
+@attrs.define
+class EntropyBudget(_UntilBlockFull):
+    """EB-Sampler (Ben-Hamu et al., arXiv 2505.24857): order the current block's masked positions
+    by an error proxy (``entropy`` ascending, or ``confidence`` / ``margin`` descending) and commit
+    the longest prefix whose entropies satisfy ``sum H - max H <= gamma`` (the error bound of
+    committing them together), at least one. ``gamma = 0``: one token per step."""
+
+    gamma: float = number(float, 0.0, default=0.01)
+    error_proxy: str = attrs.field(default="entropy", validator=check_choice("entropy", "confidence", "margin"))
+
+    @property
+    def statistics(self) -> frozenset[str]:  # type: ignore[override]
+        return frozenset({"entropy", "margin"} if self.error_proxy == "margin" else {"entropy"})
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        assert evaluation.entropy is not None
+        eligible = canvas.masked & canvas.in_current_block(layout)
+        scores = {"entropy": -evaluation.entropy, "confidence": evaluation.confidence, "margin": evaluation.margin}[self.error_proxy]
+        assert scores is not None
+        order = torch.sort(torch.where(eligible, scores, -math.inf), dim=1, descending=True, stable=True).indices
+        entropy = torch.where(eligible, evaluation.entropy, 0.0).gather(1, order)
+        bound = entropy.cumsum(dim=1) - entropy.cummax(dim=1).values  # non-decreasing along the order
+        within = (bound <= self.gamma) & eligible.gather(1, order)
+        count = within.long().cumprod(dim=1).sum(dim=1).clamp(min=1)
+        return top_k_mask(scores, eligible, count)
+
+
+@attrs.define
+class FillBlock:
+    """RCR's commit (pairs with :class:`~dlmsearch.search.revision.RunningConfidence`): every step
+    commits every masked position up to the end of the current block, for exactly
+    ``max(1, steps // blocks)`` steps per block; the revision then re-masks back to the schedule."""
+
+    steps: int = number(int, 1)
+    statistics: ClassVar[frozenset[str]] = frozenset()
+    holds_block: ClassVar[bool] = True
+    block_budget: int | None = attrs.field(init=False, default=None)
+
+    def bind(self, layout: Layout) -> None:
+        self.block_budget = max(1, self.steps // layout.num_blocks)
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        return canvas.masked & canvas.unlocked(layout)
+
+
+@attrs.define
+class ReMDMSchedule:
+    """ReMDM's schedule for LLaDA (pairs with :class:`~dlmsearch.search.revision.LoopRemask`):
+    each block gets ``S = steps / blocks`` plain steps (LLaDA's split, top-k by confidence) and,
+    from plain step ``floor(loop_start_frac * S)`` on, ``loop_steps`` loop steps (None: ``S``, the
+    authors' L = T = B) in which the ``k`` positions the revision re-masked are committed again."""
+
+    steps: int = number(int, 1)
+    k: int = number(int, 1, default=1)
+    loop_steps: int | None = number(int, 1, optional=True, default=None)
+    loop_start_frac: float = number(float, 0.0, 1.0, default=0.875)
+    statistics: ClassVar[frozenset[str]] = frozenset()
+    holds_block: ClassVar[bool] = True
+    block_budget: int | None = attrs.field(init=False, default=None)
+    plain: int = attrs.field(init=False, default=1)
+    start: int = attrs.field(init=False, default=0)
+
+    def bind(self, layout: Layout) -> None:
+        if self.steps % layout.num_blocks:
+            raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
+        self.plain = self.steps // layout.num_blocks
+        self.block_budget = self.plain + (self.loop_steps or self.plain)
+        self.start = min(math.floor(self.loop_start_frac * self.plain), self.plain - 1)
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        assert self.block_budget is not None, "bind() the rule to a layout first"
+        loop = self.block_budget - self.plain
+        step = canvas.block_step
+        in_loop = (step >= self.start) & (step < self.start + loop)
+        plain_step = torch.where(step < self.start, step, torch.where(in_loop, self.start, step - loop))
+        eligible = canvas.masked & canvas.in_current_block(layout)
+        remaining = eligible.sum(dim=1)
+        steps_left = (self.plain - plain_step).clamp(min=1)
+        k = torch.where(in_loop, self.k, (remaining + steps_left - 1) // steps_left)
+        return top_k_mask(ordering_scores(evaluation, "confidence"), eligible, k)

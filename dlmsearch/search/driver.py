@@ -34,6 +34,7 @@ from dlmsearch.search.expansion import ExpansionPolicy
 from dlmsearch.search.guidance import Guidance
 from dlmsearch.search.lookahead import Lookahead
 from dlmsearch.search.population_hook import PopulationHook, PopulationOutcome, SinglePath
+from dlmsearch.search.revision import NoRevision, Revision
 from dlmsearch.search.sampling import Sampling
 from dlmsearch.search.scorers import Scorer
 from dlmsearch.search.selectors import Selector
@@ -71,6 +72,7 @@ class DecodeResult:
     commit_confidence: torch.Tensor
     commit_depth: torch.Tensor  # 0: base rule on the root; d >= 1: lookahead depth d
     commit_branch: torch.Tensor  # lookahead branch index, -1 for base commits
+    revisions: torch.Tensor  # [n] times each position was returned to the mask (0 for decoders that never revise)
     population: PopulationOutcome = attrs.field(factory=lambda: PopulationOutcome())
 
 
@@ -106,6 +108,7 @@ class SearchDecoder:
     expansion: ExpansionPolicy | None = None
     selector: Selector | None = None
     population: PopulationHook = attrs.field(factory=SinglePath)
+    revision: Revision = attrs.field(factory=NoRevision)  # after the base rule's commits: which go back to the mask
     name: str = "custom"
     block_length: int | None = None  # a decoder with its own block structure (Dream: one block); None: the task's
     sampling: Sampling = attrs.field(factory=Sampling)  # the reference loop's defaults (engine.* and the checkpoint's win)
@@ -113,6 +116,12 @@ class SearchDecoder:
     stop_at_eos: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))  # finish once the answer has ended
 
     def __attrs_post_init__(self) -> None:
+        if self.trigger.explores and self.revision.revises:
+            raise ValueError(
+                f"decoder {self.name!r} revises commits ({type(self.revision).__name__}) and explores (trigger "
+                f"{type(self.trigger).__name__}): lookahead branches roll with the base rule alone, so the two are refused "
+                "together; use decoder/trigger=never (populations do combine with a revision)"
+            )
         if self.trigger.explores:
             missing = [n for n in ("candidates", "scorer", "expansion", "selector") if getattr(self, n) is None]
             if missing:
@@ -170,6 +179,7 @@ class SearchDecoder:
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {engine.adapter.vocab_size}) in sample uid(s) {bad}")
         self.commit.bind(layout)
+        self.revision.bind(layout, self.commit.block_budget)
         mask_id = engine.mask_id
         size = self.population.size
         canvas = initial_canvas([r.prompt for r in requests for _ in range(size)], [r.generation for r in requests for _ in range(size)], layout, mask_id, pad_id=mask_id)
@@ -232,7 +242,10 @@ class SearchDecoder:
             call = engine.calls(base)
             proposals, population = self.population.perturb(sub_eval, sub, base, slots, population, call, layout)
             chosen = self.commit.select(sub, proposals, layout)
-            committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget)
+            committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget, self.commit.holds_block)
+            remask = self.revision.revise(sub, committed, layout)
+            if remask is not None:
+                committed = committed.remask(remask, mask_id=engine.mask_id)
             canvas = canvas.put(base, committed)
             fresh[base] = False
         if self.stop_at_eos:
@@ -308,7 +321,7 @@ class SearchDecoder:
         token = evaluation.token.repeat_interleave(width, dim=0)
         confidence = evaluation.confidence.repeat_interleave(width, dim=0)
         branch_id = torch.arange(width).repeat(samples)
-        branches = root.repeat(width).commit(first, token, confidence, engine.calls(slots.repeat_interleave(width)), 1, branch_id, layout, self.commit.block_budget)
+        branches = root.repeat(width).commit(first, token, confidence, engine.calls(slots.repeat_interleave(width)), 1, branch_id, layout, self.commit.block_budget, self.commit.holds_block)
         return Lookahead(
             slots=slots,
             width=width,
@@ -361,7 +374,7 @@ class SearchDecoder:
         step_log_conf = look.step_log_conf.clone()
         step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
         depth = look.depth + 1
-        rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.calls(slot_row[rows]), depth, branch_id[rows], layout, self.commit.block_budget)
+        rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.calls(slot_row[rows]), depth, branch_id[rows], layout, self.commit.block_budget, self.commit.holds_block)
         return attrs.evolve(look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth)
 
     def _result(self, canvas: Canvas, engine: RolloutEngine, slots: Slots, outcome: PopulationOutcome, slot: int, sample: int, layout: Layout, late: bool) -> DecodeResult:
@@ -379,5 +392,6 @@ class SearchDecoder:
             commit_confidence=canvas.commit_confidence[slot, gen].clone(),
             commit_depth=canvas.commit_depth[slot, gen].clone(),
             commit_branch=canvas.commit_branch[slot, gen].clone(),
+            revisions=canvas.revisions[slot, gen].clone(),
             population=outcome,
         )

@@ -93,6 +93,7 @@ class Canvas:
     commit_confidence: torch.Tensor  # [R, T] float
     commit_depth: torch.Tensor  # [R, T] long
     commit_branch: torch.Tensor  # [R, T] long
+    revisions: torch.Tensor  # [R, T] long: times the position was returned to the mask by a revision
 
     @property
     def rows(self) -> int:
@@ -137,11 +138,13 @@ class Canvas:
         branch: int | torch.Tensor,
         layout: Layout,
         block_budget: int | None,
+        hold: bool = False,
     ) -> "Canvas":
         """Write ``proposal`` where ``chosen`` (masked positions only), then advance blocks.
 
         A row moves to its next block when its current block has no mask left, or when it has
         used ``block_budget`` commits there (fast block diffusion); the last block never moves.
+        With ``hold`` (rules that revise: RCR, ReMDM) a row moves only once the budget is spent.
         """
         chosen = chosen & self.masked
         depth = torch.as_tensor(depth, device=chosen.device).expand(self.rows)
@@ -156,17 +159,33 @@ class Canvas:
             commit_confidence=torch.where(chosen, confidence, self.commit_confidence),
             commit_depth=torch.where(chosen, depth[:, None], self.commit_depth),
             commit_branch=torch.where(chosen, branch[:, None], self.commit_branch),
+            revisions=self.revisions,
         )
-        return canvas.advance_blocks(layout, block_budget)
+        return canvas.advance_blocks(layout, block_budget, hold)
 
-    def advance_blocks(self, layout: Layout, block_budget: int | None) -> "Canvas":
-        """Move rows past full blocks (and past spent budgets)."""
+    def remask(self, positions: torch.Tensor, mask_id: int) -> "Canvas":
+        """Return committed ``positions`` to the mask (a revision), counting it; blocks never move back."""
+        positions = positions & ~self.masked & (self.commit_call >= 0)  # given tokens are never revised
+        return attrs.evolve(
+            self,
+            tokens=torch.where(positions, mask_id, self.tokens),
+            masked=self.masked | positions,
+            commit_call=torch.where(positions, -1, self.commit_call),
+            commit_confidence=torch.where(positions, 0.0, self.commit_confidence),
+            commit_depth=torch.where(positions, -1, self.commit_depth),
+            commit_branch=torch.where(positions, -1, self.commit_branch),
+            revisions=self.revisions + positions.long(),
+        )
+
+    def advance_blocks(self, layout: Layout, block_budget: int | None, hold: bool = False) -> "Canvas":
+        """Move rows past full blocks (and past spent budgets; with ``hold``, past spent budgets only)."""
         block, block_step = self.block, self.block_step
         blocks = layout.block_of_column(self.tokens.device)
         for _ in range(layout.num_blocks):
             remaining = (self.masked & (blocks[None, :] == block[:, None])).sum(dim=1)
             spent = block_step >= block_budget if block_budget is not None else torch.zeros_like(remaining, dtype=torch.bool)
-            move = ((remaining == 0) | spent) & (block < layout.num_blocks - 1)
+            full = (remaining == 0) & ~torch.tensor(hold and block_budget is not None)
+            move = (full | spent) & (block < layout.num_blocks - 1)
             if not bool(move.any()):
                 break
             block = block + move.long()
@@ -201,5 +220,6 @@ def initial_canvas(prompts: list[torch.Tensor], generation: list[torch.Tensor], 
         commit_confidence=torch.zeros(tokens.shape),
         commit_depth=torch.full_like(tokens, -1),
         commit_branch=torch.full_like(tokens, -1),
+        revisions=torch.zeros_like(tokens),
     )
     return canvas.advance_blocks(layout, None)

@@ -1,0 +1,134 @@
+"""Revisions: after a round's commits, which committed positions go back to the mask.
+
+A revision runs next to the commit rule, on the rows the base rule committed: it sees each
+row's canvas before and after the round's commits (with the commit record: ``commit_confidence``
+is the confidence a token had when it was last filled, the running confidence of RCR and
+ReMDM) and returns the positions to re-mask. Given tokens (prompt, clues) and the tails that
+stopping fills are never revised (``Canvas.remask`` refuses them); the commit record counts
+every revision per position (``revisions``). The rules that revise hold their block for a fixed
+budget of steps (``holds_block``), so every decode still ends within ``gen_length + 1 +
+budget * blocks`` rounds.
+
+* :class:`NoRevision`: the default; every existing decoder is unchanged.
+* :class:`RunningConfidence` (RCR, He et al., arXiv 2508.13148): after step ``t`` of ``S``,
+  keep ``K_t = N - floor(N * g((t + 1) / S))`` and re-mask the rest, lowest running confidence
+  first (ties: the earlier position), over every generated position (``scope: generated``, as the
+  authors' code) or the current block's; the last step of a block re-masks nothing.
+* :class:`LoopRemask` (ReMDM, Wang et al., NeurIPS 2025; the authors' LLaDA variant): in the
+  loop window of each block, before each step, re-mask the ``k`` committed positions of the
+  block with the lowest confidence at commit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Protocol
+
+import attrs
+import torch
+
+from dlmsearch.search.state import Canvas, Layout
+from dlmsearch.validation import check_choice, number
+
+
+class Revision(Protocol):
+    revises: bool  # False: commits are final (the loop then skips nothing and checks nothing)
+
+    def bind(self, layout: Layout, block_budget: int | None) -> None:
+        """Check the revision against the layout and the commit rule's steps per block before decoding."""
+
+    def revise(self, before: Canvas, after: Canvas, layout: Layout) -> torch.Tensor | None:
+        """``[R, T]`` committed positions to return to the mask (None: none)."""
+
+
+@attrs.define
+class NoRevision:
+    """Commits are final (monotone decoding)."""
+
+    revises: ClassVar[bool] = False
+
+    def bind(self, layout: Layout, block_budget: int | None) -> None:
+        return None
+
+    def revise(self, before: Canvas, after: Canvas, layout: Layout) -> None:
+        return None
+
+
+def lowest(scores: torch.Tensor, eligible: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``[R, T]`` each row's ``count[row]`` eligible positions with the lowest score (ties: the earlier position)."""
+    ranked = torch.where(eligible, scores, math.inf)
+    order = torch.sort(ranked, dim=1, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(order.shape[1]).expand_as(order).contiguous())
+    return (rank < count[:, None]) & eligible
+
+
+def _needs_steps(name: str, block_budget: int | None) -> int:
+    if block_budget is None:
+        raise ValueError(f"decoder.revision ({name}) needs a commit rule with a fixed number of steps per block (decoder/commit=fill_block or remdm)")
+    return block_budget
+
+
+SCHEDULES = ("linear", "cosine")
+
+
+@attrs.define
+class RunningConfidence:
+    """RCR's re-masking back to the schedule (pairs with :class:`~dlmsearch.search.commit.FillBlock`)."""
+
+    schedule: str = attrs.field(default="linear", validator=check_choice(*SCHEDULES))
+    scope: str = attrs.field(default="generated", validator=check_choice("generated", "block"))
+    steps: int = attrs.field(init=False, default=1)
+    revises: ClassVar[bool] = True
+
+    def bind(self, layout: Layout, block_budget: int | None) -> None:
+        self.steps = _needs_steps("RunningConfidence", block_budget)
+
+    def remaining(self, progress: torch.Tensor) -> torch.Tensor:
+        """``g(r)``: the share of a block still masked after a fraction ``r`` of its steps (clipped to [1e-6, 1])."""
+        g = 1 - progress if self.schedule == "linear" else torch.cos(math.pi * progress / 2)
+        return g.clamp(1e-6, 1.0)
+
+    def revise(self, before: Canvas, after: Canvas, layout: Layout) -> torch.Tensor | None:
+        done = before.block_step + 1  # the block's steps so far, this one included
+        revising = (after.block == before.block) & (done < self.steps)  # the last step of a block re-masks nothing
+        in_block = before.in_current_block(layout)
+        n = (in_block & ((before.commit_call >= 0) | before.masked)).sum(dim=1)  # the block's positions that are not given
+        masked_after = torch.floor(n * self.remaining(done.float() / self.steps)).long()  # N - K_t
+        count = torch.where(revising, masked_after, 0)
+        if not bool((count > 0).any()):
+            return None
+        scope = after.unlocked(layout) if self.scope == "generated" else after.in_current_block(layout)
+        return lowest(after.commit_confidence, scope & (after.commit_call >= 0), count)
+
+
+@attrs.define
+class LoopRemask:
+    """ReMDM's loop (pairs with :class:`~dlmsearch.search.commit.ReMDMSchedule`): steps
+    ``[start, start + loop_steps)`` of each block first re-mask the ``k`` committed positions of
+    the block with the lowest confidence at commit, then commit ``k`` again."""
+
+    k: int = number(int, 1, default=1)
+    loop_steps: int | None = number(int, 1, optional=True, default=None)  # None: as many as plain steps
+    loop_start_frac: float = number(float, 0.0, 1.0, default=0.875)
+    start: int = attrs.field(init=False, default=0)
+    loop: int = attrs.field(init=False, default=1)
+    revises: ClassVar[bool] = True
+
+    def bind(self, layout: Layout, block_budget: int | None) -> None:
+        total = _needs_steps("LoopRemask", block_budget)
+        self.loop = self.loop_steps or total // 2
+        base = total - self.loop
+        if base < 1:
+            raise ValueError(f"decoder.revision.loop_steps={self.loop_steps} leaves no plain steps in the block's {total}")
+        self.start = min(math.floor(self.loop_start_frac * base), base - 1)
+
+    def in_loop(self, step: torch.Tensor) -> torch.Tensor:
+        return (step >= self.start) & (step < self.start + self.loop)
+
+    def revise(self, before: Canvas, after: Canvas, layout: Layout) -> torch.Tensor | None:
+        revising = (after.block == before.block) & self.in_loop(after.block_step)  # the next step is a loop step
+        if not bool(revising.any()):
+            return None
+        eligible = after.in_current_block(layout) & (after.commit_call >= 0)
+        return lowest(after.commit_confidence, eligible, torch.where(revising, self.k, 0))
