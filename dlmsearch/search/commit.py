@@ -258,12 +258,30 @@ class FillBlock:
         return canvas.masked & canvas.unlocked(layout)
 
 
+def remdm_loop_start(positions: torch.Tensor, plain: int, start_frac: float) -> torch.Tensor:
+    """``[R]`` the block step at which ReMDM's loop begins: the first step after which LLaDA's
+    split of a block's ``positions`` over ``plain`` steps has committed ``floor(start_frac * N)``
+    (counted in tokens, so that given tokens do not shift it; at one token per step it is the
+    authors' step ``floor(7B/8)``)."""
+    base, extra = positions // plain, positions % plain
+    done = torch.arange(plain + 1)[None, :]
+    committed = done * base[:, None] + torch.minimum(done, extra[:, None])
+    reached = committed >= torch.floor(start_frac * positions.float()).long()[:, None]
+    return reached.long().argmax(dim=1)
+
+
+def block_positions(canvas: Canvas, layout: Layout) -> torch.Tensor:
+    """``[R]`` positions of each row's current block that are not given (committed by the model or still masked)."""
+    return (canvas.in_current_block(layout) & ((canvas.commit_call >= 0) | canvas.masked)).sum(dim=1)
+
+
 @attrs.define
 class ReMDMSchedule:
     """ReMDM's schedule for LLaDA (pairs with :class:`~dlmsearch.search.revision.LoopRemask`):
     each block gets ``S = steps / blocks`` plain steps (LLaDA's split, top-k by confidence) and,
-    from plain step ``floor(loop_start_frac * S)`` on, ``loop_steps`` loop steps (None: ``S``, the
-    authors' L = T = B) in which the ``k`` positions the revision re-masked are committed again."""
+    once ``floor(loop_start_frac * N)`` of its N positions are committed, ``loop_steps`` loop steps
+    (None: ``S``, the authors' L = T = B) in which the ``k`` positions the revision re-masked
+    before the step are committed again (top-k by confidence)."""
 
     steps: int = number(int, 1)
     k: int = number(int, 1, default=1)
@@ -273,23 +291,22 @@ class ReMDMSchedule:
     holds_block: ClassVar[bool] = True
     block_budget: int | None = attrs.field(init=False, default=None)
     plain: int = attrs.field(init=False, default=1)
-    start: int = attrs.field(init=False, default=0)
 
     def bind(self, layout: Layout) -> None:
         if self.steps % layout.num_blocks:
             raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
         self.plain = self.steps // layout.num_blocks
         self.block_budget = self.plain + (self.loop_steps or self.plain)
-        self.start = min(math.floor(self.loop_start_frac * self.plain), self.plain - 1)
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         assert self.block_budget is not None, "bind() the rule to a layout first"
         loop = self.block_budget - self.plain
+        positions = block_positions(canvas, layout)
+        start = remdm_loop_start(positions, self.plain, self.loop_start_frac)
         step = canvas.block_step
-        in_loop = (step >= self.start) & (step < self.start + loop)
-        plain_step = torch.where(step < self.start, step, torch.where(in_loop, self.start, step - loop))
+        in_loop = (step >= start) & (step < start + loop)
+        plain_step = torch.where(step < start, step, step - loop)
+        split = positions // self.plain + (plain_step < positions % self.plain).long()  # LLaDA's split of the block
+        k = torch.where(in_loop, self.k, split)
         eligible = canvas.masked & canvas.in_current_block(layout)
-        remaining = eligible.sum(dim=1)
-        steps_left = (self.plain - plain_step).clamp(min=1)
-        k = torch.where(in_loop, self.k, (remaining + steps_left - 1) // steps_left)
         return top_k_mask(ordering_scores(evaluation, "confidence"), eligible, k)

@@ -27,6 +27,7 @@ from typing import ClassVar, Protocol
 import attrs
 import torch
 
+from dlmsearch.search.commit import block_positions, remdm_loop_start
 from dlmsearch.search.state import Canvas, Layout
 from dlmsearch.validation import check_choice, number
 
@@ -104,30 +105,28 @@ class RunningConfidence:
 
 @attrs.define
 class LoopRemask:
-    """ReMDM's loop (pairs with :class:`~dlmsearch.search.commit.ReMDMSchedule`): steps
-    ``[start, start + loop_steps)`` of each block first re-mask the ``k`` committed positions of
-    the block with the lowest confidence at commit, then commit ``k`` again."""
+    """ReMDM's loop (pairs with :class:`~dlmsearch.search.commit.ReMDMSchedule`, whose numbers it
+    takes): before each loop step of a block, re-mask the ``k`` committed positions of the block
+    with the lowest confidence at commit."""
 
     k: int = number(int, 1, default=1)
     loop_steps: int | None = number(int, 1, optional=True, default=None)  # None: as many as plain steps
     loop_start_frac: float = number(float, 0.0, 1.0, default=0.875)
-    start: int = attrs.field(init=False, default=0)
+    plain: int = attrs.field(init=False, default=1)
     loop: int = attrs.field(init=False, default=1)
     revises: ClassVar[bool] = True
 
     def bind(self, layout: Layout, block_budget: int | None) -> None:
         total = _needs_steps("LoopRemask", block_budget)
         self.loop = self.loop_steps or total // 2
-        base = total - self.loop
-        if base < 1:
+        self.plain = total - self.loop
+        if self.plain < 1:
             raise ValueError(f"decoder.revision.loop_steps={self.loop_steps} leaves no plain steps in the block's {total}")
-        self.start = min(math.floor(self.loop_start_frac * base), base - 1)
-
-    def in_loop(self, step: torch.Tensor) -> torch.Tensor:
-        return (step >= self.start) & (step < self.start + self.loop)
 
     def revise(self, before: Canvas, after: Canvas, layout: Layout) -> torch.Tensor | None:
-        revising = (after.block == before.block) & self.in_loop(after.block_step)  # the next step is a loop step
+        start = remdm_loop_start(block_positions(before, layout), self.plain, self.loop_start_frac)
+        step = after.block_step  # the next step's index in the block
+        revising = (after.block == before.block) & (step >= start) & (step < start + self.loop)
         if not bool(revising.any()):
             return None
         eligible = after.in_current_block(layout) & (after.commit_call >= 0)

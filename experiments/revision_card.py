@@ -1,0 +1,114 @@
+"""The decoders that revise commits (RCR, ReMDM) and EB-Sampler against Fast-dLLM, paired.
+
+On the shipped Sudoku model (easy and hard tiers) and the shipped Countdown model (small tier),
+every decoder decodes the same items; each row gives accuracy with its Wilson interval, mean
+model calls and row-forwards, revisions per item, and the paired sign test against
+``fast_dllm`` (items only it solves, items only ``fast_dllm`` solves, p). The ``llada`` rows at
+the same number of steps as RCR are the equal-steps baseline (RCR is LLaDA's schedule with
+revisions); EB-Sampler's gamma and Fast-dLLM's threshold are swept so that accuracy can be read
+at equal steps from the curves (``revision_card.png``).
+
+    python experiments/revision_card.py                          # all three tiers (~15 min on 2 cores)
+    python experiments/revision_card.py --limit 16 --out /tmp/rev   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from decoder_table import measure, paired
+
+SETTINGS = {
+    "sudoku": ["task=sudoku"],
+    "countdown": ["model=countdown", "task=countdown", "model.device=cpu"],
+}
+TIERS = [("sudoku", "easy"), ("sudoku", "hard"), ("countdown", "small")]
+
+
+def variants(task: str) -> list[tuple[str, str, list[str]]]:
+    """(label, preset, overrides) per decoder; Sudoku is one block of 81, Countdown 16 tokens in blocks of 8."""
+    n = 81 if task == "sudoku" else 16
+    half = n // 3 if task == "sudoku" else 8
+    rows = [
+        ("fast_dllm", "fast_dllm", []),
+        ("fast_dllm τ=0.7", "fast_dllm", ["decoder.commit.threshold=0.7"]),
+        ("fast_dllm τ=0.5", "fast_dllm", ["decoder.commit.threshold=0.5"]),
+        (f"llada steps={n}", "llada", [f"decoder.commit.steps={n}"]),
+        (f"llada steps={half}", "llada", [f"decoder.commit.steps={half}"]),
+        (f"rcr steps={n}", "rcr", [f"decoder.commit.steps={n}"]),
+        (f"rcr steps={half}", "rcr", [f"decoder.commit.steps={half}"]),
+        (f"remdm steps={n}", "remdm", [f"decoder.commit.steps={n}"]),
+        ("eb_sampler γ=0.01", "eb_sampler", ["decoder.commit.gamma=0.01"]),
+        ("eb_sampler γ=0.1", "eb_sampler", ["decoder.commit.gamma=0.1"]),
+        ("eb_sampler γ=1", "eb_sampler", ["decoder.commit.gamma=1.0"]),
+    ]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("experiments/results/revision"))
+    parser.add_argument("--runs", type=Path, default=Path("runs/revision_card"))
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=256)
+    args = parser.parse_args(argv)
+    table = []
+    for task, tier in TIERS:
+        baseline = None
+        for label, preset, overrides in variants(task):
+            run_dir = args.runs / f"{task}_{tier}" / label.replace(" ", "_").replace("=", "").replace("τ", "tau").replace("γ", "gamma")
+            row = measure(run_dir, tier, label, preset, overrides, SETTINGS[task], args.limit, args.batch_size,
+                          extras=lambda found: {"mean_revisions": round(sum(r.get("revisions", 0) for r in found.values()) / max(len(found), 1), 2)})
+            row["task"] = task
+            if baseline is None:
+                baseline = row
+            only_new, only_fast, p = paired(row, baseline)
+            row.update(only_new=only_new, only_fast_dllm=only_fast, sign_p=p)
+            table.append(row)
+            print(f"{task}/{tier} {label}: {100 * row['accuracy']:.1f} % at {row['mean_steps']} steps, revisions {row['mean_revisions']}, "
+                  f"vs fast_dllm +{only_new}/-{only_fast} p={p:.3g}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "revision_card.json").write_text(json.dumps(table, indent=2) + "\n")
+    lines = ["| tier | decoder | accuracy [95 % CI] | steps | row-forwards | revisions | vs fast_dllm: only new / only fast_dllm (p) |",
+             "|---|---|---|---:|---:|---:|---|"]
+    for r in table:
+        lines.append(
+            f"| {r['task']} {r['tier']} | {r['label']} | {100 * r['accuracy']:.1f} % [{100 * r['wilson_low']:.1f}, {100 * r['wilson_high']:.1f}] | "
+            f"{r['mean_steps']} | {r['mean_row_forwards']} | {r['mean_revisions']} | "
+            + ("—" if r["label"] == "fast_dllm" else f"{r['only_new']} / {r['only_fast_dllm']} (p = {r['sign_p']:.3g})") + " |"
+        )
+    (args.out / "revision_card.md").write_text("\n".join(lines) + "\n")
+    plot(table, args.out / "revision_card.png")
+    print("\n".join(lines))
+    return 0
+
+
+def plot(table: list[dict], path: Path) -> None:
+    """Accuracy against mean model calls, one panel per tier, one series per decoder family."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tiers = list(dict.fromkeys((r["task"], r["tier"]) for r in table))
+    fig, axes = plt.subplots(1, len(tiers), figsize=(5 * len(tiers), 4), squeeze=False)
+    for ax, (task, tier) in zip(axes[0], tiers):
+        rows = [r for r in table if (r["task"], r["tier"]) == (task, tier)]
+        for family in dict.fromkeys(r["preset"] for r in rows):
+            points = sorted((r["mean_steps"], 100 * r["accuracy"]) for r in rows if r["preset"] == family)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=family)
+        ax.set_xscale("log")
+        ax.set_xlabel("mean model calls per item")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title(f"{task} {tier}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
