@@ -14,7 +14,7 @@ from dlmsearch.config import ConfigError, build, compose, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine import RolloutEngine
 
-REVISING = ("rcr", "remdm")
+REVISING = ("rcr", "remdm", "saber")
 NEW = (*REVISING, "eb_sampler")
 
 
@@ -101,3 +101,14 @@ def test_a_population_revises_each_particle(adapter: ModelAdapter) -> None:
     decoder = text_decoder("rcr", "+decoder/population=best_of_n")
     results = decode(decoder, adapter, requests)
     assert all(not bool((r.tokens == MASK_ID).any()) and int(r.revisions.sum()) > 0 for r in results)
+
+
+def test_saber_backtracks_but_always_makes_progress(adapter: ModelAdapter) -> None:
+    requests = make_requests([3, 6, 2], 16, seed=8)
+    masked: list[list[int]] = []
+    results = decode(text_decoder("saber"), adapter, requests, on_round=lambda canvas, source: masked.append(canvas.masked.sum(dim=1).tolist()))
+    for row in range(len(requests)):
+        counts = [16] + [m[row] for m in masked]
+        steps = results[row].steps
+        assert all(counts[i + 1] < counts[i] for i in range(steps))  # net progress of at least one position per step
+    assert sum(int(r.revisions.sum()) for r in results) > 0

@@ -310,3 +310,24 @@ class ReMDMSchedule:
         k = torch.where(in_loop, self.k, split)
         eligible = canvas.masked & canvas.in_current_block(layout)
         return top_k_mask(ordering_scores(evaluation, "confidence"), eligible, k)
+
+
+@attrs.define
+class MeanConfidenceRule(_UntilBlockFull):
+    """Saber's commit (Dong et al., arXiv 2510.18165; pairs with
+    :class:`~dlmsearch.search.revision.ConfidenceDrop`): the threshold is the mean confidence at
+    commit of every position committed so far (1 before the first); commit the masked positions
+    up to the block end above it, and at least the ``n`` most confident."""
+
+    n: int = number(int, 1, default=2)
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        ever = ((canvas.commit_call >= 0) | (canvas.revisions > 0)) & (torch.arange(canvas.tokens.shape[1]) >= layout.gen_start)[None, :]
+        total = torch.where(ever, canvas.commit_confidence, 0.0).sum(dim=1)
+        count = ever.sum(dim=1)
+        threshold = torch.where(count > 0, total / count.clamp(min=1), 1.0)
+        candidates = canvas.masked & canvas.unlocked(layout)
+        chosen = candidates & (evaluation.confidence > threshold[:, None])
+        fewer = chosen.sum(dim=1) < self.n
+        top = top_k_mask(evaluation.confidence, candidates, torch.full((canvas.rows,), self.n, dtype=torch.long))
+        return torch.where(fewer[:, None], top, chosen)

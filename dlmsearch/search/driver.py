@@ -216,6 +216,7 @@ class SearchDecoder:
         if not bool(active.any()):
             return attrs.evolve(state, finished=True)
         need = (active & ~fresh).nonzero().squeeze(1)
+        prior = cache  # the evaluations of the previous round (Saber compares confidences across steps)
         if need.numel():
             cache = cache.put(need, self._evaluate(engine, slots, population, canvas.take(need), need, torch.zeros_like(need), layout))
             fresh[need] = True
@@ -243,7 +244,7 @@ class SearchDecoder:
             proposals, population = self.population.perturb(sub_eval, sub, base, slots, population, call, layout)
             chosen = self.commit.select(sub, proposals, layout)
             committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget, self.commit.holds_block)
-            remask = self.revision.revise(sub, committed, layout)
+            remask = self.revision.revise(sub, committed, layout, sub_eval, prior.take(base))
             if remask is not None:
                 committed = committed.remask(remask, mask_id=engine.mask_id)
             canvas = canvas.put(base, committed)

@@ -28,7 +28,7 @@ import attrs
 import torch
 
 from dlmsearch.search.commit import block_positions, remdm_loop_start
-from dlmsearch.search.state import Canvas, Layout
+from dlmsearch.search.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, number
 
 
@@ -38,8 +38,9 @@ class Revision(Protocol):
     def bind(self, layout: Layout, block_budget: int | None) -> None:
         """Check the revision against the layout and the commit rule's steps per block before decoding."""
 
-    def revise(self, before: Canvas, after: Canvas, layout: Layout) -> torch.Tensor | None:
-        """``[R, T]`` committed positions to return to the mask (None: none)."""
+    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
+        """``[R, T]`` committed positions to return to the mask (None: none). ``evaluation`` is the
+        round's evaluation of ``before``, ``previous`` the slot's evaluation from the round before."""
 
 
 @attrs.define
@@ -51,7 +52,7 @@ class NoRevision:
     def bind(self, layout: Layout, block_budget: int | None) -> None:
         return None
 
-    def revise(self, before: Canvas, after: Canvas, layout: Layout) -> None:
+    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> None:
         return None
 
 
@@ -90,7 +91,7 @@ class RunningConfidence:
         g = 1 - progress if self.schedule == "linear" else torch.cos(math.pi * progress / 2)
         return g.clamp(1e-6, 1.0)
 
-    def revise(self, before: Canvas, after: Canvas, layout: Layout) -> torch.Tensor | None:
+    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
         done = before.block_step + 1  # the block's steps so far, this one included
         revising = (after.block == before.block) & (done < self.steps)  # the last step of a block re-masks nothing
         in_block = before.in_current_block(layout)
@@ -123,7 +124,7 @@ class LoopRemask:
         if self.plain < 1:
             raise ValueError(f"decoder.revision.loop_steps={self.loop_steps} leaves no plain steps in the block's {total}")
 
-    def revise(self, before: Canvas, after: Canvas, layout: Layout) -> torch.Tensor | None:
+    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
         start = remdm_loop_start(block_positions(before, layout), self.plain, self.loop_start_frac)
         step = after.block_step  # the next step's index in the block
         revising = (after.block == before.block) & (step >= start) & (step < start + self.loop)
@@ -131,3 +132,34 @@ class LoopRemask:
             return None
         eligible = after.in_current_block(layout) & (after.commit_call >= 0)
         return lowest(after.commit_confidence, eligible, torch.where(revising, self.k, 0))
+
+
+@attrs.define
+class ConfidenceDrop:
+    """Saber's backtracking (Dong et al., arXiv 2510.18165; pairs with
+    :class:`~dlmsearch.search.commit.MeanConfidenceRule`): after a step that committed ``f``
+    positions, re-mask the ``r = min(max(floor(n / 2), ceil(f / 8)), f - 1)`` committed positions
+    whose top-1 probability fell most since the previous step (``Δ = c - c_prev``; +inf for
+    positions the previous step did not see, so a new block backtracks into earlier ones, as the
+    authors' code does). Net progress is at least one position per step; a step that fills its
+    block does not backtrack."""
+
+    n: int = number(int, 1, default=2)
+    revises: ClassVar[bool] = True
+
+    def bind(self, layout: Layout, block_budget: int | None) -> None:
+        return None
+
+    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
+        committed_now = (before.masked & ~after.masked).sum(dim=1)
+        block_full = ~(after.masked & before.in_current_block(layout)).any(dim=1)
+        count = torch.minimum(torch.maximum(torch.full_like(committed_now, self.n // 2), (committed_now + 7) // 8), committed_now - 1)
+        count = torch.where(block_full | (after.block != before.block), 0, count.clamp(min=0))
+        if not bool((count > 0).any()):
+            return None
+        seen = before.block_step[:, None] > 0  # the previous step decoded this block too
+        seen_before = before.unlocked(layout) & (seen | ~before.in_current_block(layout))
+        drop = torch.where(seen_before, evaluation.confidence - previous.confidence, math.inf)
+        drop = torch.where(torch.isfinite(drop), drop, math.inf)
+        eligible = after.unlocked(layout) & (after.commit_call >= 0)
+        return lowest(drop, eligible, count)

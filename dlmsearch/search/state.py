@@ -164,14 +164,14 @@ class Canvas:
         return canvas.advance_blocks(layout, block_budget, hold)
 
     def remask(self, positions: torch.Tensor, mask_id: int) -> "Canvas":
-        """Return committed ``positions`` to the mask (a revision), counting it; blocks never move back."""
+        """Return committed ``positions`` to the mask (a revision), counting it; blocks never move
+        back. ``commit_confidence`` keeps the confidence of the last commit (Saber's ψ is never cleared)."""
         positions = positions & ~self.masked & (self.commit_call >= 0)  # given tokens are never revised
         return attrs.evolve(
             self,
             tokens=torch.where(positions, mask_id, self.tokens),
             masked=self.masked | positions,
             commit_call=torch.where(positions, -1, self.commit_call),
-            commit_confidence=torch.where(positions, 0.0, self.commit_confidence),
             commit_depth=torch.where(positions, -1, self.commit_depth),
             commit_branch=torch.where(positions, -1, self.commit_branch),
             revisions=self.revisions + positions.long(),
