@@ -14,7 +14,7 @@ import attrs
 import torch
 
 from dlmsearch.search.state import Canvas, Evaluation, Layout
-from dlmsearch.validation import check_choice, number
+from dlmsearch.validation import check_choice, check_type, number
 
 ORDERINGS = ("confidence", "margin", "neg_entropy", "random")
 
@@ -98,10 +98,14 @@ class _FixedSteps:
             raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
         self.block_budget = self.steps // layout.num_blocks
 
-    def ranking(self, evaluation: Evaluation, eligible: torch.Tensor) -> torch.Tensor:
+    def ranking(self, canvas: Canvas, evaluation: Evaluation, eligible: torch.Tensor, layout: Layout) -> torch.Tensor:
         """What the step's top k are taken of: the ordering's scores, or their seeded draw at ``alg_temp``."""
-        scores = ordering_scores(evaluation, self.ordering)
+        scores = self.scores(canvas, evaluation, layout)
         return scores if self.alg_temp == 0 else sampled_order(scores, eligible, evaluation.uniform, self.alg_temp)
+
+    def scores(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        """Higher is committed first (the ordering's scores)."""
+        return ordering_scores(evaluation, self.ordering)
 
 
 @attrs.define
@@ -119,7 +123,7 @@ class LowConfidenceSchedule(_FixedSteps):
         remaining = eligible.sum(dim=1)
         steps_left = (self.block_budget - canvas.block_step).clamp(min=1)
         k = (remaining + steps_left - 1) // steps_left
-        return top_k_mask(self.ranking(evaluation, eligible), eligible, k.clamp(min=1))
+        return top_k_mask(self.ranking(canvas, evaluation, eligible, layout), eligible, k.clamp(min=1))
 
 
 class _UntilBlockFull:
@@ -210,7 +214,7 @@ class DreamSchedule(_FixedSteps):
         # float32 arithmetic in upstream's order, truncated as its int() does
         k = (remaining.float() * (1 - s / t)).long()
         k = torch.where(step >= self.block_budget - 1, remaining, k)
-        return top_k_mask(self.ranking(evaluation, eligible), eligible, k)
+        return top_k_mask(self.ranking(canvas, evaluation, eligible, layout), eligible, k)
 
 
 @attrs.define
@@ -331,3 +335,53 @@ class MeanConfidenceRule(_UntilBlockFull):
         fewer = chosen.sum(dim=1) < self.n
         top = top_k_mask(evaluation.confidence, candidates, torch.full((canvas.rows,), self.n, dtype=torch.long))
         return torch.where(fewer[:, None], top, chosen)
+
+
+def load_token_frequencies(path: str | None) -> tuple[torch.Tensor, float]:
+    """A token-frequency prior ``(frequency per id, the frequency of an unseen id)`` from a file in
+    PC-Sampler's format (``{"num_token": N, "p_baseline_dict": {"id": count}}``); None: no file."""
+    if path is None:
+        return torch.zeros(0), 1.0
+    import json
+    from pathlib import Path
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"decoder.commit.frequencies={path}: no such file (a token-frequency table in PC-Sampler's format)")
+    data = json.loads(file.read_text())
+    try:
+        total, counts = float(data["num_token"]), {int(k): float(v) for k, v in data["p_baseline_dict"].items()}
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"decoder.commit.frequencies={path}: expected {{'num_token': N, 'p_baseline_dict': {{id: count}}}} ({error})") from error
+    table = torch.full((max(counts, default=-1) + 1,), 1.0 / total)
+    if counts:
+        table[torch.tensor(list(counts))] = torch.tensor(list(counts.values())) / total
+    return table, 1.0 / total
+
+
+@attrs.define
+class PositionCalibratedRule(LowConfidenceSchedule):
+    """PC-Sampler (Huang et al., arXiv 2508.13021): LLaDA's schedule, ranking the current block's
+    masked positions by ``exp(-decay * r) * min(-c * ln(f(token) + 1e-9), alpha)``, where ``r`` is
+    the position within the block, ``decay`` the paper's lambda and ``f`` a token-frequency prior
+    (``frequencies``: a file in PC-Sampler's format; unseen ids, or no file, count as ``1 / total``):
+    a tunable left-to-right drift that also defers frequent, trivial tokens."""
+
+    decay: float = number(float, 0.0, default=0.25)
+    alpha: float = number(float, 0.0, default=10.0)
+    frequencies: str | None = attrs.field(default=None, validator=check_type(str, optional=True))
+    prior: torch.Tensor = attrs.field(init=False, repr=False, factory=lambda: torch.zeros(0))
+    unseen: float = attrs.field(init=False, default=1.0)
+
+    def __attrs_post_init__(self) -> None:
+        self.prior, self.unseen = load_token_frequencies(self.frequencies)
+
+    def scores(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        token = evaluation.token
+        frequency = torch.full(token.shape, self.unseen)
+        if len(self.prior):
+            known = token < len(self.prior)
+            frequency = torch.where(known, self.prior[token.clamp(max=len(self.prior) - 1)], frequency)
+        calibrated = torch.clamp(-evaluation.confidence * torch.log(frequency + 1e-9), max=self.alpha)
+        offset = (torch.arange(token.shape[1])[None, :] - layout.block_start(canvas.block)[:, None]).float()
+        return torch.exp(-self.decay * offset) * calibrated
