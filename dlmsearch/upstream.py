@@ -287,6 +287,15 @@ def pc_sampler_module():
         sys.path[:] = saved
 
 
+@functools.lru_cache(maxsize=None)
+def klass_module():
+    """KLASS's ``llada_klass.py`` (MIT; its ``stable_confident_decode``), loaded once."""
+    path = UPSTREAM.parent / "klass" / "llada_klass.py"
+    if not path.is_file():
+        raise RuntimeError(f"KLASS's reference code not found at {path}")
+    return _load_file("dlmsearch_upstream_klass", path)
+
+
 def llada_generate_guided(
     model: torch.nn.Module, prompt: torch.Tensor, *, steps: int, gen_length: int, block_length: int, cfg_scale: float,
     mask_id: int = 126336, temperature: float = 0.0, remasking: str = "low_confidence",

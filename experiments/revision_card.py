@@ -1,7 +1,8 @@
 """The decoders that revise commits (RCR, ReMDM) and EB-Sampler against Fast-dLLM, paired.
 
 On the shipped Sudoku model (easy and hard tiers) and the shipped Countdown model (small tier),
-every decoder decodes the same items; each row gives accuracy with its Wilson interval, mean
+every decoder decodes the same items (PC-Sampler with the authors' lambda: 0 on Sudoku, 1 on
+Countdown, and on Countdown the model's own token-frequency prior); each row gives accuracy with its Wilson interval, mean
 model calls and row-forwards, revisions per item, and the paired sign test against
 ``fast_dllm`` (items only it solves, items only ``fast_dllm`` solves, p). The ``llada`` rows at
 the same number of steps as RCR are the equal-steps baseline (RCR is LLaDA's schedule with
@@ -31,15 +32,18 @@ def variants(task: str) -> list[tuple[str, str, list[str]]]:
     """(label, preset, overrides) per decoder; Sudoku is one block of 81, Countdown 16 tokens in blocks of 8."""
     n = 81 if task == "sudoku" else 16
     half = n // 3 if task == "sudoku" else 8
+    thresholds = (0.95, 0.9) if task == "sudoku" else (0.7, 0.5)  # the Sudoku model needs sure commits (its default: 0.99)
     rows = [
         ("fast_dllm", "fast_dllm", []),
-        ("fast_dllm τ=0.7", "fast_dllm", ["decoder.commit.threshold=0.7"]),
-        ("fast_dllm τ=0.5", "fast_dllm", ["decoder.commit.threshold=0.5"]),
+        *[(f"fast_dllm τ={t}", "fast_dllm", [f"decoder.commit.threshold={t}"]) for t in thresholds],
         (f"llada steps={n}", "llada", [f"decoder.commit.steps={n}"]),
         (f"llada steps={half}", "llada", [f"decoder.commit.steps={half}"]),
         (f"rcr steps={n}", "rcr", [f"decoder.commit.steps={n}"]),
         (f"rcr steps={half}", "rcr", [f"decoder.commit.steps={half}"]),
         (f"remdm steps={n}", "remdm", [f"decoder.commit.steps={n}"]),
+        ("saber", "saber", []),
+        (f"klass steps={n}", "klass", [f"decoder.commit.steps={n}"]),
+        (f"pc_sampler steps={n}", "pc_sampler", [f"decoder.commit.steps={n}", f"decoder.commit.decay={0.0 if task == 'sudoku' else 1.0}"]),
         ("eb_sampler γ=0.01", "eb_sampler", ["decoder.commit.gamma=0.01"]),
         ("eb_sampler γ=0.1", "eb_sampler", ["decoder.commit.gamma=0.1"]),
         ("eb_sampler γ=1", "eb_sampler", ["decoder.commit.gamma=1.0"]),

@@ -34,6 +34,14 @@ def tiny_denoiser(vocab: int = VOCAB, mask_id: int = MASK_ID, max_len: int = 96,
     return model.eval()
 
 
+def cached_adapter() -> ModelAdapter:
+    """A tiny native transformer (it can cache keys and values), for checks that need engine.cache."""
+    from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
+
+    config = TransformerConfig(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32, max_length=64)
+    return ModelAdapter(module=BidirectionalTransformer(config), mask_id=MASK_ID, vocab_size=VOCAB)
+
+
 @pytest.fixture(scope="session")
 def adapter() -> ModelAdapter:
     return ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB)

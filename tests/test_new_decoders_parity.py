@@ -47,3 +47,31 @@ def test_pc_sampler_matches_generate_with_pc_sampler(checkpoints, monkeypatch, d
         )
         assert torch.equal(result.tokens, x[0, len(request.prompt):].cpu()), f"prompt length {len(request.prompt)}"
         assert result.steps == gen_length
+
+
+@pytest.mark.parametrize("confidence,kl,block_length", [(0.6, 0.015, 8), (0.9, 0.01, 16), (0.3, 1.0, 8)])
+def test_klass_matches_stable_confident_decode(checkpoints, confidence: float, kl: float, block_length: int) -> None:
+    """KLASS's LLaDA loop (MIT, ``unmask_strategy='all'``), one prompt at a time, against the
+    ``klass`` preset on a mixed-length batch: identical tokens and model calls."""
+    from dlmsearch.upstream import klass_module
+
+    spec, gen_length = checkpoints["llada"], 16
+    module = klass_module()
+    generator = torch.Generator().manual_seed(9)
+    requests = [DecodeRequest(uid=i, prompt=torch.randint(0, 1000, (n,), generator=generator), generation=torch.full((gen_length,), spec.mask_id))
+                for i, n in enumerate([5, 11, 8])]
+    decoder = text_decoder("klass", f"decoder.commit.confidence={confidence}", f"decoder.commit.kl={kl}", gen_length=gen_length)
+    adapter = load_text_model(str(spec.directory), "llada", spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="float32")
+    results = decoder.decode(RolloutEngine(adapter=adapter), requests, block_length)
+    for request, result in zip(requests, results):
+        calls = [0]
+        handle = spec.upstream.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        try:
+            x, used_steps = module.stable_confident_decode(
+                spec.upstream, None, request.prompt[None], gen_length=gen_length, steps=gen_length, block_length=block_length,
+                conf_threshold=confidence, kl_threshold=kl, kl_history_length=2, alg="klass", unmask_strategy="all",
+            )
+        finally:
+            handle.remove()
+        assert torch.equal(result.tokens, x[0, len(request.prompt):].cpu()), f"prompt length {len(request.prompt)}"
+        assert result.steps == calls[0] == used_steps

@@ -9,13 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import MASK_ID, make_requests, text_decoder
+from conftest import MASK_ID, cached_adapter, make_requests, text_decoder
 from dlmsearch.config import ConfigError, build, compose, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine import RolloutEngine
 
 REVISING = ("rcr", "remdm", "saber")
-NEW = (*REVISING, "eb_sampler", "pc_sampler")
+NEW = (*REVISING, "eb_sampler", "pc_sampler", "klass")
 
 
 def decode(decoder, adapter: ModelAdapter, requests, block_length: int = 8, on_round=None, **engine):
@@ -112,3 +112,9 @@ def test_saber_backtracks_but_always_makes_progress(adapter: ModelAdapter) -> No
         steps = results[row].steps
         assert all(counts[i + 1] < counts[i] for i in range(steps))  # net progress of at least one position per step
     assert sum(int(r.revisions.sum()) for r in results) > 0
+
+
+def test_klass_needs_the_full_distributions_and_refuses_a_cache() -> None:
+    decoder = text_decoder("klass")
+    with pytest.raises(ValueError, match="kl statistic .* needs engine.cache=none"):
+        decoder.decode(RolloutEngine(adapter=cached_adapter(), cache="prefix"), make_requests([2], 16), 8)

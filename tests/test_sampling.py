@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
+from conftest import MASK_ID, VOCAB, cached_adapter, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.config import ConfigError, build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.loading import generation_defaults
@@ -128,14 +128,7 @@ def test_guidance_counts_rows_not_steps_and_refuses_a_cache(adapter: ModelAdapte
     together = decode(text_decoder("adalook", "decoder.guidance.scale=1.5"), adapter, requests)
     assert all(torch.equal(x.tokens, y.tokens) for x, y in zip(alone, together))
     with pytest.raises(ValueError, match="decoder.guidance.scale=1.5 needs engine.cache=none"):
-        text_decoder("llada", "decoder.guidance.scale=1.5").decode(RolloutEngine(adapter=_cached_adapter(), cache="dual"), requests, 8)
-
-
-def _cached_adapter() -> ModelAdapter:
-    from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
-
-    module = BidirectionalTransformer(TransformerConfig(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32, max_length=64))
-    return ModelAdapter(module=module, mask_id=MASK_ID, vocab_size=VOCAB)
+        text_decoder("llada", "decoder.guidance.scale=1.5").decode(RolloutEngine(adapter=cached_adapter(), cache="dual"), requests, 8)
 
 
 def test_the_end_of_an_answer() -> None:

@@ -385,3 +385,29 @@ class PositionCalibratedRule(LowConfidenceSchedule):
         calibrated = torch.clamp(-evaluation.confidence * torch.log(frequency + 1e-9), max=self.alpha)
         offset = (torch.arange(token.shape[1])[None, :] - layout.block_start(canvas.block)[:, None]).float()
         return torch.exp(-self.decay * offset) * calibrated
+
+
+@attrs.define
+class StableConfidenceRule(_FixedSteps):
+    """KLASS (Kim et al., arXiv 2511.05664): commit every masked position of the current block that
+    is confident (``c > confidence``) and stable (its distribution's KL to the previous step's,
+    this step's and the one before, below ``kl``), once the block has had a step; where none is
+    ready, LLaDA's split of the block's masks over its ``steps / blocks`` steps, top-k by
+    ``ordering`` (the authors' LLaDA code; H = 2, their value everywhere)."""
+
+    confidence: float = number(float, 0.0, 1.0, default=0.9)
+    kl: float = number(float, 0.0, default=0.01)
+
+    @property
+    def statistics(self) -> frozenset[str]:
+        return statistics_for(self.ordering) | {"kl"}
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        assert self.block_budget is not None and evaluation.kl is not None, "bind() the rule to a layout first"
+        eligible = canvas.masked & canvas.in_current_block(layout)
+        ready = eligible & (evaluation.confidence > self.confidence) & (evaluation.kl < self.kl) & (canvas.block_step >= 1)[:, None]
+        positions = block_positions(canvas, layout)  # the split is fixed at the block's start, as upstream precomputes it
+        step = canvas.block_step
+        k = positions // self.block_budget + (step < positions % self.block_budget).long()
+        scheduled = top_k_mask(self.ranking(canvas, evaluation, eligible, layout), eligible, k)
+        return torch.where(ready.any(dim=1, keepdim=True), ready, scheduled)

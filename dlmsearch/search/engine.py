@@ -25,10 +25,11 @@ from dlmsearch.search.kv_cache import MODES, KVCache
 from dlmsearch.search.profile import ForwardProfile
 from dlmsearch.search.randomness import Stream, hashed_uniform
 from dlmsearch.search.sampling import CONFIDENCE_SOURCES, Sampling, summarise_logits
+from dlmsearch.search.stability import DistributionHistory
 from dlmsearch.search.state import Evaluation
 from dlmsearch.validation import check_choice, check_type, number
 
-STATISTICS = ("margin", "entropy")
+STATISTICS = ("margin", "entropy", "kl")
 
 
 @attrs.frozen
@@ -94,6 +95,7 @@ class RolloutEngine:
     row_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     token_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     kv: KVCache = attrs.field(init=False)
+    history: DistributionHistory = attrs.field(init=False, factory=DistributionHistory)  # the ``kl`` statistic's memory
     sampling: Sampling = attrs.field(init=False, factory=lambda: Sampling().resolved())  # what this batch samples with (see ``reset``)
     budget: int | None = attrs.field(init=False, default=None)  # row budget lowered after running out of memory; None: row_budget
     regrow_after: int = attrs.field(init=False, default=20)  # successful forwards before a lowered budget doubles again
@@ -132,10 +134,12 @@ class RolloutEngine:
         self.token_forwards = torch.zeros(samples, dtype=torch.long)
         self.owner = torch.arange(samples).repeat_interleave(particles)
         self.kv.reset(samples * particles)
+        self.history.reset(samples * particles)
 
     def reorder_slots(self, source: torch.Tensor) -> None:
         """Slot ``i`` takes over slot ``source[i]``'s cache (a population resampled its particles)."""
         self.kv.reorder(source)
+        self.history.reorder(source)
 
     def calls(self, slots: torch.Tensor) -> torch.Tensor:
         """The model calls made so far by the samples these slots belong to."""
@@ -173,6 +177,8 @@ class RolloutEngine:
         unknown = set(statistics) - set(STATISTICS)
         if unknown:
             raise ValueError(f"unknown statistics {sorted(unknown)}; available: {', '.join(STATISTICS)}")
+        if "kl" in statistics and self.cache != "none":
+            raise ValueError(f"the kl statistic (KLASS) compares full distributions step to step and needs engine.cache=none; got {self.cache}")
         owner = self.owner[sample]
         call = self.steps[owner]
         self.steps[torch.unique(owner)] += 1
@@ -206,6 +212,7 @@ class RolloutEngine:
                 None if bool(computed.all()) else source,
                 from_column - first,
                 guidance,
+                (sample[index], row_key[index] == 0) if "kl" in statistics else None,
             )
             return part, kv, computed
 
@@ -361,8 +368,9 @@ class RolloutEngine:
         copy_of: torch.Tensor | None = None,
         prompt_end: int = 0,
         guidance: float = 0.0,
+        history: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
-        args = (tokens, attention, draw, statistics, uid, low, high, past, temperature, copy_of, prompt_end, guidance)
+        args = (tokens, attention, draw, statistics, uid, low, high, past, temperature, copy_of, prompt_end, guidance, history)
         if self.profile is None:
             return self._summaries(*args)
         with self.profile.timing("summary", self.adapter.device):
@@ -396,6 +404,7 @@ class RolloutEngine:
         copy_of: torch.Tensor | None = None,
         prompt_end: int = 0,
         guidance: float = 0.0,
+        history: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
         if copy_of is None:
             logits, kv = self._model(tokens, attention, low, high, past, prompt_end, guidance)
@@ -406,7 +415,9 @@ class RolloutEngine:
             logits = logits[where]
             kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
         logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
-        summaries = summarise_logits(logits, self.sampling, temperature, draw, statistics)
+        summaries = summarise_logits(logits, self.sampling, temperature, draw, statistics - {"kl"})
+        if history is not None:  # (the rows' slots, which rows are roots); the columns start at the generation region
+            summaries["kl"] = self.history.step(logits, history[0], low - prompt_end, history[1])
         token, confidence = summaries.pop("token"), summaries["confidence"]
         if self.adapter.deferred_ids:
             deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))

@@ -22,6 +22,7 @@ class Evaluation:
     uniform: torch.Tensor  # [R, T] float: a seeded uniform draw, for random orderings
     margin: torch.Tensor | None = None  # [R, T] top-1 minus top-2 probability
     entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution
+    kl: torch.Tensor | None = None  # [R, T] the larger of this and the previous step's KL between successive distributions (KLASS)
     order_noise: torch.Tensor | None = None  # [R, T] added to the commit order's scores (a population's particles diverge)
 
     def take(self, index: torch.Tensor) -> "Evaluation":
@@ -40,6 +41,7 @@ class Evaluation:
             uniform=zeros,
             margin=zeros if "margin" in statistics else None,
             entropy=zeros if "entropy" in statistics else None,
+            kl=zeros if "kl" in statistics else None,
         )
 
 

@@ -1,0 +1,52 @@
+"""How much each position's predictive distribution moved since the slot's previous step (KLASS).
+
+KLASS (Kim et al., NeurIPS 2025) commits a token once it is confident *and* its distribution has
+stopped moving: ``d_i = sum_v p_i(v) (log(p_i(v) + 1e-12) - log(p_prev,i(v) + 1e-12))`` in float64
+against the slot's previous step, stable when the last two values are below a bound. The
+previous distributions are vocabulary-sized (``slots x generation x vocab``, float64: about 0.4 GB
+at 400 positions of LLaDA), so they stay here, inside the engine, allocated only when a decoder
+asks for the ``kl`` statistic; before a slot's first step they are zeros, so its first
+divergence is huge, as upstream.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+
+@attrs.define(eq=False)
+class DistributionHistory:
+    """Per slot: the previous step's distributions over the generation region and its divergence."""
+
+    probs: torch.Tensor | None = None  # [slots, n, V] float64
+    last: torch.Tensor | None = None  # [slots, n] float64, the previous step's divergence
+    slots: int = 0
+
+    def reset(self, slots: int) -> None:
+        self.probs, self.last, self.slots = None, None, slots
+
+    def reorder(self, source: torch.Tensor) -> None:
+        """Slot ``i`` takes over slot ``source[i]``'s history (a population resampled)."""
+        if self.probs is not None and self.last is not None:
+            self.probs, self.last = self.probs[source.to(self.probs.device)], self.last[source.to(self.last.device)]
+
+    def step(self, logits: torch.Tensor, slots: torch.Tensor, start: int, store: torch.Tensor) -> torch.Tensor:
+        """``[R, T]`` the larger of this step's and the previous step's divergence at generation
+        columns ``start : start + T`` of these rows' slots; the rows in ``store`` (roots) become
+        their slots' new previous step."""
+        probs = torch.softmax(logits.double(), dim=-1)
+        width = start + probs.shape[1]
+        if self.probs is None or self.probs.shape[1] < width or self.probs.shape[2] != probs.shape[2]:
+            self.probs = torch.zeros(self.slots, width, probs.shape[2], dtype=torch.float64, device=probs.device)
+            self.last = torch.zeros(self.slots, width, dtype=torch.float64, device=probs.device)
+        assert self.last is not None
+        index = slots.to(probs.device)
+        previous = self.probs[index, start:width]
+        divergence = (probs * (torch.log(probs + 1e-12) - torch.log(previous + 1e-12))).sum(dim=-1)
+        recent = torch.maximum(divergence, self.last[index, start:width])
+        keep = index[store.to(probs.device)]
+        if keep.numel():
+            self.probs[keep, start:width] = probs[store.to(probs.device)]
+            self.last[keep, start:width] = divergence[store.to(probs.device)]
+        return recent.float()
