@@ -7,7 +7,7 @@ with end-of-text tokens anyway (then the tokens are the same too). The model's c
 tokens, so generation lengths past about 100 do not fit and are reported as such.
 
     python experiments/stop_at_eos.py                       # small tier, 256 problems (~10 min on 2 cores)
-    python experiments/stop_at_eos.py --limit 16 --out /tmp/stop   # a quick look
+    python experiments/stop_at_eos.py --limit 16 --out /tmp/stop --runs /tmp/stop/runs   # a quick look
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def tail_filled(trace_path: Path) -> dict[str, bool]:
     return filled
 
 
-def measure(out: Path, preset: str, gen_length: int, stop: bool, limit: int | None, batch_size: int) -> tuple[dict, dict[str, records.Record]]:
-    run_dir = out / "runs" / f"{preset}_gen{gen_length}_{'stop' if stop else 'full'}"
+def measure(runs: Path, preset: str, gen_length: int, stop: bool, limit: int | None, batch_size: int) -> tuple[dict, dict[str, records.Record]]:
+    run_dir = runs / f"{preset}_gen{gen_length}_{'stop' if stop else 'full'}"
     cfg = compose([
         "model=countdown", "task=countdown", "model.device=cpu", f"+decoder={preset}", f"task.gen_length={gen_length}",
         f"task.limit={limit or 'null'}", f"batch_size={batch_size}", f"out_dir={run_dir}", "examples=0", "trace=true",
@@ -49,6 +49,7 @@ def measure(out: Path, preset: str, gen_length: int, stop: bool, limit: int | No
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("experiments/results/countdown/small/stop_at_eos"))
+    parser.add_argument("--runs", type=Path, default=Path("runs/stop_at_eos"), help="the runs (resumable), apart from the results")
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 96, 128, 256])
     parser.add_argument("--presets", nargs="+", default=["llada", "fast_dllm"])
     parser.add_argument("--limit", type=int, default=None)
@@ -58,13 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     for gen_length in args.lengths:
         for preset in args.presets:
             try:
-                full, full_records = measure(args.out, preset, gen_length, False, args.limit, args.batch_size)
+                full, full_records = measure(args.runs, preset, gen_length, False, args.limit, args.batch_size)
             except ValueError as error:  # the canvas does not fit the model's context
                 rows.append({"preset": preset, "gen_length": gen_length, "skipped": str(error).splitlines()[0]})
                 print(f"gen {gen_length} {preset}: skipped ({rows[-1]['skipped']})", flush=True)
                 continue
-            stopped, stop_records = measure(args.out, preset, gen_length, True, args.limit, args.batch_size)
-            filled = tail_filled(args.out / "runs" / f"{preset}_gen{gen_length}_full" / "trace.jsonl")
+            stopped, stop_records = measure(args.runs, preset, gen_length, True, args.limit, args.batch_size)
+            filled = tail_filled(args.runs / f"{preset}_gen{gen_length}_full" / "trace.jsonl")
             same_text = [stop_records[i]["output"] == r["output"] for i, r in full_records.items() if i in stop_records]
             pair = records.paired(records.judged(stop_records), records.judged(full_records))
             rows.append({
