@@ -1,4 +1,5 @@
-"""The decoders that revise commits (RCR, ReMDM) and EB-Sampler against Fast-dLLM, paired.
+"""The decoders that revise commits (WINO, RCR, Saber, ReMDM) and the newer monotone rules
+(EB-Sampler, KLASS, PC-Sampler) against Fast-dLLM, paired.
 
 On the shipped Sudoku model (easy and hard tiers) and the shipped Countdown model (small tier),
 every decoder decodes the same items (PC-Sampler with the authors' lambda: 0 on Sudoku, 1 on
@@ -43,6 +44,7 @@ def variants(task: str) -> list[tuple[str, str, list[str]]]:
         (f"remdm steps={n}", "remdm", [f"decoder.commit.steps={n}"]),
         ("saber", "saber", []),
         (f"klass steps={n}", "klass", [f"decoder.commit.steps={n}"]),
+        *[(f"wino τ1={t}", "wino", [f"decoder.commit.tau1={t}"]) for t in ((0.7, 0.9) if task == "sudoku" else (0.5, 0.7))],
         (f"pc_sampler steps={n}", "pc_sampler", [f"decoder.commit.steps={n}", f"decoder.commit.decay={0.0 if task == 'sudoku' else 1.0}"]),
         ("eb_sampler γ=0.01", "eb_sampler", ["decoder.commit.gamma=0.01"]),
         ("eb_sampler γ=0.1", "eb_sampler", ["decoder.commit.gamma=0.1"]),

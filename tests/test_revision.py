@@ -14,7 +14,7 @@ from dlmsearch.config import ConfigError, build, compose, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine import RolloutEngine
 
-REVISING = ("rcr", "remdm", "saber")
+REVISING = ("rcr", "remdm", "saber", "wino")
 NEW = (*REVISING, "eb_sampler", "pc_sampler", "klass")
 
 

@@ -101,3 +101,40 @@ class ModelAdapter:
         if self.shift_logits:
             raw = torch.cat([raw[:, :1], raw[:, :-1]], dim=1)[:, low - start :]
         return raw, kv
+
+    @property
+    def lays_out_rows(self) -> bool:
+        """Whether the module takes an explicit attention mask and positions (WINO's shadow block)."""
+        return getattr(self.module, "takes_attention", False) and not self.shift_logits
+
+    @torch.no_grad()
+    def shadow_logits(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int, high: int, block_start: torch.Tensor, block_length: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits of columns ``low:high`` and of a *shadow* of each row's block in the same forward
+        (WINO): ``block_length`` mask tokens appended at the positions of the block's columns
+        ``block_start[r] + j``. Canvas queries see the canvas only (the canvas logits are the plain
+        forward's); shadow query ``j`` sees every shadow slot and the canvas except its own mirror
+        column, so it predicts the token there from everything else."""
+        if not self.lays_out_rows:
+            raise ValueError(f"{type(self.module).__name__} cannot run a shadow block (it takes no explicit attention mask, or its logits are shifted)")
+        rows, width = tokens.shape
+        device = self.device
+        real = attention_mask.to(device).bool()
+        positions = (real.long().cumsum(dim=1) - 1).clamp(min=0)
+        mirror = block_start.to(device)[:, None] + torch.arange(block_length, device=device)[None, :]  # [R, B] canvas columns
+        extended = torch.cat([tokens.to(device), torch.full((rows, block_length), self.mask_id, device=device)], dim=1)
+        total = width + block_length
+        attention = torch.zeros(rows, total, total, dtype=torch.bool, device=device)
+        attention[:, :width, :width] = real[:, None, :]
+        attention[:, width:, :width] = real[:, None, :] & (torch.arange(width, device=device)[None, None, :] != mirror[:, :, None])
+        attention[:, width:, width:] = True
+        all_positions = torch.cat([positions, positions.gather(1, mirror)], dim=1)
+        module = self.module
+        if hasattr(module, "run"):
+            raw, _ = module.run(extended, None, low, attention=attention, positions=all_positions)
+            canvas, shadow = raw[:, : high - low], raw[:, width - low :]
+        else:
+            raw = module(extended, attention=attention, positions=all_positions)
+            canvas, shadow = raw[:, low:high], raw[:, width:]
+        return canvas[..., : self.vocab_size].float(), shadow[..., : self.vocab_size].float()

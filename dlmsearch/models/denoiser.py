@@ -31,6 +31,8 @@ class DenoiserConfig:
 class BidirectionalDenoiser(nn.Module):
     """Pre-norm transformer encoder predicting every position's token distribution."""
 
+    takes_attention = True  # forward() takes an explicit attention mask and positions (WINO's shadow block)
+
     def __init__(self, config: DenoiserConfig) -> None:
         super().__init__()
         self.config = config
@@ -54,8 +56,20 @@ class BidirectionalDenoiser(nn.Module):
         self.norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``[rows, length, vocab]``; ``attention_mask`` marks real (non-padding) tokens."""
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, attention: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[rows, length, vocab]``; ``attention_mask`` marks real (non-padding) tokens.
+        ``attention`` (``[rows, length, length]`` bool: query may attend to key) with
+        ``positions`` lays the rows out explicitly (WINO's shadow block)."""
+        if attention is not None:
+            if positions is None:
+                raise ValueError("an explicit attention mask needs explicit positions")
+            hidden = self.token(input_ids) + self.position(positions)
+            if self.config.grid_side:
+                hidden = hidden + self.row(self.row_id[positions]) + self.col(self.col_id[positions]) + self.box(self.box_id[positions])
+            blocked = ~attention.bool().repeat_interleave(self.config.n_heads, dim=0)
+            return self.head(self.norm(self.encoder(hidden, mask=blocked)))
         if attention_mask is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         else:

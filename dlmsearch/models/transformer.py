@@ -132,6 +132,7 @@ class BidirectionalTransformer(nn.Module):
 
     takes_logits_from = True  # the engine may ask for logits of the generation region only
     supports_kv_cache = True  # the engine may keep keys and values between calls (prefix / dual cache)
+    takes_attention = True  # run() takes an explicit attention mask and positions (WINO's shadow block)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_from: int = 0) -> torch.Tensor:
         """Logits of columns ``logits_from:``. ``attention_mask`` marks real tokens; padded keys are
@@ -145,16 +146,24 @@ class BidirectionalTransformer(nn.Module):
         logits_from: int = 0,
         past: list[KeyValues] | None = None,
         start: int = 0,
+        attention: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[KeyValues]]:
         """Logits of the given columns from ``logits_from`` on, and each layer's keys and values.
 
         Without ``past``, ``input_ids`` is the whole canvas. With ``past`` (per layer, keys and
         values of the whole canvas from an earlier call), ``input_ids`` holds only the columns
         ``start : start + length`` and attends to the cached keys of all other columns;
-        ``attention_mask`` then still covers the whole canvas.
+        ``attention_mask`` then still covers the whole canvas. ``attention`` (``[rows, length,
+        length]`` bool: query may attend to key) with ``positions`` (``[rows, length]``) replaces
+        both for rows laid out by the caller (WINO's shadow block); no ``past`` then.
         """
         length = input_ids.shape[1]
-        if attention_mask is None:
+        if attention is not None:
+            if past is not None or positions is None:
+                raise ValueError("an explicit attention mask needs explicit positions and no cache")
+            key_mask = attention.bool()[:, None]
+        elif attention_mask is None:
             width = length if past is None else past[0][0].shape[2]
             positions = torch.arange(width, device=input_ids.device).expand(input_ids.shape[0], width)
             key_mask = None

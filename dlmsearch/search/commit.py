@@ -411,3 +411,21 @@ class StableConfidenceRule(_FixedSteps):
         k = positions // self.block_budget + (step < positions % self.block_budget).long()
         scheduled = top_k_mask(self.ranking(canvas, evaluation, eligible, layout), eligible, k)
         return torch.where(ready.any(dim=1, keepdim=True), ready, scheduled)
+
+
+@attrs.define
+class WideInRule(_UntilBlockFull):
+    """WINO's draft (Hong et al., arXiv 2507.18578; pairs with
+    :class:`~dlmsearch.search.revision.NarrowOut`): commit the current block's masks with
+    ``c > tau1``, at most ``min(max(floor(0.7 |M|), 5), 20)`` of them (the most confident), and the
+    most confident one where none clears ``tau1``. Asks the engine for ``verify`` (the shadow block)."""
+
+    tau1: float = number(float, 0.0, 1.0, default=0.7)
+    statistics: ClassVar[frozenset[str]] = frozenset({"verify"})
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        eligible = canvas.masked & canvas.in_current_block(layout)
+        wide = eligible & (evaluation.confidence > self.tau1)
+        cap = torch.clamp(torch.floor(0.7 * eligible.sum(dim=1).float()).long(), min=5, max=20)
+        capped = top_k_mask(evaluation.confidence, wide, cap)
+        return at_least_one(capped, ordering_scores(evaluation, "confidence"), canvas, layout)

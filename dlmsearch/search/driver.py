@@ -196,7 +196,7 @@ class SearchDecoder:
             late=torch.zeros(slots, dtype=torch.bool),
             slots=slots_table,
             population=self.population.start(slots_table),
-            max_rounds=gen_length + 1 + (self.commit.block_budget or 0) * layout.num_blocks,
+            max_rounds=gen_length + 1 + (self.commit.block_budget or 0) * layout.num_blocks + self.revision.extra_rounds(layout),
             started=time.monotonic(),
         )
 
@@ -243,10 +243,13 @@ class SearchDecoder:
             call = engine.calls(base)
             proposals, population = self.population.perturb(sub_eval, sub, base, slots, population, call, layout)
             chosen = self.commit.select(sub, proposals, layout)
-            committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget, self.commit.holds_block)
-            remask = self.revision.revise(sub, committed, layout, sub_eval, prior.take(base))
-            if remask is not None:
-                committed = committed.remask(remask, mask_id=engine.mask_id)
+            revising = self.revision.revises
+            committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget, self.commit.holds_block, advance=not revising)
+            if revising:  # the revision acts on the round's block, then the blocks advance
+                remask = self.revision.revise(sub, committed, layout, sub_eval, prior.take(base))
+                if remask is not None:
+                    committed = committed.remask(remask, mask_id=engine.mask_id)
+                committed = committed.advance_blocks(layout, self.commit.block_budget, self.commit.holds_block)
             canvas = canvas.put(base, committed)
             fresh[base] = False
         if self.stop_at_eos:

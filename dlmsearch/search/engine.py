@@ -29,7 +29,7 @@ from dlmsearch.search.stability import DistributionHistory
 from dlmsearch.search.state import Evaluation
 from dlmsearch.validation import check_choice, check_type, number
 
-STATISTICS = ("margin", "entropy", "kl")
+STATISTICS = ("margin", "entropy", "kl", "verify")
 
 
 @attrs.frozen
@@ -179,6 +179,14 @@ class RolloutEngine:
             raise ValueError(f"unknown statistics {sorted(unknown)}; available: {', '.join(STATISTICS)}")
         if "kl" in statistics and self.cache != "none":
             raise ValueError(f"the kl statistic (KLASS) compares full distributions step to step and needs engine.cache=none; got {self.cache}")
+        shadow_length = 0
+        if "verify" in statistics:  # WINO: a shadow of the block being decoded, in the same forward
+            if self.cache != "none" or guidance > 0 or window is None:
+                raise ValueError(f"the verify statistic (WINO's shadow block) needs engine.cache=none and no guidance; got engine.cache={self.cache}")
+            lengths = torch.unique(window[1] - window[0])
+            if len(lengths) != 1:
+                raise ValueError("the verify statistic needs every row to decode one block of the same length")
+            shadow_length = int(lengths[0])
         owner = self.owner[sample]
         call = self.steps[owner]
         self.steps[torch.unique(owner)] += 1
@@ -197,7 +205,7 @@ class RolloutEngine:
             index, first = forward.rows, forward.first
             low, high = forward.columns
             past = self.kv.gather(sample[index], first) if forward.cached else None
-            source = _within(index, None if forward.cached else copy_of)
+            source = _within(index, None if forward.cached or shadow_length else copy_of)  # shadow rows are all computed
             computed = source == torch.arange(len(index))
             part, kv = self._summarise(
                 tokens[index, first:],
@@ -213,6 +221,7 @@ class RolloutEngine:
                 from_column - first,
                 guidance,
                 (sample[index], row_key[index] == 0) if "kl" in statistics else None,
+                (window[0][index] - first, shadow_length) if shadow_length else None,
             )
             return part, kv, computed
 
@@ -228,8 +237,8 @@ class RolloutEngine:
                 self.row_forwards.index_add_(0, counted, torch.full_like(counted, copies))
                 if forward.cached:
                     self.token_forwards.index_add_(0, counted, torch.full_like(counted, copies * (high - low + int(self.adapter.shift_logits and low > 0))))
-                else:
-                    self.token_forwards.index_add_(0, counted, copies * attention[index[computed]].sum(dim=1))
+                else:  # a shadow block is part of its row: more token-forwards, not more rows
+                    self.token_forwards.index_add_(0, counted, copies * attention[index[computed]].sum(dim=1) + shadow_length)
                 if forward.refresh.any():
                     keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
                     self.kv.store(sample[index][forward.refresh], first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
@@ -369,8 +378,9 @@ class RolloutEngine:
         prompt_end: int = 0,
         guidance: float = 0.0,
         history: tuple[torch.Tensor, torch.Tensor] | None = None,
+        shadow: tuple[torch.Tensor, int] | None = None,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
-        args = (tokens, attention, draw, statistics, uid, low, high, past, temperature, copy_of, prompt_end, guidance, history)
+        args = (tokens, attention, draw, statistics, uid, low, high, past, temperature, copy_of, prompt_end, guidance, history, shadow)
         if self.profile is None:
             return self._summaries(*args)
         with self.profile.timing("summary", self.adapter.device):
@@ -405,8 +415,17 @@ class RolloutEngine:
         prompt_end: int = 0,
         guidance: float = 0.0,
         history: tuple[torch.Tensor, torch.Tensor] | None = None,
+        shadow: tuple[torch.Tensor, int] | None = None,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
-        if copy_of is None:
+        verify = None
+        if shadow is not None:  # WINO: the block's shadow in the same forward (every row computed: no merging)
+            logits, shadow_logits = self.adapter.shadow_logits(tokens, attention, low, high, shadow[0], shadow[1])
+            kv = None
+            mirror = shadow[0].to(logits.device)[:, None] + torch.arange(shadow[1], device=logits.device)[None, :]
+            current = tokens.to(logits.device).gather(1, mirror)
+            verified = torch.softmax(shadow_logits.double(), dim=-1).gather(-1, current[..., None]).squeeze(-1).float()
+            verify = torch.zeros(logits.shape[:2], device=logits.device).scatter(1, mirror - low, verified)
+        elif copy_of is None:
             logits, kv = self._model(tokens, attention, low, high, past, prompt_end, guidance)
         else:  # rows that repeat an earlier row of their group: forward the distinct rows, then copy
             distinct = torch.unique(copy_of)
@@ -415,7 +434,9 @@ class RolloutEngine:
             logits = logits[where]
             kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
         logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
-        summaries = summarise_logits(logits, self.sampling, temperature, draw, statistics - {"kl"})
+        summaries = summarise_logits(logits, self.sampling, temperature, draw, statistics - {"kl", "verify"})
+        if verify is not None:
+            summaries["verify"] = verify
         if history is not None:  # (the rows' slots, which rows are roots); the columns start at the generation region
             summaries["kl"] = self.history.step(logits, history[0], low - prompt_end, history[1])
         token, confidence = summaries.pop("token"), summaries["confidence"]

@@ -38,6 +38,9 @@ class Revision(Protocol):
     def bind(self, layout: Layout, block_budget: int | None) -> None:
         """Check the revision against the layout and the commit rule's steps per block before decoding."""
 
+    def extra_rounds(self, layout: Layout) -> int:
+        """Rounds the revision may add to the driver's bound (0: it never costs net progress)."""
+
     def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
         """``[R, T]`` committed positions to return to the mask (None: none). ``evaluation`` is the
         round's evaluation of ``before``, ``previous`` the slot's evaluation from the round before."""
@@ -51,6 +54,9 @@ class NoRevision:
 
     def bind(self, layout: Layout, block_budget: int | None) -> None:
         return None
+
+    def extra_rounds(self, layout: Layout) -> int:
+        return 0
 
     def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> None:
         return None
@@ -91,9 +97,12 @@ class RunningConfidence:
         g = 1 - progress if self.schedule == "linear" else torch.cos(math.pi * progress / 2)
         return g.clamp(1e-6, 1.0)
 
+    def extra_rounds(self, layout: Layout) -> int:
+        return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
+
     def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
         done = before.block_step + 1  # the block's steps so far, this one included
-        revising = (after.block == before.block) & (done < self.steps)  # the last step of a block re-masks nothing
+        revising = done < self.steps  # the last step of a block re-masks nothing
         in_block = before.in_current_block(layout)
         n = (in_block & ((before.commit_call >= 0) | before.masked)).sum(dim=1)  # the block's positions that are not given
         masked_after = torch.floor(n * self.remaining(done.float() / self.steps)).long()  # N - K_t
@@ -124,10 +133,13 @@ class LoopRemask:
         if self.plain < 1:
             raise ValueError(f"decoder.revision.loop_steps={self.loop_steps} leaves no plain steps in the block's {total}")
 
+    def extra_rounds(self, layout: Layout) -> int:
+        return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
+
     def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
         start = remdm_loop_start(block_positions(before, layout), self.plain, self.loop_start_frac)
         step = after.block_step  # the next step's index in the block
-        revising = (after.block == before.block) & (step >= start) & (step < start + self.loop)
+        revising = (step >= start) & (step < start + self.loop)
         if not bool(revising.any()):
             return None
         eligible = after.in_current_block(layout) & (after.commit_call >= 0)
@@ -150,11 +162,14 @@ class ConfidenceDrop:
     def bind(self, layout: Layout, block_budget: int | None) -> None:
         return None
 
+    def extra_rounds(self, layout: Layout) -> int:
+        return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
+
     def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
         committed_now = (before.masked & ~after.masked).sum(dim=1)
         block_full = ~(after.masked & before.in_current_block(layout)).any(dim=1)
         count = torch.minimum(torch.maximum(torch.full_like(committed_now, self.n // 2), (committed_now + 7) // 8), committed_now - 1)
-        count = torch.where(block_full | (after.block != before.block), 0, count.clamp(min=0))
+        count = torch.where(block_full, 0, count.clamp(min=0))
         if not bool((count > 0).any()):
             return None
         seen = before.block_step[:, None] > 0  # the previous step decoded this block too
@@ -163,3 +178,41 @@ class ConfidenceDrop:
         drop = torch.where(torch.isfinite(drop), drop, math.inf)
         eligible = after.unlocked(layout) & (after.commit_call >= 0)
         return lowest(drop, eligible, count)
+
+
+@attrs.define
+class NarrowOut:
+    """WINO's verification (pairs with :class:`~dlmsearch.search.commit.WideInRule`): when a step
+    drafted more than one token, re-mask the block's earlier commits whose shadow probability
+    (the probability of the token there given everything else, ``verify``) is below ``tau2``; if
+    they are at least the previous step's accept count, only that count minus one, lowest first
+    (30 at a block's start). The authors' loop has no bound on re-masking; here a block stops
+    re-masking after ``max_revising_steps`` steps, so that every decode ends within the driver's
+    bound (``extra_rounds``)."""
+
+    tau2: float = number(float, 0.0, 1.0, default=0.9)
+    first_accept: int = number(int, 1, default=30)
+    max_revising_steps: int = number(int, 1, default=64)
+    revises: ClassVar[bool] = True
+
+    def bind(self, layout: Layout, block_budget: int | None) -> None:
+        return None
+
+    def extra_rounds(self, layout: Layout) -> int:
+        return self.max_revising_steps * layout.num_blocks
+
+    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
+        assert evaluation.verify is not None, "NarrowOut needs the verify statistic (WideInRule asks for it)"
+        in_block = before.in_current_block(layout)
+        accepted = (before.masked & ~after.masked & in_block).sum(dim=1)
+        call = torch.where(after.commit_call >= 0, after.commit_call, -1).max(dim=1).values  # this step's call
+        last_accept = torch.where(before.block_step > 0, ((before.commit_call == (call - 1)[:, None]) & in_block).sum(dim=1), self.first_accept)
+        earlier = in_block & ~before.masked & (before.commit_call >= 0)  # U: committed in the block before this step
+        failing = earlier & (evaluation.verify < self.tau2)
+        count = failing.sum(dim=1)
+        count = torch.where(count >= last_accept, (last_accept - 1).clamp(min=0), count)
+        revising = (accepted > 1) & (before.block_step < self.max_revising_steps)
+        count = torch.where(revising, count, 0)
+        if not bool((count > 0).any()):
+            return None
+        return lowest(evaluation.verify, failing, count)

@@ -23,6 +23,7 @@ class Evaluation:
     margin: torch.Tensor | None = None  # [R, T] top-1 minus top-2 probability
     entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution
     kl: torch.Tensor | None = None  # [R, T] the larger of this and the previous step's KL between successive distributions (KLASS)
+    verify: torch.Tensor | None = None  # [R, T] WINO's check: the probability of the token there, from everything else (the shadow block)
     order_noise: torch.Tensor | None = None  # [R, T] added to the commit order's scores (a population's particles diverge)
 
     def take(self, index: torch.Tensor) -> "Evaluation":
@@ -42,6 +43,7 @@ class Evaluation:
             margin=zeros if "margin" in statistics else None,
             entropy=zeros if "entropy" in statistics else None,
             kl=zeros if "kl" in statistics else None,
+            verify=zeros if "verify" in statistics else None,
         )
 
 
@@ -141,12 +143,14 @@ class Canvas:
         layout: Layout,
         block_budget: int | None,
         hold: bool = False,
+        advance: bool = True,
     ) -> "Canvas":
         """Write ``proposal`` where ``chosen`` (masked positions only), then advance blocks.
 
         A row moves to its next block when its current block has no mask left, or when it has
         used ``block_budget`` commits there (fast block diffusion); the last block never moves.
         With ``hold`` (rules that revise: RCR, ReMDM) a row moves only once the budget is spent.
+        ``advance=False`` leaves the blocks for the caller (a revision acts first).
         """
         chosen = chosen & self.masked
         depth = torch.as_tensor(depth, device=chosen.device).expand(self.rows)
@@ -163,7 +167,7 @@ class Canvas:
             commit_branch=torch.where(chosen, branch[:, None], self.commit_branch),
             revisions=self.revisions,
         )
-        return canvas.advance_blocks(layout, block_budget, hold)
+        return canvas.advance_blocks(layout, block_budget, hold) if advance else canvas
 
     def remask(self, positions: torch.Tensor, mask_id: int) -> "Canvas":
         """Return committed ``positions`` to the mask (a revision), counting it; blocks never move

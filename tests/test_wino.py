@@ -1,0 +1,80 @@
+"""WINO: the shadow block (custom attention in the native models) and its verify-and-re-mask loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
+from dlmsearch.search.engine import RolloutEngine
+
+
+def native(layers: int) -> ModelAdapter:
+    torch.manual_seed(layers)
+    config = TransformerConfig(vocab_size=VOCAB, hidden_size=32, num_layers=layers, num_heads=4, num_kv_heads=2, intermediate_size=64, max_length=64)
+    return ModelAdapter(module=BidirectionalTransformer(config), mask_id=MASK_ID, vocab_size=VOCAB)
+
+
+def padded_rows() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, MASK_ID, (2, 14), generator=generator)
+    tokens[:, 10:] = MASK_ID
+    attention = torch.ones(2, 14, dtype=torch.bool)
+    attention[1, :3] = False  # a left-padded row
+    tokens[1, :3] = MASK_ID
+    return tokens, attention
+
+
+@pytest.mark.parametrize("adapter", [native(2), ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB)], ids=["native", "denoiser"])
+def test_the_canvas_never_sees_its_shadow(adapter: ModelAdapter) -> None:
+    tokens, attention = padded_rows()
+    plain, _ = adapter.window_logits(tokens, attention, 6, 14)
+    canvas, shadow = adapter.shadow_logits(tokens, attention, 6, 14, torch.tensor([6, 6]), 4)
+    assert torch.allclose(canvas, plain, atol=1e-5) and shadow.shape == (2, 4, VOCAB)
+
+
+def test_a_shadow_slot_sees_everything_but_its_mirror() -> None:
+    """With one layer a shadow slot's output is attention over its visible keys only, so it equals a
+    plain forward of exactly those tokens (the canvas without the mirror column, then the shadow)."""
+    adapter = native(1)
+    tokens, attention = padded_rows()
+    start, length = torch.tensor([6, 7]), 4
+    _, shadow = adapter.shadow_logits(tokens, attention, 6, 14, start, length)
+    module = adapter.module
+    for row in range(2):
+        real = attention[row].nonzero().squeeze(1)
+        positions = torch.arange(len(real))
+        column_position = dict(zip(real.tolist(), positions.tolist()))
+        for j in range(length):
+            mirror = int(start[row]) + j
+            keep = [c for c in real.tolist() if c != mirror]
+            ids = torch.cat([tokens[row, keep], torch.full((length,), MASK_ID)])[None]
+            pos = torch.tensor([column_position[c] for c in keep] + [column_position[int(start[row]) + i] for i in range(length)])[None]
+            everything = torch.ones(1, len(pos[0]), len(pos[0]), dtype=torch.bool)
+            logits, _ = module.run(ids, None, 0, attention=everything, positions=pos)
+            assert torch.allclose(shadow[row, j], logits[0, len(keep) + j], atol=1e-5), (row, j)
+
+
+def test_wino_verifies_and_remasks_counting_rows_not_steps(adapter: ModelAdapter) -> None:
+    requests = make_requests([3, 6], 16, seed=2)
+    decoder = text_decoder("wino", "decoder.commit.tau1=0.05", "decoder.revision.tau2=0.999")
+    results = decoder.decode(RolloutEngine(adapter=adapter), requests, 8)
+    assert sum(int(r.revisions.sum()) for r in results) > 0
+    for request, result in zip(requests, results):
+        assert not bool((result.tokens == MASK_ID).any())
+        assert result.row_forwards == result.steps  # the shadow rides in its row: one row per step
+        assert result.token_forwards == result.steps * (len(request.prompt) + 16 + 8)  # canvas + the shadow of a block of 8
+    alone = [decoder.decode(RolloutEngine(adapter=adapter), [r], 8)[0] for r in requests]
+    assert all(torch.equal(a.tokens, b.tokens) and a.steps == b.steps for a, b in zip(alone, results))
+
+
+def test_wino_is_refused_where_no_shadow_can_run(adapter: ModelAdapter) -> None:
+    from conftest import cached_adapter
+
+    with pytest.raises(ValueError, match="needs engine.cache=none"):
+        text_decoder("wino").decode(RolloutEngine(adapter=cached_adapter(), cache="dual"), make_requests([2], 16), 8)
+    shifted = ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB, shift_logits=True)
+    with pytest.raises(ValueError, match="cannot run a shadow block"):
+        text_decoder("wino").decode(RolloutEngine(adapter=shifted), make_requests([2], 16), 8)
