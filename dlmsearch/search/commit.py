@@ -339,9 +339,10 @@ class MeanConfidenceRule(_UntilBlockFull):
 
 def load_token_frequencies(path: str | None) -> tuple[torch.Tensor, float]:
     """A token-frequency prior ``(frequency per id, the frequency of an unseen id)`` from a file in
-    PC-Sampler's format (``{"num_token": N, "p_baseline_dict": {"id": count}}``); None: no file."""
+    PC-Sampler's format (``{"num_token": N, "p_baseline_dict": {"id": count}}``). None: no prior,
+    every token alike at ``1/e``, so that ``-ln f = 1`` and the score is the position-weighted confidence."""
     if path is None:
-        return torch.zeros(0), 1.0
+        return torch.zeros(0), math.exp(-1.0)
     import json
     from pathlib import Path
 
@@ -364,8 +365,9 @@ class PositionCalibratedRule(LowConfidenceSchedule):
     """PC-Sampler (Huang et al., arXiv 2508.13021): LLaDA's schedule, ranking the current block's
     masked positions by ``exp(-decay * r) * min(-c * ln(f(token) + 1e-9), alpha)``, where ``r`` is
     the position within the block, ``decay`` the paper's lambda and ``f`` a token-frequency prior
-    (``frequencies``: a file in PC-Sampler's format; unseen ids, or no file, count as ``1 / total``):
-    a tunable left-to-right drift that also defers frequent, trivial tokens."""
+    (``frequencies``: a file in PC-Sampler's format; unseen ids count as ``1 / total``; no file: no
+    prior, the score is ``exp(-decay * r) * min(c, alpha)``): a tunable left-to-right drift that
+    also defers frequent, trivial tokens."""
 
     decay: float = number(float, 0.0, default=0.25)
     alpha: float = number(float, 0.0, default=10.0)
