@@ -78,8 +78,10 @@ def test_batched_equals_alone(preset: str, family: str, honours_padding: bool, l
 
 def refusal(engine: RolloutEngine, preset: str) -> str | None:
     """The one error a preset gives where its decoder cannot run with this model or cache (None: it runs)."""
-    if preset in ("wino", "klass") and engine.cache != "none":
+    if preset == "klass" and engine.cache != "none":
         return "needs engine.cache=none"
+    if preset == "wino" and engine.cache == "dual":
+        return "needs engine.cache=none or prefix"
     if preset == "wino" and not engine.adapter.lays_out_rows:
         return "cannot run a shadow block"
     return None

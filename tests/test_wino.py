@@ -31,8 +31,20 @@ def padded_rows() -> tuple[torch.Tensor, torch.Tensor]:
 def test_the_canvas_never_sees_its_shadow(adapter: ModelAdapter) -> None:
     tokens, attention = padded_rows()
     plain, _ = adapter.window_logits(tokens, attention, 6, 14)
-    canvas, shadow = adapter.shadow_logits(tokens, attention, 6, 14, torch.tensor([6, 6]), 4)
+    canvas, shadow, _ = adapter.shadow_logits(tokens, attention, 6, 14, torch.tensor([6, 6]), 4)
     assert torch.allclose(canvas, plain, atol=1e-5) and shadow.shape == (2, 4, VOCAB)
+
+
+def test_the_shadow_runs_against_a_prefix_cache() -> None:
+    """Against a cache of the same canvas, the window and shadow forwarded alone give what the full forward gives."""
+    adapter = native(2)
+    tokens, attention = padded_rows()
+    start = torch.tensor([6, 7])
+    canvas, shadow, kv = adapter.shadow_logits(tokens, attention, 6, 14, start, 4)
+    cached_canvas, cached_shadow, _ = adapter.shadow_logits(tokens, attention, 6, 14, start, 4, past=kv)
+    assert torch.allclose(cached_canvas, canvas, atol=1e-5) and torch.allclose(cached_shadow, shadow, atol=1e-5)
+    plain, plain_kv = adapter.window_logits(tokens, attention, 6, 14)
+    assert all(torch.allclose(k, pk, atol=1e-5) for (k, _), (pk, _) in zip(kv, plain_kv))  # what a refresh stores: the canvas's own
 
 
 def test_a_shadow_slot_sees_everything_but_its_mirror() -> None:
@@ -41,7 +53,7 @@ def test_a_shadow_slot_sees_everything_but_its_mirror() -> None:
     adapter = native(1)
     tokens, attention = padded_rows()
     start, length = torch.tensor([6, 7]), 4
-    _, shadow = adapter.shadow_logits(tokens, attention, 6, 14, start, length)
+    _, shadow, _ = adapter.shadow_logits(tokens, attention, 6, 14, start, length)
     module = adapter.module
     for row in range(2):
         real = attention[row].nonzero().squeeze(1)
@@ -73,7 +85,7 @@ def test_wino_verifies_and_remasks_counting_rows_not_steps(adapter: ModelAdapter
 def test_wino_is_refused_where_no_shadow_can_run(adapter: ModelAdapter) -> None:
     from conftest import cached_adapter
 
-    with pytest.raises(ValueError, match="needs engine.cache=none"):
+    with pytest.raises(ValueError, match="needs engine.cache=none or prefix"):
         text_decoder("wino").decode(RolloutEngine(adapter=cached_adapter(), cache="dual"), make_requests([2], 16), 8)
     shifted = ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB, shift_logits=True)
     with pytest.raises(ValueError, match="cannot run a shadow block"):

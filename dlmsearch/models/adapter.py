@@ -110,12 +110,16 @@ class ModelAdapter:
     @torch.no_grad()
     def shadow_logits(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int, high: int, block_start: torch.Tensor, block_length: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        past: list | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, list | None]:
         """Logits of columns ``low:high`` and of a *shadow* of each row's block in the same forward
         (WINO): ``block_length`` mask tokens appended at the positions of the block's columns
         ``block_start[r] + j``. Canvas queries see the canvas only (the canvas logits are the plain
         forward's); shadow query ``j`` sees every shadow slot and the canvas except its own mirror
-        column, so it predicts the token there from everything else."""
+        column, so it predicts the token there from everything else. With ``past`` (a prefix
+        cache: ``high`` is the canvas's end) only the window and the shadow are forwarded, against
+        the cached columns before ``low``. Returns the canvas logits, the shadow's, and the
+        canvas's keys and values (a full forward's, for refreshing a cache)."""
         if not self.lays_out_rows:
             raise ValueError(f"{type(self.module).__name__} cannot run a shadow block (it takes no explicit attention mask, or its logits are shifted)")
         rows, width = tokens.shape
@@ -123,18 +127,23 @@ class ModelAdapter:
         real = attention_mask.to(device).bool()
         positions = (real.long().cumsum(dim=1) - 1).clamp(min=0)
         mirror = block_start.to(device)[:, None] + torch.arange(block_length, device=device)[None, :]  # [R, B] canvas columns
-        extended = torch.cat([tokens.to(device), torch.full((rows, block_length), self.mask_id, device=device)], dim=1)
-        total = width + block_length
-        attention = torch.zeros(rows, total, total, dtype=torch.bool, device=device)
-        attention[:, :width, :width] = real[:, None, :]
-        attention[:, width:, :width] = real[:, None, :] & (torch.arange(width, device=device)[None, None, :] != mirror[:, :, None])
-        attention[:, width:, width:] = True
-        all_positions = torch.cat([positions, positions.gather(1, mirror)], dim=1)
+        first = low if past is not None else 0  # the first column forwarded
+        if past is not None and high != width:
+            raise ValueError("a shadow block runs against a prefix cache only (the window reaches the canvas's end)")
+        queries = width - first + block_length
+        attention = torch.zeros(rows, queries, width + block_length, dtype=torch.bool, device=device)
+        attention[:, : width - first, :width] = real[:, None, :]
+        attention[:, width - first :, :width] = real[:, None, :] & (torch.arange(width, device=device)[None, None, :] != mirror[:, :, None])
+        attention[:, width - first :, width:] = True
+        extended = torch.cat([tokens.to(device)[:, first:], torch.full((rows, block_length), self.mask_id, device=device)], dim=1)
+        query_positions = torch.cat([positions[:, first:], positions.gather(1, mirror)], dim=1)
         module = self.module
+        kv = None
         if hasattr(module, "run"):
-            raw, _ = module.run(extended, None, low, attention=attention, positions=all_positions)
+            raw, fresh = module.run(extended, None, low - first, past, first, attention=attention, positions=query_positions)
             canvas, shadow = raw[:, : high - low], raw[:, width - low :]
+            kv = None if past is not None else [(k[:, :, :width], v[:, :, :width]) for k, v in fresh]
         else:
-            raw = module(extended, attention=attention, positions=all_positions)
+            raw = module(extended, attention=attention, positions=query_positions)
             canvas, shadow = raw[:, low:high], raw[:, width:]
-        return canvas[..., : self.vocab_size].float(), shadow[..., : self.vocab_size].float()
+        return canvas[..., : self.vocab_size].float(), shadow[..., : self.vocab_size].float(), kv

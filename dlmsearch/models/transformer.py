@@ -155,14 +155,16 @@ class BidirectionalTransformer(nn.Module):
         values of the whole canvas from an earlier call), ``input_ids`` holds only the columns
         ``start : start + length`` and attends to the cached keys of all other columns;
         ``attention_mask`` then still covers the whole canvas. ``attention`` (``[rows, length,
-        length]`` bool: query may attend to key) with ``positions`` (``[rows, length]``) replaces
-        both for rows laid out by the caller (WINO's shadow block); no ``past`` then.
+        keys]`` bool: query may attend to key; keys are the cached columns before ``start``, then
+        ``input_ids``) with ``positions`` (``[rows, length]``, of ``input_ids``) replaces both for
+        rows laid out by the caller (WINO's shadow block, appended after the canvas's last column).
         """
         length = input_ids.shape[1]
         if attention is not None:
-            if past is not None or positions is None:
-                raise ValueError("an explicit attention mask needs explicit positions and no cache")
+            if positions is None:
+                raise ValueError("an explicit attention mask needs explicit positions")
             key_mask = attention.bool()[:, None]
+            positions = torch.cat([torch.zeros(positions.shape[0], start, dtype=positions.dtype, device=positions.device), positions], dim=1)
         elif attention_mask is None:
             width = length if past is None else past[0][0].shape[2]
             positions = torch.arange(width, device=input_ids.device).expand(input_ids.shape[0], width)

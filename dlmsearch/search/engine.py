@@ -181,8 +181,8 @@ class RolloutEngine:
             raise ValueError(f"the kl statistic (KLASS) compares full distributions step to step and needs engine.cache=none; got {self.cache}")
         shadow_length = 0
         if "verify" in statistics:  # WINO: a shadow of the block being decoded, in the same forward
-            if self.cache != "none" or guidance > 0 or window is None:
-                raise ValueError(f"the verify statistic (WINO's shadow block) needs engine.cache=none and no guidance; got engine.cache={self.cache}")
+            if self.cache == "dual" or guidance > 0 or window is None:
+                raise ValueError(f"the verify statistic (WINO's shadow block) needs engine.cache=none or prefix and no guidance; got engine.cache={self.cache}")
             lengths = torch.unique(window[1] - window[0])
             if len(lengths) != 1:
                 raise ValueError("the verify statistic needs every row to decode one block of the same length")
@@ -236,7 +236,7 @@ class RolloutEngine:
                 copies = 2 if guidance > 0 else 1  # a guided row is forwarded with its unconditional copy
                 self.row_forwards.index_add_(0, counted, torch.full_like(counted, copies))
                 if forward.cached:
-                    self.token_forwards.index_add_(0, counted, torch.full_like(counted, copies * (high - low + int(self.adapter.shift_logits and low > 0))))
+                    self.token_forwards.index_add_(0, counted, torch.full_like(counted, copies * (high - low + int(self.adapter.shift_logits and low > 0)) + shadow_length))
                 else:  # a shadow block is part of its row: more token-forwards, not more rows
                     self.token_forwards.index_add_(0, counted, copies * attention[index[computed]].sum(dim=1) + shadow_length)
                 if forward.refresh.any():
@@ -419,8 +419,7 @@ class RolloutEngine:
     ) -> tuple[dict[str, torch.Tensor], list | None]:
         verify = None
         if shadow is not None:  # WINO: the block's shadow in the same forward (every row computed: no merging)
-            logits, shadow_logits = self.adapter.shadow_logits(tokens, attention, low, high, shadow[0], shadow[1])
-            kv = None
+            logits, shadow_logits, kv = self.adapter.shadow_logits(tokens, attention, low, high, shadow[0], shadow[1], past)
             mirror = shadow[0].to(logits.device)[:, None] + torch.arange(shadow[1], device=logits.device)[None, :]
             current = tokens.to(logits.device).gather(1, mirror)
             verified = torch.softmax(shadow_logits.double(), dim=-1).gather(-1, current[..., None]).squeeze(-1).float()
