@@ -1,18 +1,54 @@
 #!/usr/bin/env bash
-# GPU check, one H200, under 8 minutes in all: the tests marked `gpu`, then the engine benchmark
-# (experiments/bench_engine.py) at 1b and 8b on random LLaDA-shaped weights. Everything printed
-# goes to runs/gpu_check.txt as well; the benchmark's JSON to runs/bench_engine/<size>.json.
-# Each step has a hard timeout, and the benchmark a softer --budget-s, after which it skips the
-# settings it has not started and still writes its table and JSON.
+# The GPU check, for a bare offline GPU node: the tests marked `gpu`, then the engine benchmark
+# (experiments/bench_engine.py) at 1b and 8b on random LLaDA-shaped weights; under 8 minutes on
+# one H100/H200-class GPU. Every table, the log and a JSON summary go to OUT_DIR.
+#   bash scripts/gpu_check.sh OUT_DIR [--wheels DIR]   # on the GPU node (torch with CUDA preinstalled)
+#   bash scripts/gpu_check.sh OUT_DIR --dry-run        # the same script on CPU with the tiny model (~1 min; in the tests)
+#   PYTHON=/path/to/python bash scripts/gpu_check.sh ...  # a given interpreter (default: python3 on PATH)
+# What the image lacks (hydra-core, omegaconf, antlr4, attrs, ...) is installed offline from
+# --wheels DIR (scripts/fetch_wheels.sh makes it) or from ./wheels; the checkout is imported in place
+# (PYTHONPATH), so nothing needs installing when the image has the dependencies. The upstream
+# reference rows need ../shared/upstream (or $DLMSEARCH_UPSTREAM) and are skipped, with the reason, without it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ -f .venv/bin/activate ]; then
-    . .venv/bin/activate
-fi
-mkdir -p runs
-LOG=runs/gpu_check.txt
+out=${1:?usage: scripts/gpu_check.sh OUT_DIR [--dry-run] [--wheels DIR]}
+shift
+dry=0
+wheels=wheels
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) dry=1 ;;
+        --wheels) wheels=${2:?--wheels needs a directory}; shift ;;
+        *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+LOG=$out/gpu_check.txt
 : > "$LOG"
 exec > >(tee -a "$LOG") 2>&1
+if [ -z "${PYTHON:-}" ] && [ -f .venv/bin/activate ] && [ "$dry" = 1 ]; then
+    . .venv/bin/activate  # the dry run in the test suite uses the project's environment
+fi
+python=${PYTHON:-$(command -v python3 || command -v python)}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+missing=$("$python" - <<'PY'
+import importlib.util
+need = {"hydra": "hydra-core", "omegaconf": "omegaconf", "antlr4": "antlr4-python3-runtime==4.9.3", "attrs": "attrs", "tqdm": "tqdm",
+        "numpy": "numpy", "safetensors": "safetensors", "yaml": "PyYAML", "pytest": "pytest", "hypothesis": "hypothesis"}
+print(" ".join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))
+PY
+)
+if [ -n "$missing" ]; then
+    echo "installing offline from $wheels: $missing"
+    if [ ! -d "$wheels" ]; then
+        echo "missing packages ($missing) and no wheel directory $wheels: make one with scripts/fetch_wheels.sh DIR on a machine with a package index" >&2
+        exit 3
+    fi
+    "$python" -m pip install --no-index --find-links "$wheels" $missing || exit 3
+fi
 
 status=0
 step() {  # step NAME TIMEOUT_S COMMAND...: run with a timeout, report its exit status, keep going
@@ -28,25 +64,41 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run with a timeout, report its exit 
     else
         echo "=== $name: exit $rc after $((SECONDS - start))s ==="
     fi
+    STEPS="${STEPS:-}{\"step\": \"$name\", \"exit\": $rc, \"seconds\": $((SECONDS - start))},"
     return "$rc"
 }
 
-echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) at $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-if command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi
-else
-    echo "nvidia-smi: not found"
-fi
-python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) at $(git rev-parse --short HEAD 2>/dev/null || echo '?')$([ "$dry" = 1 ] && echo ' (dry run: CPU, tiny model)')"
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi || echo "nvidia-smi: not found"
+"$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
 
-# pytest exits 5 when no test is marked `gpu`: not a failure.
-step "pytest -m gpu" 70 python -m pytest -q -p no:cacheprovider -m gpu tests
+# pytest exits 5 when no test is selected (no GPU: every `gpu` test skips or none is collected): not a failure.
+step "pytest -m gpu" 70 "$python" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py --junitxml="$out/pytest_gpu.xml"
 rc=$?
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
 
-step "bench_engine 1b" 125 python experiments/bench_engine.py --size 1b --device cuda --budget-s 90 || status=1
-step "bench_engine 8b" 240 python experiments/bench_engine.py --size 8b --device cuda --budget-s 170 || status=1
+if [ "$dry" = 1 ]; then
+    step "bench_engine tiny (dry run)" 120 "$python" experiments/bench_engine.py --size tiny --device cpu --quick --repeats 1 --sections 2,4 \
+        --out "$out/bench_tiny.json" || status=1
+    sizes="tiny"
+else
+    step "bench_engine 1b" 125 "$python" experiments/bench_engine.py --size 1b --device cuda --budget-s 90 --out "$out/bench_1b.json" || status=1
+    step "bench_engine 8b" 240 "$python" experiments/bench_engine.py --size 8b --device cuda --budget-s 170 --out "$out/bench_8b.json" || status=1
+    sizes="1b 8b"
+fi
 
-echo
-echo "gpu_check finished in ${SECONDS}s, status $status (log: $LOG; JSON: runs/bench_engine/1b.json, runs/bench_engine/8b.json)"
+"$python" - "$out" "$status" "$SECONDS" "$dry" "[${STEPS%,}]" $sizes <<'PY'
+import json, sys
+from pathlib import Path
+out, status, seconds, dry, steps, sizes = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", json.loads(sys.argv[5]), sys.argv[6:]
+bench = {}
+for size in sizes:
+    path = out / f"bench_{size}.json"
+    if path.is_file():
+        doc = json.loads(path.read_text())
+        bench[size] = {"targets": doc.get("targets"), "rows": len(doc.get("rows", [])), "skipped": [r["label"] for r in doc.get("rows", []) if "skipped" in r]}
+summary = {"status": status, "seconds": seconds, "dry_run": dry, "steps": steps, "bench": bench}
+(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+print(f"\ngpu_check finished in {seconds}s, status {status}; {out}/summary.json, {out}/gpu_check.txt, " + ", ".join(f"{out}/bench_{s}.json" for s in sizes))
+PY
 exit "$status"

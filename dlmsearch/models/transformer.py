@@ -110,10 +110,8 @@ class Block(nn.Module):
             end = start + length
             k = torch.cat([past[0][:, :, :start], k, past[0][:, :, end:]], dim=2)
             v = torch.cat([past[1][:, :, :start], v, past[1][:, :, end:]], dim=2)
-        if c.num_kv_heads != c.num_heads:
-            k = k.repeat_interleave(c.num_heads // c.num_kv_heads, dim=1)
-            v = v.repeat_interleave(c.num_heads // c.num_kv_heads, dim=1)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
+        # grouped-query attention without copying keys and values per head group
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=c.num_kv_heads != c.num_heads)
         x = x + self.o_proj(attended.transpose(1, 2).reshape(rows, length, c.hidden_size))
         h = self.mlp_norm(x)
         return x + self.down_proj(ACTIVATIONS[c.activation](self.gate_proj(h)) * self.up_proj(h)), fresh
