@@ -257,6 +257,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     for path in sorted(out.glob("results*.jsonl")):
         done.update(read_done(path))
     pending = ranks.shard([(uid, item) for uid, item in enumerate(items) if item.id not in done])
+    # Longest prompts first, so that a batch's rows carry little padding; results do not depend on
+    # the batch (tested), and the summary and merged results keep the task's order.
+    pending.sort(key=lambda pair: -len(pair[1].prompt))
     results_path = out / ranks.results_name
     decoder_name = decoding.decoder.name
     bar = tqdm(total=len(items), initial=len(items) - len(pending) * ranks.world, desc=f"{decoder_name} on {task.name}", unit="item", dynamic_ncols=True, disable=ranks.rank > 0)
