@@ -155,3 +155,19 @@ def test_text_model_path_must_be_a_local_model_directory(tmp_path) -> None:
         load_text_model(str(tmp_path / "nowhere"), "llada", **ids)
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         load_text_model(str(tmp_path), "llada", **ids)
+
+
+def test_an_automatic_row_budget_fits_the_device_and_changes_nothing(adapter) -> None:
+    from dlmsearch.search.memory import model_shape, row_bytes
+
+    shape = model_shape(adapter.module)
+    assert row_bytes(shape, 64, 32, 4, False) > row_bytes(shape, 32, 16, 4, False) and row_bytes(shape, 32, 16, 4, True) > row_bytes(shape, 32, 16, 4, False)
+    requests = make_requests([3, 6, 2], 16, seed=4)
+    fixed = text_decoder("adalook").decode(RolloutEngine(adapter=adapter, row_budget=2), requests, 8)
+    engine = RolloutEngine(adapter=adapter, row_budget="auto")
+    auto = text_decoder("adalook").decode(engine, requests, 8)
+    assert 1 <= engine.auto_budget <= 4096
+    assert all(torch.equal(a.tokens, b.tokens) and (a.steps, a.row_forwards) == (b.steps, b.row_forwards) for a, b in zip(fixed, auto))
+    for bad in (0, "many", 2.5, True):
+        with pytest.raises(ValueError, match="row_budget must be a positive integer or auto"):
+            RolloutEngine(adapter=adapter, row_budget=bad)

@@ -22,6 +22,7 @@ import torch
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.guidance import combine, unconditional
 from dlmsearch.search.kv_cache import MODES, KVCache
+from dlmsearch.search.memory import auto_row_budget
 from dlmsearch.search.profile import ForwardProfile
 from dlmsearch.search.randomness import Stream, hashed_uniform
 from dlmsearch.search.sampling import CONFIDENCE_SOURCES, Sampling, summarise_logits
@@ -76,12 +77,19 @@ def _within(index: torch.Tensor, copy_of: torch.Tensor | None) -> torch.Tensor:
     return torch.where(index[position] == original, position, own)
 
 
+def _check_budget(value: object) -> None:
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"row_budget must be a positive integer or auto, got {value!r}")
+
+
 @attrs.define(eq=False)
 class RolloutEngine:
     """Batched, chunked, counted model evaluation, with an optional approximate KV cache."""
 
     adapter: ModelAdapter
-    row_budget: int = number(int, 1, default=64)
+    row_budget: int | str = attrs.field(default=64, validator=lambda _, a, v: _check_budget(v))  # rows per forward, or "auto"
     # Sampling as the user sets it (None: not set, so the checkpoint's generation_config.json, else the decoder's own)
     temperature: float | None = number(float, 0.0, optional=True, default=None)
     top_p: float | None = number(float, 0.0, 1.0, optional=True, open_low=True, default=None)
@@ -98,6 +106,8 @@ class RolloutEngine:
     history: DistributionHistory = attrs.field(init=False, factory=DistributionHistory)  # the ``kl`` statistic's memory
     sampling: Sampling = attrs.field(init=False, factory=lambda: Sampling().resolved())  # what this batch samples with (see ``reset``)
     budget: int | None = attrs.field(init=False, default=None)  # row budget lowered after running out of memory; None: row_budget
+    auto_budget: int | None = attrs.field(init=False, default=None)  # row_budget=auto: what fits the device for this canvas
+    auto_key: tuple[int, int] | None = attrs.field(init=False, default=None)  # the canvas shape auto_budget was estimated for
     regrow_after: int = attrs.field(init=False, default=20)  # successful forwards before a lowered budget doubles again
     successes: int = attrs.field(init=False, default=0)  # successful forwards since the budget last changed
 
@@ -114,9 +124,16 @@ class RolloutEngine:
         return self.adapter.mask_id
 
     @property
+    def max_rows(self) -> int:
+        """The configured rows per forward (``auto``: the estimate for the current canvas, 64 before the first call)."""
+        if self.row_budget == "auto":
+            return self.auto_budget or 64
+        return int(self.row_budget)
+
+    @property
     def current_budget(self) -> int:
         """Rows per forward now: ``row_budget``, or less after an out-of-memory error."""
-        return self.row_budget if self.budget is None else min(self.budget, self.row_budget)
+        return self.max_rows if self.budget is None else min(self.budget, self.max_rows)
 
     @property
     def user_sampling(self) -> Sampling:
@@ -225,6 +242,11 @@ class RolloutEngine:
             )
             return part, kv, computed
 
+        if self.row_budget == "auto":
+            key = (width - int(attention.long().argmax(dim=1).min()), width - from_column)
+            if self.auto_key != key:  # estimated once per canvas shape
+                self.auto_key = key
+                self.auto_budget = auto_row_budget(self.adapter.module, self.adapter.device, getattr(torch, self.adapter.dtype), *key, self.cache != "none")
         copy_of = None if group is None else _merged(tokens, group)
         for planned in self._plan(attention, sample, row_key, from_column, window, copy_of):
             for forward, (part, kv, computed) in self._forward(planned, run, sample_uid):
@@ -279,7 +301,7 @@ class RolloutEngine:
                 uid = sorted(set(sample_uid[forward.rows].tolist()))
                 raise torch.OutOfMemoryError(
                     f"out of memory forwarding a single row of sample uid(s) {uid} (split from a forward of "
-                    f"{planned_rows or rows} row(s); row_budget={self.row_budget}): {error}"
+                    f"{planned_rows or rows} row(s); row_budget={self.row_budget}{f' = {self.max_rows}' if self.row_budget == 'auto' else ''}): {error}"
                 ) from error
         else:
             self._succeeded()
@@ -305,7 +327,7 @@ class RolloutEngine:
         self.successes += 1
         if self.successes >= self.regrow_after:
             self.budget, self.successes = 2 * self.budget, 0
-            if self.budget >= self.row_budget:
+            if self.budget >= self.max_rows:
                 self.budget = None
 
     def _chunks(self, index: torch.Tensor, copy_of: torch.Tensor | None) -> Iterator[torch.Tensor]:
