@@ -63,7 +63,6 @@ def _split_overrides(
         return (), ()
     if isinstance(overrides, Mapping):
         pairs = [(str(k), v) for k, v in overrides.items()]
-        strings = []
         for key, value in pairs:
             if _is_group(key) and not (isinstance(value, str) and _OPTION_NAME.fullmatch(value)):
                 raise ValueError(f"{what}: {key!r} is a config group; its value names one of its files, got {value!r}")

@@ -7,7 +7,9 @@ stay until the block is full). All rules are vectorised over rows.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import ClassVar, Protocol
 
 import attrs
@@ -262,6 +264,12 @@ class FillBlock:
         return canvas.masked & canvas.unlocked(layout)
 
 
+def llada_split(positions: torch.Tensor, steps: int, step: torch.Tensor) -> torch.Tensor:
+    """``[R]`` tokens LLaDA's schedule commits at ``step`` of ``steps`` for a block of ``positions``:
+    ``floor(N / S)``, plus one in the first ``N mod S`` steps (``get_num_transfer_tokens``)."""
+    return positions // steps + (step < positions % steps).long()
+
+
 def remdm_loop_start(positions: torch.Tensor, plain: int, start_frac: float) -> torch.Tensor:
     """``[R]`` the block step at which ReMDM's loop begins: the first step after which LLaDA's
     split of a block's ``positions`` over ``plain`` steps has committed ``floor(start_frac * N)``
@@ -310,8 +318,7 @@ class ReMDMSchedule:
         step = canvas.block_step
         in_loop = (step >= start) & (step < start + loop)
         plain_step = torch.where(step < start, step, step - loop)
-        split = positions // self.plain + (plain_step < positions % self.plain).long()  # LLaDA's split of the block
-        k = torch.where(in_loop, self.k, split)
+        k = torch.where(in_loop, self.k, llada_split(positions, self.plain, plain_step))
         eligible = canvas.masked & canvas.in_current_block(layout)
         return top_k_mask(ordering_scores(evaluation, "confidence"), eligible, k)
 
@@ -343,9 +350,6 @@ def load_token_frequencies(path: str | None) -> tuple[torch.Tensor, float]:
     every token alike at ``1/e``, so that ``-ln f = 1`` and the score is the position-weighted confidence."""
     if path is None:
         return torch.zeros(0), math.exp(-1.0)
-    import json
-    from pathlib import Path
-
     file = Path(path).expanduser()
     if not file.is_file():
         raise FileNotFoundError(f"decoder.commit.frequencies={path}: no such file (a token-frequency table in PC-Sampler's format)")
@@ -410,7 +414,7 @@ class StableConfidenceRule(_FixedSteps):
         ready = eligible & (evaluation.confidence > self.confidence) & (evaluation.kl < self.kl) & (canvas.block_step >= 1)[:, None]
         positions = block_positions(canvas, layout)  # the split is fixed at the block's start, as upstream precomputes it
         step = canvas.block_step
-        k = positions // self.block_budget + (step < positions % self.block_budget).long()
+        k = llada_split(positions, self.block_budget, step)
         scheduled = top_k_mask(self.ranking(canvas, evaluation, eligible, layout), eligible, k)
         return torch.where(ready.any(dim=1, keepdim=True), ready, scheduled)
 

@@ -14,7 +14,8 @@ runs out of device memory is split and retried (see ``RolloutEngine._forward``).
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Iterator
 
 import attrs
 import torch
@@ -402,11 +403,44 @@ class RolloutEngine:
         history: tuple[torch.Tensor, torch.Tensor] | None = None,
         shadow: tuple[torch.Tensor, int] | None = None,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
-        args = (tokens, attention, draw, statistics, uid, low, high, past, temperature, copy_of, prompt_end, guidance, history, shadow)
-        if self.profile is None:
-            return self._summaries(*args)
-        with self.profile.timing("summary", self.adapter.device):
-            return self._summaries(*args)
+        with self._timed("summary"):
+            verify = None
+            if shadow is not None:  # WINO: the block's shadow in the same forward (every row computed: no merging)
+                with self._timed("model"):
+                    logits, shadow_logits, kv = self.adapter.shadow_logits(tokens, attention, low, high, shadow[0], shadow[1], past)
+                mirror = shadow[0].to(logits.device)[:, None] + torch.arange(shadow[1], device=logits.device)[None, :]
+                current = tokens.to(logits.device).gather(1, mirror)
+                verified = torch.softmax(shadow_logits.double(), dim=-1).gather(-1, current[..., None]).squeeze(-1).float()
+                verify = torch.zeros(logits.shape[:2], device=logits.device).scatter(1, mirror - low, verified)
+            elif copy_of is None:
+                logits, kv = self._model(tokens, attention, low, high, past, prompt_end, guidance)
+            else:  # rows that repeat an earlier row of their group: forward the distinct rows, then copy
+                distinct = torch.unique(copy_of)
+                logits, kv = self._model(tokens[distinct], attention[distinct], low, high, past, prompt_end, guidance)
+                where = torch.searchsorted(distinct, copy_of).to(logits.device)
+                logits = logits[where]
+                kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
+            logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
+            summaries = summarise_logits(logits, self.sampling, temperature, draw, statistics - {"kl", "verify"})
+            if verify is not None:
+                summaries["verify"] = verify
+            if history is not None:  # (the rows' slots, which rows are roots); the columns start at the generation region
+                summaries["kl"] = self.history.step(logits, history[0], low - prompt_end, history[1])
+            token, confidence = summaries.pop("token"), summaries["confidence"]
+            if self.adapter.deferred_ids:
+                deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))
+                summaries["confidence"] = torch.where(deferred, 0.0, confidence)
+            # One transfer of the step's float summaries and one of its tokens: no per-row synchronisation.
+            host = dict(zip(summaries, torch.stack(list(summaries.values())).cpu().unbind(0)))
+            bad = host.pop("nan").bool().any(dim=1) & attention[:, low:high].any(dim=1)
+            if bool(bad.any()):
+                raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad].tolist()))}")
+            out = {"token": token.cpu(), **host}
+            return out, kv
+
+    def _timed(self, part: str) -> ContextManager[None]:
+        """The profile's timer for ``part`` (``model`` or ``summary``), or nothing without a profile."""
+        return nullcontext() if self.profile is None else self.profile.timing(part, self.adapter.device)
 
     def _model(
         self, tokens: torch.Tensor, attention: torch.Tensor, low: int, high: int, past: list | None, prompt_end: int, guidance: float,
@@ -417,57 +451,6 @@ class RolloutEngine:
             both = torch.cat([tokens, unconditional(tokens, attention, prompt_end, self.mask_id)])
             logits, _ = self._model(both, torch.cat([attention, attention]), low, high, past, prompt_end, 0.0)
             return combine(logits[:rows], logits[rows:], guidance), None
-        if self.profile is None:
-            return self.adapter.window_logits(tokens, attention, low, high, past)
-        with self.profile.timing("model", self.adapter.device):
+        with self._timed("model"):
             return self.adapter.window_logits(tokens, attention, low, high, past)
 
-    def _summaries(
-        self,
-        tokens: torch.Tensor,
-        attention: torch.Tensor,
-        draw: torch.Tensor,
-        statistics: frozenset[str],
-        uid: torch.Tensor,
-        low: int,
-        high: int,
-        past: list | None,
-        temperature: torch.Tensor | None = None,
-        copy_of: torch.Tensor | None = None,
-        prompt_end: int = 0,
-        guidance: float = 0.0,
-        history: tuple[torch.Tensor, torch.Tensor] | None = None,
-        shadow: tuple[torch.Tensor, int] | None = None,
-    ) -> tuple[dict[str, torch.Tensor], list | None]:
-        verify = None
-        if shadow is not None:  # WINO: the block's shadow in the same forward (every row computed: no merging)
-            logits, shadow_logits, kv = self.adapter.shadow_logits(tokens, attention, low, high, shadow[0], shadow[1], past)
-            mirror = shadow[0].to(logits.device)[:, None] + torch.arange(shadow[1], device=logits.device)[None, :]
-            current = tokens.to(logits.device).gather(1, mirror)
-            verified = torch.softmax(shadow_logits.double(), dim=-1).gather(-1, current[..., None]).squeeze(-1).float()
-            verify = torch.zeros(logits.shape[:2], device=logits.device).scatter(1, mirror - low, verified)
-        elif copy_of is None:
-            logits, kv = self._model(tokens, attention, low, high, past, prompt_end, guidance)
-        else:  # rows that repeat an earlier row of their group: forward the distinct rows, then copy
-            distinct = torch.unique(copy_of)
-            logits, kv = self._model(tokens[distinct], attention[distinct], low, high, past, prompt_end, guidance)
-            where = torch.searchsorted(distinct, copy_of).to(logits.device)
-            logits = logits[where]
-            kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
-        logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
-        summaries = summarise_logits(logits, self.sampling, temperature, draw, statistics - {"kl", "verify"})
-        if verify is not None:
-            summaries["verify"] = verify
-        if history is not None:  # (the rows' slots, which rows are roots); the columns start at the generation region
-            summaries["kl"] = self.history.step(logits, history[0], low - prompt_end, history[1])
-        token, confidence = summaries.pop("token"), summaries["confidence"]
-        if self.adapter.deferred_ids:
-            deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))
-            summaries["confidence"] = torch.where(deferred, 0.0, confidence)
-        # One transfer of the step's float summaries and one of its tokens: no per-row synchronisation.
-        host = dict(zip(summaries, torch.stack(list(summaries.values())).cpu().unbind(0)))
-        bad = host.pop("nan").bool().any(dim=1) & attention[:, low:high].any(dim=1)
-        if bool(bad.any()):
-            raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad].tolist()))}")
-        out = {"token": token.cpu(), **host}
-        return out, kv

@@ -27,7 +27,7 @@ from typing import ClassVar, Protocol
 import attrs
 import torch
 
-from dlmsearch.search.commit import block_positions, remdm_loop_start
+from dlmsearch.search.commit import block_positions, remdm_loop_start, top_k_mask
 from dlmsearch.search.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, number
 
@@ -64,11 +64,7 @@ class NoRevision:
 
 def lowest(scores: torch.Tensor, eligible: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """``[R, T]`` each row's ``count[row]`` eligible positions with the lowest score (ties: the earlier position)."""
-    ranked = torch.where(eligible, scores, math.inf)
-    order = torch.sort(ranked, dim=1, stable=True).indices
-    rank = torch.empty_like(order)
-    rank.scatter_(1, order, torch.arange(order.shape[1]).expand_as(order).contiguous())
-    return (rank < count[:, None]) & eligible
+    return top_k_mask(-scores, eligible, count)
 
 
 def _needs_steps(name: str, block_budget: int | None) -> int:
@@ -103,8 +99,7 @@ class RunningConfidence:
     def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
         done = before.block_step + 1  # the block's steps so far, this one included
         revising = done < self.steps  # the last step of a block re-masks nothing
-        in_block = before.in_current_block(layout)
-        n = (in_block & ((before.commit_call >= 0) | before.masked)).sum(dim=1)  # the block's positions that are not given
+        n = block_positions(before, layout)
         masked_after = torch.floor(n * self.remaining(done.float() / self.steps)).long()  # N - K_t
         count = torch.where(revising, masked_after, 0)
         if not bool((count > 0).any()):

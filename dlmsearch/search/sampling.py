@@ -39,8 +39,8 @@ class Sampling:
 
     def over(self, fallback: "Sampling") -> "Sampling":
         """Each field set here, else ``fallback``'s (settings layered: the user's over the checkpoint's over the decoder's)."""
-        return Sampling(**{f.name: fallback_value if (value := getattr(self, f.name)) is None else value
-                           for f in attrs.fields(Sampling) for fallback_value in [getattr(fallback, f.name)]})
+        mine, theirs = attrs.asdict(self), attrs.asdict(fallback)
+        return Sampling(**{name: theirs[name] if value is None else value for name, value in mine.items()})
 
     def resolved(self) -> "Sampling":
         """Unset fields at their neutral values: temperature 0, no truncation, the model's confidence."""
