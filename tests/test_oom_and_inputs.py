@@ -70,9 +70,13 @@ class LimitedNative(nn.Module):
         self.limit.check(input_ids.shape[0])
         return self.inner(input_ids, attention_mask, logits_from)
 
-    def run(self, input_ids: torch.Tensor, attention_mask=None, logits_from: int = 0, past=None, start: int = 0):
-        self.limit.check(input_ids.shape[0], cached=past is not None)
-        return self.inner.run(input_ids, attention_mask, logits_from, past, start)
+    def run(self, input_ids: torch.Tensor, attention_mask=None, logits_from: int = 0):
+        self.limit.check(input_ids.shape[0])
+        return self.inner.run(input_ids, attention_mask, logits_from)
+
+    def run_cached(self, input_ids: torch.Tensor, positions: torch.Tensor, window):
+        self.limit.check(input_ids.shape[0], cached=True)
+        return self.inner.run_cached(input_ids, positions, window)
 
 
 def _outcome(results) -> list[tuple]:

@@ -9,6 +9,7 @@ from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.kv_cache import KVCache
 
 
 def native(layers: int) -> ModelAdapter:
@@ -36,13 +37,19 @@ def test_the_canvas_never_sees_its_shadow(adapter: ModelAdapter) -> None:
 
 
 def test_the_shadow_runs_against_a_prefix_cache() -> None:
-    """Against a cache of the same canvas, the window and shadow forwarded alone give what the full forward gives."""
+    """Against a cache of the same canvas, the window and shadow forwarded alone give what the full
+    forward gives, for rows with different windows in one forward."""
     adapter = native(2)
     tokens, attention = padded_rows()
     start = torch.tensor([6, 7])
     canvas, shadow, kv = adapter.shadow_logits(tokens, attention, 6, 14, start, 4)
-    cached_canvas, cached_shadow, _ = adapter.shadow_logits(tokens, attention, 6, 14, start, 4, past=kv)
-    assert torch.allclose(cached_canvas, canvas, atol=1e-5) and torch.allclose(cached_shadow, shadow, atol=1e-5)
+    cache = KVCache("prefix")
+    cache.reset(2)
+    cache.store(torch.arange(2), 0, kv, torch.tensor([[6, 14], [6, 14]]), 14)
+    low = torch.tensor([6, 7])  # the second row's window starts a column later
+    cached_canvas, cached_shadow, _ = adapter.shadow_logits(tokens, attention, low, 14, start, 4, cache=(cache, torch.arange(2)))
+    assert torch.allclose(cached_canvas[0], canvas[0], atol=1e-5) and torch.allclose(cached_canvas[1, :7], canvas[1, 1:], atol=1e-5)
+    assert torch.allclose(cached_shadow, shadow, atol=1e-5)
     plain, plain_kv = adapter.window_logits(tokens, attention, 6, 14)
     assert all(torch.allclose(k, pk, atol=1e-5) for (k, _), (pk, _) in zip(kv, plain_kv))  # what a refresh stores: the canvas's own
 

@@ -8,13 +8,16 @@ here (configs interpolate ``${model.mask_id}``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 from torch import nn
 
 from dlmsearch.search.sampling import Sampling
+
+if TYPE_CHECKING:
+    from dlmsearch.search.kv_cache import KVCache
 from dlmsearch.validation import check_choice, check_type
 
 
@@ -66,27 +69,21 @@ class ModelAdapter:
         return self.window_logits(tokens, attention_mask, keep_from, tokens.shape[1])[0]
 
     @torch.no_grad()
-    def window_logits(
-        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int, high: int, past: list | None = None
-    ) -> tuple[torch.Tensor, list | None]:
+    def window_logits(self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int, high: int) -> tuple[torch.Tensor, list | None]:
         """Float32 logits ``[rows, high - low, vocab_size]`` of columns ``low:high``, and the
         module's keys and values where it gives them.
 
-        Without ``past`` the whole canvas is forwarded (bidirectional attention needs it);
-        modules that take ``logits_from`` (the native text models) apply their vocabulary head
-        only where asked, which saves most of the work for long prompts. With ``past`` (a KV
-        cache of the whole canvas) only the window itself is forwarded. A shifted model's
-        column reads its left neighbour's logits, so the window starts one column earlier.
-        The padding mask is passed only when some row is padded, so models that ignore or
-        reject it still run unpadded batches.
+        The whole canvas is forwarded (bidirectional attention needs it); modules that take
+        ``logits_from`` (the native text models) apply their vocabulary head only where asked,
+        which saves most of the work for long prompts. A shifted model's column reads its left
+        neighbour's logits, so the window starts one column earlier. The padding mask is passed
+        only when some row is padded, so models that ignore or reject it still run unpadded batches.
         """
         tokens = tokens.to(self.device)
         mask = None if bool(attention_mask.all()) else attention_mask.to(self.device)
         start = max(low - 1, 0) if self.shift_logits else low
         kv = None
-        if past is not None:
-            raw, kv = self.module.run(tokens[:, start:high], mask, 0, past, start)
-        elif self.caches:
+        if self.caches:
             raw, kv = self.module.run(tokens, mask, start)
         else:
             output: Any = self.module(tokens, attention_mask=mask)
@@ -102,6 +99,36 @@ class ModelAdapter:
             raw = torch.cat([raw[:, :1], raw[:, :-1]], dim=1)[:, low - start :]
         return raw, kv
 
+    def _forwarded(self, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        """The first column a cached forward of columns ``low:high`` computes (one earlier for a shifted model)."""
+        return (low - 1).clamp(min=0) if self.shift_logits else low
+
+    @torch.no_grad()
+    def cached_logits(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: torch.Tensor, high: torch.Tensor, cache: "KVCache", slot: torch.Tensor,
+    ) -> torch.Tensor:
+        """Float32 logits ``[rows, max(high - low), vocab_size]`` of each row's columns
+        ``low[r]:high[r]`` (left-aligned; columns past a row's end are padding), forwarding only
+        those columns against the cache of the row's ``slot``. All rows run as one forward
+        whatever their windows."""
+        first = self._forwarded(low, high)
+        length = int((high - first).max())
+        offset = torch.arange(length)
+        column = first[:, None] + offset[None, :]
+        valid = column < high[:, None]
+        positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        canvas = torch.arange(tokens.shape[1])[None, :]
+        cache_visible = attention_mask.bool() & ((canvas < first[:, None]) | (canvas >= high[:, None]))
+        fresh_visible = valid[:, None, :].expand(-1, length, -1)
+        window = cache.window(slot, torch.where(valid, column, -1), cache_visible, fresh_visible)
+        inside = column.clamp(max=tokens.shape[1] - 1)
+        raw = self.module.run_cached(tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window)
+        raw = raw[..., : self.vocab_size].float()
+        if self.shift_logits:  # column c reads query c - 1 (the window's first column its own, at the canvas's start)
+            read = ((low[:, None] + offset[None, : int((high - low).max())]) - 1 - first[:, None]).clamp(min=0)
+            raw = raw.gather(1, read.to(raw.device)[..., None].expand(-1, -1, raw.shape[-1]))
+        return raw[:, : int((high - low).max())]
+
     @property
     def lays_out_rows(self) -> bool:
         """Whether the module takes an explicit attention mask and positions (WINO's shadow block)."""
@@ -109,41 +136,60 @@ class ModelAdapter:
 
     @torch.no_grad()
     def shadow_logits(
-        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int, high: int, block_start: torch.Tensor, block_length: int,
-        past: list | None = None,
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int | torch.Tensor, high: int, block_start: torch.Tensor, block_length: int,
+        cache: "tuple[KVCache, torch.Tensor] | None" = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list | None]:
         """Logits of columns ``low:high`` and of a *shadow* of each row's block in the same forward
         (WINO): ``block_length`` mask tokens appended at the positions of the block's columns
         ``block_start[r] + j``. Canvas queries see the canvas only (the canvas logits are the plain
         forward's); shadow query ``j`` sees every shadow slot and the canvas except its own mirror
-        column, so it predicts the token there from everything else. With ``past`` (a prefix
-        cache: ``high`` is the canvas's end) only the window and the shadow are forwarded, against
-        the cached columns before ``low``. Returns the canvas logits, the shadow's, and the
-        canvas's keys and values (a full forward's, for refreshing a cache)."""
+        column, so it predicts the token there from everything else. With ``cache`` (a prefix
+        cache and the rows' slots; ``high`` is the canvas's end) only each row's window
+        ``low[r]:`` and the shadow are forwarded, against its cached columns before it; without,
+        ``low`` is one column for all rows. Returns the canvas logits (left-aligned per row), the
+        shadow's, and the canvas's keys and values (a full forward's, for refreshing a cache)."""
         if not self.lays_out_rows:
             raise ValueError(f"{type(self.module).__name__} cannot run a shadow block (it takes no explicit attention mask, or its logits are shifted)")
         rows, width = tokens.shape
-        device = self.device
-        real = attention_mask.to(device).bool()
+        low = torch.as_tensor(low).expand(rows)
+        real = attention_mask.bool()
         positions = (real.long().cumsum(dim=1) - 1).clamp(min=0)
-        mirror = block_start.to(device)[:, None] + torch.arange(block_length, device=device)[None, :]  # [R, B] canvas columns
-        first = low if past is not None else 0  # the first column forwarded
-        if past is not None and high != width:
-            raise ValueError("a shadow block runs against a prefix cache only (the window reaches the canvas's end)")
-        queries = width - first + block_length
-        attention = torch.zeros(rows, queries, width + block_length, dtype=torch.bool, device=device)
-        attention[:, : width - first, :width] = real[:, None, :]
-        attention[:, width - first :, :width] = real[:, None, :] & (torch.arange(width, device=device)[None, None, :] != mirror[:, :, None])
-        attention[:, width - first :, width:] = True
-        extended = torch.cat([tokens.to(device)[:, first:], torch.full((rows, block_length), self.mask_id, device=device)], dim=1)
-        query_positions = torch.cat([positions[:, first:], positions.gather(1, mirror)], dim=1)
+        mirror = block_start[:, None] + torch.arange(block_length)[None, :]  # [R, B] canvas columns
+        shadow_positions = positions.gather(1, mirror)
+        shadow_tokens = torch.full((rows, block_length), self.mask_id)
+        canvas = torch.arange(width)
+        if cache is not None:
+            store, slot = cache
+            length = int((width - low).max())
+            column = low[:, None] + torch.arange(length)[None, :]
+            valid = column < width
+            inside = column.clamp(max=width - 1)
+            queries = length + block_length
+            fresh_visible = torch.zeros(rows, queries, queries, dtype=torch.bool)
+            fresh_visible[:, :length, :length] = valid[:, None, :]
+            fresh_visible[:, length:, :length] = valid[:, None, :] & (column[:, None, :] != mirror[:, :, None])
+            fresh_visible[:, length:, length:] = True
+            cache_visible = real & (canvas[None, :] < low[:, None])
+            window = store.window(slot, torch.cat([torch.where(valid, column, -1), torch.full((rows, block_length), -1)], dim=1), cache_visible, fresh_visible)
+            ids = torch.cat([tokens.gather(1, inside), shadow_tokens], dim=1).to(self.device)
+            at = torch.cat([positions.gather(1, inside), shadow_positions], dim=1).to(self.device)
+            raw = self.module.run_cached(ids, at, window)[..., : self.vocab_size].float()
+            return raw[:, :length], raw[:, length:], None
+        start = int(low[0])
+        if not bool((low == start).all()):
+            raise ValueError("a shadow block without a cache needs one first column for all rows")
+        attention = torch.zeros(rows, width + block_length, width + block_length, dtype=torch.bool)
+        attention[:, :width, :width] = real[:, None, :]
+        attention[:, width:, :width] = real[:, None, :] & (canvas[None, None, :] != mirror[:, :, None])
+        attention[:, width:, width:] = True
+        extended = torch.cat([tokens, shadow_tokens], dim=1).to(self.device)
+        query_positions = torch.cat([positions, shadow_positions], dim=1).to(self.device)
         module = self.module
-        kv = None
         if hasattr(module, "run"):
-            raw, fresh = module.run(extended, None, low - first, past, first, attention=attention, positions=query_positions)
-            canvas, shadow = raw[:, : high - low], raw[:, width - low :]
-            kv = None if past is not None else [(k[:, :, :width], v[:, :, :width]) for k, v in fresh]
+            raw, fresh = module.run(extended, None, start, attention=attention.to(self.device), positions=query_positions)
+            canvas_logits, shadow = raw[:, : high - start], raw[:, width - start :]
+            kv = [(k[:, :, :width], v[:, :, :width]) for k, v in fresh]
         else:
-            raw = module(extended, attention=attention, positions=query_positions)
-            canvas, shadow = raw[:, low:high], raw[:, width:]
-        return canvas[..., : self.vocab_size].float(), shadow[..., : self.vocab_size].float(), kv
+            raw = module(extended, attention=attention.to(self.device), positions=query_positions)
+            canvas_logits, shadow, kv = raw[:, start:high], raw[:, width:], None
+        return canvas_logits[..., : self.vocab_size].float(), shadow[..., : self.vocab_size].float(), kv

@@ -5,15 +5,20 @@ attention without a causal mask and a SiLU-gated MLP; they differ only in a few 
 (q/k/v bias, where RoPE is computed, tied head) and in parameter names, which
 ``llada.py`` / ``dream.py`` map onto this module. Owning the forward means padding is exact
 (padded keys are masked and each row's positions start at its first real token), no remote
-code runs, and a later KV cache has a home.
+code runs, and the KV cache is read and written inside the attention itself.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from dlmsearch.search.kv_cache import CachedWindow
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 KeyValues = tuple[torch.Tensor, torch.Tensor]  # [rows, kv_heads, columns, head_dim] each, rotated
@@ -93,11 +98,13 @@ class Block(nn.Module):
         return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None, past: KeyValues | None = None, start: int = 0
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None, cached: tuple["CachedWindow", int] | None = None
     ) -> tuple[torch.Tensor, KeyValues]:
-        """The block over columns ``start : start + length``; keys and values of the other columns
-        come from ``past`` (a cache of the whole canvas), if given. Returns the new hidden states
-        and this call's rotated keys and values (what a cache stores)."""
+        """The block over the given columns. Without ``cached`` they are the whole canvas (or a
+        caller's explicit layout); with ``cached`` (a :class:`~dlmsearch.search.kv_cache.CachedWindow`
+        and this block's layer) they are each row's own columns, whose keys and values are
+        written into the cache in place and attended together with the cached ones. Returns the
+        new hidden states and this call's rotated keys and values (what a refresh stores)."""
         c = self.config
         rows, length, _ = x.shape
         h = self.attn_norm(x)
@@ -105,16 +112,16 @@ class Block(nn.Module):
         k = self.k_proj(h).view(rows, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(rows, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-        fresh = (k, v)
-        if past is not None:
-            end = start + length
-            k = torch.cat([past[0][:, :, :start], k, past[0][:, :, end:]], dim=2)
-            v = torch.cat([past[1][:, :, :start], v, past[1][:, :, end:]], dim=2)
-        # grouped-query attention without copying keys and values per head group
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=c.num_kv_heads != c.num_heads)
+        grouped = c.num_kv_heads != c.num_heads  # grouped-query attention without copying keys and values per head group
+        if cached is None:
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=grouped)
+        else:
+            window, layer = cached
+            window.write(layer, k, v)
+            attended = window.attend(layer, q, grouped)
         x = x + self.o_proj(attended.transpose(1, 2).reshape(rows, length, c.hidden_size))
         h = self.mlp_norm(x)
-        return x + self.down_proj(ACTIVATIONS[c.activation](self.gate_proj(h)) * self.up_proj(h)), fresh
+        return x + self.down_proj(ACTIVATIONS[c.activation](self.gate_proj(h)) * self.up_proj(h)), (k, v)
 
 
 class BidirectionalTransformer(nn.Module):
@@ -142,40 +149,42 @@ class BidirectionalTransformer(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         logits_from: int = 0,
-        past: list[KeyValues] | None = None,
-        start: int = 0,
         attention: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[KeyValues]]:
-        """Logits of the given columns from ``logits_from`` on, and each layer's keys and values.
+        """Logits of the canvas's columns from ``logits_from`` on, and each layer's keys and values.
 
-        Without ``past``, ``input_ids`` is the whole canvas. With ``past`` (per layer, keys and
-        values of the whole canvas from an earlier call), ``input_ids`` holds only the columns
-        ``start : start + length`` and attends to the cached keys of all other columns;
-        ``attention_mask`` then still covers the whole canvas. ``attention`` (``[rows, length,
-        keys]`` bool: query may attend to key; keys are the cached columns before ``start``, then
-        ``input_ids``) with ``positions`` (``[rows, length]``, of ``input_ids``) replaces both for
-        rows laid out by the caller (WINO's shadow block, appended after the canvas's last column).
+        ``attention`` (``[rows, length, length]`` bool: query may attend to key) with
+        ``positions`` (``[rows, length]``) replaces the padding mask for rows laid out by the
+        caller (WINO's shadow block, appended after the canvas's last column).
         """
         length = input_ids.shape[1]
         if attention is not None:
             if positions is None:
                 raise ValueError("an explicit attention mask needs explicit positions")
             key_mask = attention.bool()[:, None]
-            positions = torch.cat([torch.zeros(positions.shape[0], start, dtype=positions.dtype, device=positions.device), positions], dim=1)
         elif attention_mask is None:
-            width = length if past is None else past[0][0].shape[2]
-            positions = torch.arange(width, device=input_ids.device).expand(input_ids.shape[0], width)
+            positions = torch.arange(length, device=input_ids.device).expand(input_ids.shape[0], length)
             key_mask = None
         else:
             attention_mask = attention_mask.bool()
             positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
             key_mask = attention_mask[:, None, None, :]  # callers pass a mask only where rows are padded
-        cos, sin = rotary_tables(positions[:, start : start + length], self.config.head_dim, self.config.rope_theta)
+        return self._layers(input_ids, positions, key_mask, None, logits_from)
+
+    def run_cached(self, input_ids: torch.Tensor, positions: torch.Tensor, window: "CachedWindow") -> torch.Tensor:
+        """Logits ``[rows, length, vocab]`` of each row's own columns (``input_ids`` at
+        ``positions``), attending to its slot's cached keys and values as ``window`` lays out."""
+        return self._layers(input_ids, positions, None, window, 0)[0]
+
+    def _layers(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor | None, window: "CachedWindow | None", logits_from: int
+    ) -> tuple[torch.Tensor, list[KeyValues]]:
+        cos, sin = rotary_tables(positions, self.config.head_dim, self.config.rope_theta)
         x = self.embed(input_ids)
         kv = []
         for index, block in enumerate(self.blocks):
-            x, fresh = block(x, cos, sin, key_mask, None if past is None else past[index], start)
+            x, fresh = block(x, cos, sin, key_mask, None if window is None else (window, index))
             kv.append(fresh)
         x = self.norm(x[:, logits_from:])
         return (F.linear(x, self.embed.weight) if self.head is None else self.head(x)), kv

@@ -36,8 +36,9 @@ STATISTICS = ("margin", "entropy", "kl", "verify")
 
 @attrs.frozen
 class Forward:
-    """One model call's rows: their first real column, the columns summarised, whether they run
-    against the cache, which of them refresh it, and their cache windows."""
+    """One model call's rows: their first real column, the columns summarised (a cached row: its
+    own cache window), whether they run against the cache, which of them refresh it, and their
+    cache windows."""
 
     rows: torch.Tensor
     first: int
@@ -221,19 +222,20 @@ class RolloutEngine:
 
         def run(forward: Forward) -> tuple[dict[str, torch.Tensor], list | None, torch.Tensor]:
             index, first = forward.rows, forward.first
-            low, high = forward.columns
-            past = self.kv.gather(sample[index], first) if forward.cached else None
+            span, real = self._span(forward, attention[index])
             source = _within(index, None if forward.cached or shadow_length else copy_of)  # shadow rows are all computed
             computed = source == torch.arange(len(index))
+            low, high = (forward.query[:, 0], forward.query[:, 1]) if forward.cached else forward.columns
             part, kv = self._summarise(
                 tokens[index, first:],
                 attention[index, first:],
-                draw[index, low:high],
+                draw[index[:, None], span],
+                real,
                 statistics,
                 sample_uid[index],
                 low - first,
                 high - first,
-                past,
+                (self.kv, sample[index]) if forward.cached else None,
                 None if temperature is None else temperature[index],
                 None if bool(computed.all()) else source,
                 from_column - first,
@@ -251,20 +253,23 @@ class RolloutEngine:
         copy_of = None if group is None else _merged(tokens, group)
         for planned in self._plan(attention, sample, row_key, from_column, window, copy_of):
             for forward, (part, kv, computed) in self._forward(planned, run, sample_uid):
-                index, first = forward.rows, forward.first
-                low, high = forward.columns
+                index = forward.rows
+                span, real = self._span(forward, attention[index])
+                written = real if forward.cached else torch.ones_like(real)  # a cached row: its own window only
+                at = (index[:, None].expand_as(span)[written], span[written])
                 for name, value in part.items():
-                    out[name][index, low:high] = value
+                    out[name][at] = value[written]
                 counted = owner[index[computed]]
                 copies = 2 if guidance > 0 else 1  # a guided row is forwarded with its unconditional copy
                 self.row_forwards.index_add_(0, counted, torch.full_like(counted, copies))
-                if forward.cached:
-                    self.token_forwards.index_add_(0, counted, torch.full_like(counted, copies * (high - low + int(self.adapter.shift_logits and low > 0)) + shadow_length))
+                if forward.cached:  # the window (one column earlier for a shifted model), and a shadow block
+                    low, high = forward.query[computed, 0], forward.query[computed, 1]
+                    self.token_forwards.index_add_(0, counted, copies * (high - low + (self.adapter.shift_logits & (low > 0)).long()) + shadow_length)
                 else:  # a shadow block is part of its row: more token-forwards, not more rows
                     self.token_forwards.index_add_(0, counted, copies * attention[index[computed]].sum(dim=1) + shadow_length)
                 if forward.refresh.any():
                     keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
-                    self.kv.store(sample[index][forward.refresh], first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
+                    self.kv.store(sample[index][forward.refresh], forward.first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
         return Evaluation(uniform=uniform, **out)
 
     def _forward(
@@ -321,6 +326,20 @@ class RolloutEngine:
         """Some of a forward's rows, with their cache refreshes and windows; same first column and columns."""
         return attrs.evolve(forward, rows=forward.rows[part], refresh=forward.refresh[part], query=forward.query[part], distinct=None)
 
+    @staticmethod
+    def _span(forward: Forward, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The canvas columns a forward summarises per row ``[rows, columns]`` (a cached row's own
+        window, left-aligned and clamped to the canvas; else the forward's columns), and which of
+        them are real tokens of that row's window (only those are written)."""
+        width = attention.shape[1]
+        if forward.cached:
+            low, high = forward.query[:, 0], forward.query[:, 1]
+            column = low[:, None] + torch.arange(int((high - low).max()))[None, :]
+            inside = column.clamp(max=width - 1)
+            return inside, attention.gather(1, inside) & (column < high[:, None])
+        low, high = forward.columns
+        return torch.arange(low, high).expand(len(forward.rows), -1), attention[:, low:high].bool()
+
     def _succeeded(self) -> None:
         """Count a successful forward; a lowered budget doubles after ``regrow_after`` of them in a row."""
         if self.budget is None:
@@ -358,8 +377,8 @@ class RolloutEngine:
         Columns that are padding in every row of a chunk are dropped, so a row costs the same
         alone or batched. A model that ignores the padding mask gets only rows of one prompt
         length per chunk, hence no padding at all: its results cannot depend on the batch.
-        With a cache, rows whose sample's cache fits their window are forwarded per window;
-        the others get a full forward, whose keys and values refresh their sample's cache if
+        With a cache, rows whose sample's cache fits their window are forwarded together, each
+        row its own window; the others get a full forward, whose keys and values refresh their sample's cache if
         the row is the sample's root. Rows that repeat another row (``copy_of``) travel with it.
         """
         rows, width = attention.shape
@@ -375,15 +394,15 @@ class RolloutEngine:
             groups.append((full, False))
         else:
             groups += [(full[first[full] == f], False) for f in torch.unique(first[full]).tolist()]
-        for low, high in torch.unique(query[hit], dim=0).tolist():
-            groups.append((((query == torch.tensor([low, high])).all(dim=1) & hit).nonzero().squeeze(1), True))
+        if bool(hit.any()):  # one forward for every cached row, whatever its window
+            groups.append((hit.nonzero().squeeze(1), True))
         plan = []
         for index, cached in groups:
             for part in self._chunks(index, None if cached else copy_of):
-                columns = tuple(query[part[0]].tolist()) if cached else (from_column, width)
                 refresh = ~hit[part] & (row_key[part] == 0) & (self.cache != "none") & (window is not None)
                 distinct = None if cached or copy_of is None else len(torch.unique(copy_of[part]))
-                plan.append(Forward(part, int(first[part].min()), columns, cached, refresh, query[part], distinct))
+                start = 0 if cached else int(first[part].min())  # a cached row reads its whole canvas from the cache
+                plan.append(Forward(part, start, (from_column, width), cached, refresh, query[part], distinct))
         return plan
 
     def _summarise(
@@ -391,11 +410,12 @@ class RolloutEngine:
         tokens: torch.Tensor,
         attention: torch.Tensor,
         draw: torch.Tensor,
+        real: torch.Tensor,
         statistics: frozenset[str],
         uid: torch.Tensor,
-        low: int,
-        high: int,
-        past: list | None,
+        low: int | torch.Tensor,
+        high: int | torch.Tensor,
+        cache: tuple[KVCache, torch.Tensor] | None,
         temperature: torch.Tensor | None = None,
         copy_of: torch.Tensor | None = None,
         prompt_end: int = 0,
@@ -407,16 +427,17 @@ class RolloutEngine:
             verify = None
             if shadow is not None:  # WINO: the block's shadow in the same forward (every row computed: no merging)
                 with self._timed("model"):
-                    logits, shadow_logits, kv = self.adapter.shadow_logits(tokens, attention, low, high, shadow[0], shadow[1], past)
-                mirror = shadow[0].to(logits.device)[:, None] + torch.arange(shadow[1], device=logits.device)[None, :]
-                current = tokens.to(logits.device).gather(1, mirror)
+                    starts = low if cache is not None else torch.full((len(tokens),), low)
+                    logits, shadow_logits, kv = self.adapter.shadow_logits(tokens, attention, starts, high, shadow[0], shadow[1], cache)
+                mirror = shadow[0][:, None] + torch.arange(shadow[1])[None, :]
+                current = tokens.gather(1, mirror).to(logits.device)
                 verified = torch.softmax(shadow_logits.double(), dim=-1).gather(-1, current[..., None]).squeeze(-1).float()
-                verify = torch.zeros(logits.shape[:2], device=logits.device).scatter(1, mirror - low, verified)
+                verify = torch.zeros(logits.shape[:2], device=logits.device).scatter(1, (mirror - starts[:, None]).to(logits.device), verified)
             elif copy_of is None:
-                logits, kv = self._model(tokens, attention, low, high, past, prompt_end, guidance)
+                logits, kv = self._model(tokens, attention, low, high, cache, prompt_end, guidance)
             else:  # rows that repeat an earlier row of their group: forward the distinct rows, then copy
                 distinct = torch.unique(copy_of)
-                logits, kv = self._model(tokens[distinct], attention[distinct], low, high, past, prompt_end, guidance)
+                logits, kv = self._model(tokens[distinct], attention[distinct], low, high, None, prompt_end, guidance)
                 where = torch.searchsorted(distinct, copy_of).to(logits.device)
                 logits = logits[where]
                 kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
@@ -432,7 +453,7 @@ class RolloutEngine:
                 summaries["confidence"] = torch.where(deferred, 0.0, confidence)
             # One transfer of the step's float summaries and one of its tokens: no per-row synchronisation.
             host = dict(zip(summaries, torch.stack(list(summaries.values())).cpu().unbind(0)))
-            bad = host.pop("nan").bool().any(dim=1) & attention[:, low:high].any(dim=1)
+            bad = (host.pop("nan").bool() & real).any(dim=1)
             if bool(bad.any()):
                 raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad].tolist()))}")
             out = {"token": token.cpu(), **host}
@@ -443,14 +464,19 @@ class RolloutEngine:
         return nullcontext() if self.profile is None else self.profile.timing(part, self.adapter.device)
 
     def _model(
-        self, tokens: torch.Tensor, attention: torch.Tensor, low: int, high: int, past: list | None, prompt_end: int, guidance: float,
+        self, tokens: torch.Tensor, attention: torch.Tensor, low: int | torch.Tensor, high: int | torch.Tensor,
+        cache: tuple[KVCache, torch.Tensor] | None, prompt_end: int, guidance: float,
     ) -> tuple[torch.Tensor, list | None]:
-        """The rows' logits (guided: each row beside its unconditional copy in the same call, combined)."""
+        """The rows' logits: against the cache (each row its own window), or of the columns
+        ``low:high`` (guided: each row beside its unconditional copy in the same call, combined;
+        guidance never runs with a cache)."""
         if guidance > 0:
             rows = len(tokens)
             both = torch.cat([tokens, unconditional(tokens, attention, prompt_end, self.mask_id)])
-            logits, _ = self._model(both, torch.cat([attention, attention]), low, high, past, prompt_end, 0.0)
+            logits, _ = self._model(both, torch.cat([attention, attention]), low, high, None, prompt_end, 0.0)
             return combine(logits[:rows], logits[rows:], guidance), None
         with self._timed("model"):
-            return self.adapter.window_logits(tokens, attention, low, high, past)
+            if cache is not None:
+                return self.adapter.cached_logits(tokens, attention, low, high, *cache), None
+            return self.adapter.window_logits(tokens, attention, low, high)
 
