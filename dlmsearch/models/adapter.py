@@ -44,6 +44,8 @@ class ModelAdapter:
             outside = [i for i in ids if not 0 <= i < self.vocab_size]
             if outside:
                 raise ValueError(f"{name}{outside[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if self.vocab_size > 2**24:  # the engine moves token ids to the host as float32, exact below 2**24
+            raise ValueError(f"vocab_size={self.vocab_size} is larger than dlmsearch supports (2**24)")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"model.device={self.device} but no CUDA device is available; use model.device=cpu")
         self.module = self.module.to(device=self.device, dtype=getattr(torch, self.dtype)).eval()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import attrs
 import torch
@@ -14,6 +14,7 @@ from dlmsearch.validation import check_type, number
 
 class CandidateGenerator(Protocol):
     k: int
+    statistics: ClassVar[frozenset[str]]  # what the engine must compute for it beyond token and confidence
 
     def propose(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions [R, k]`` and ``valid [R, k]`` (False where a row has fewer than k eligible)."""
@@ -35,6 +36,7 @@ def _eligible(canvas: Canvas, layout: Layout) -> torch.Tensor:
 class InfoBandCandidates:
     """ETE: top-k masked positions (unlocked blocks) by ``-|c - c_info| + beta * (i - block start)``."""
 
+    statistics: ClassVar[frozenset[str]] = frozenset()
     k: int = number(int, 1, default=4)
     c_info: float = number(float, 0.0, 1.0, default=0.2)
     beta: float = attrs.field(default=0.0, validator=check_type(float))
@@ -49,6 +51,7 @@ class InfoBandCandidates:
 class TopConfidenceCandidates:
     """The k most confident masked positions."""
 
+    statistics: ClassVar[frozenset[str]] = frozenset()
     k: int = number(int, 1, default=4)
 
     def propose(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,6 +62,7 @@ class TopConfidenceCandidates:
 class RandomCandidates:
     """k masked positions at random (seeded by the engine's counter-based draw)."""
 
+    statistics: ClassVar[frozenset[str]] = frozenset({"uniform"})
     k: int = number(int, 1, default=4)
 
     def propose(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,6 +33,7 @@ def ordering_scores(evaluation: Evaluation, ordering: str) -> torch.Tensor:
         assert evaluation.entropy is not None
         scores = -evaluation.entropy
     else:
+        assert evaluation.uniform is not None
         scores = evaluation.uniform
     return scores if evaluation.order_noise is None else scores + evaluation.order_noise
 
@@ -47,7 +48,8 @@ def sampled_order(scores: torch.Tensor, eligible: torch.Tensor, uniform: torch.T
 
 
 def statistics_for(ordering: str) -> frozenset[str]:
-    return frozenset({"margin": {"margin"}, "neg_entropy": {"entropy"}}.get(ordering, set()))
+    """What the engine must compute for an ordering (nothing else is drawn or summarised)."""
+    return frozenset({"margin": {"margin"}, "neg_entropy": {"entropy"}, "random": {"uniform"}}.get(ordering, set()))
 
 
 def top_k_mask(scores: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -93,7 +95,7 @@ class _FixedSteps:
 
     @property
     def statistics(self) -> frozenset[str]:
-        return statistics_for(self.ordering)
+        return statistics_for(self.ordering) | ({"uniform"} if self.alg_temp > 0 else set())
 
     def bind(self, layout: Layout) -> None:
         if self.steps % layout.num_blocks:

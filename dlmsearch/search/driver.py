@@ -127,6 +127,12 @@ class SearchDecoder:
             if missing:
                 raise ValueError(f"decoder {self.name!r} explores (trigger {type(self.trigger).__name__}) but has no {', '.join(missing)}")
 
+    @property
+    def statistics(self) -> frozenset[str]:
+        """What the engine computes per position beyond token and confidence: only what the
+        commit rule and the candidates read (no draws or summaries nobody uses)."""
+        return self.commit.statistics | getattr(self.candidates, "statistics", frozenset())
+
     def decode(
         self,
         engine: RolloutEngine,
@@ -191,7 +197,7 @@ class SearchDecoder:
         return DecodeState(
             layout=layout,
             canvas=canvas,
-            cache=Evaluation.empty(slots, layout.width, self.commit.statistics),
+            cache=Evaluation.empty(slots, layout.width, self.statistics),
             fresh=torch.zeros(slots, dtype=torch.bool),
             late=torch.zeros(slots, dtype=torch.bool),
             slots=slots_table,
@@ -282,7 +288,7 @@ class SearchDecoder:
             slot,
             slots.uid[slot],
             row_key,
-            self.commit.statistics,
+            self.statistics,
             layout.gen_start,
             canvas.window(layout),
             temperature=self.population.token_temperature(population, slots, slot),
@@ -330,7 +336,7 @@ class SearchDecoder:
             slots=slots,
             width=width,
             branches=branches,
-            evaluation=Evaluation.empty(rows, root.tokens.shape[1], self.commit.statistics),
+            evaluation=Evaluation.empty(rows, root.tokens.shape[1], self.statistics),
             scores=torch.zeros(rows),
             step_log_conf=torch.log(evaluation.confidence.gather(1, positions).clamp(min=1e-30)).flatten(),
             live=live,

@@ -31,7 +31,7 @@ from dlmsearch.search.stability import DistributionHistory
 from dlmsearch.search.state import Evaluation
 from dlmsearch.validation import check_choice, check_type, number
 
-STATISTICS = ("margin", "entropy", "kl", "verify")
+STATISTICS = ("margin", "entropy", "kl", "verify", "uniform")
 
 
 @attrs.frozen
@@ -209,16 +209,19 @@ class RolloutEngine:
         owner = self.owner[sample]
         call = self.steps[owner]
         self.steps[torch.unique(owner)] += 1
-        position = attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
-        keys = [torch.tensor(self.seed), sample_uid[:, None], call[:, None], row_key[:, None], position]
-        uniform = hashed_uniform(keys)
         if temperature is None and self.sampling.temperature > 0:
             temperature = torch.full((len(sample),), float(self.sampling.temperature))
         sampled = temperature is not None and bool((temperature > 0).any())
-        draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else uniform
         rows, width = tokens.shape
+        # Seeded draws only where something reads them: the ordering's (``uniform``) and the token samples'.
+        uniform = draw = None
+        if sampled or "uniform" in statistics:
+            position = attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
+            keys = [torch.tensor(self.seed), sample_uid[:, None], call[:, None], row_key[:, None], position]
+            uniform = hashed_uniform(keys) if "uniform" in statistics else None
+            draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else None
         out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}
-        out.update({name: torch.zeros(rows, width) for name in statistics})
+        out.update({name: torch.zeros(rows, width) for name in statistics - {"uniform"}})
 
         def run(forward: Forward) -> tuple[dict[str, torch.Tensor], list | None, torch.Tensor]:
             index, first = forward.rows, forward.first
@@ -229,7 +232,7 @@ class RolloutEngine:
             part, kv = self._summarise(
                 tokens[index, first:],
                 attention[index, first:],
-                draw[index[:, None], span],
+                None if draw is None else draw[index[:, None], span],
                 real,
                 statistics,
                 sample_uid[index],
@@ -409,7 +412,7 @@ class RolloutEngine:
         self,
         tokens: torch.Tensor,
         attention: torch.Tensor,
-        draw: torch.Tensor,
+        draw: torch.Tensor | None,
         real: torch.Tensor,
         statistics: frozenset[str],
         uid: torch.Tensor,
@@ -442,7 +445,7 @@ class RolloutEngine:
                 logits = logits[where]
                 kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
             logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
-            summaries = summarise_logits(logits, self.sampling, temperature, draw, statistics - {"kl", "verify"})
+            summaries = summarise_logits(logits, self.sampling, temperature, draw, statistics - {"kl", "verify", "uniform"})
             if verify is not None:
                 summaries["verify"] = verify
             if history is not None:  # (the rows' slots, which rows are roots); the columns start at the generation region
@@ -451,13 +454,14 @@ class RolloutEngine:
             if self.adapter.deferred_ids:
                 deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))
                 summaries["confidence"] = torch.where(deferred, 0.0, confidence)
-            # One transfer of the step's float summaries and one of its tokens: no per-row synchronisation.
-            host = dict(zip(summaries, torch.stack(list(summaries.values())).cpu().unbind(0)))
+            # One device-to-host transfer per forward: the tokens ride with the float summaries
+            # (exact: token ids are below 2**24), so there is no per-row synchronisation.
+            host = dict(zip(["token", *summaries], torch.stack([token.float(), *summaries.values()]).cpu().unbind(0)))
             bad = (host.pop("nan").bool() & real).any(dim=1)
             if bool(bad.any()):
                 raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad].tolist()))}")
-            out = {"token": token.cpu(), **host}
-            return out, kv
+            host["token"] = host["token"].long()
+            return host, kv
 
     def _timed(self, part: str) -> ContextManager[None]:
         """The profile's timer for ``part`` (``model`` or ``summary``), or nothing without a profile."""

@@ -24,15 +24,27 @@ def take_rows(record: Record, index: torch.Tensor) -> Record:
     return map_rows(record, lambda tensor: tensor[index])
 
 
+def _covers_all(index: torch.Tensor, rows: int) -> bool:
+    """Whether ``index`` selects every row in order (a put then replaces the whole record)."""
+    if index.dtype == torch.bool:
+        return bool(index.all())
+    return len(index) == rows and bool((index == torch.arange(rows, device=index.device)).all())
+
+
 def put_rows(record: Record, index: torch.Tensor, other: Record) -> Record:
-    """A copy of ``record`` with the rows at ``index`` replaced by ``other``'s."""
+    """A record with the rows at ``index`` replaced by ``other``'s: one new tensor per field
+    that changes (out-of-place ``index_put``), ``other``'s own tensors where every row is
+    replaced, and the unchanged fields shared, never cloned."""
+    fields = attrs.fields(type(record))
+    present = next((getattr(record, f.name) for f in fields if getattr(record, f.name) is not None), None)
+    whole = present is not None and _covers_all(index, len(present))
     values = {}
-    for f in attrs.fields(type(record)):
+    for f in fields:
         mine, theirs = getattr(record, f.name), getattr(other, f.name)
         if mine is None or theirs is None:
             values[f.name] = None
-            continue
-        mine = mine.clone()
-        mine[index] = theirs
-        values[f.name] = mine
+        elif whole or theirs is mine:
+            values[f.name] = theirs
+        else:
+            values[f.name] = mine.index_put((index,), theirs)
     return type(record)(**values)

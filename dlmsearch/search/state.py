@@ -19,7 +19,7 @@ class Evaluation:
 
     token: torch.Tensor  # [R, T] long: argmax (or a sample) with the mask id excluded
     confidence: torch.Tensor  # [R, T] float: probability of ``token`` at temperature 1
-    uniform: torch.Tensor  # [R, T] float: a seeded uniform draw, for random orderings
+    uniform: torch.Tensor | None = None  # [R, T] float: a seeded uniform draw, for random orderings (drawn only when read)
     margin: torch.Tensor | None = None  # [R, T] top-1 minus top-2 probability
     entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution
     kl: torch.Tensor | None = None  # [R, T] the larger of this and the previous step's KL between successive distributions (KLASS)
@@ -39,7 +39,7 @@ class Evaluation:
         return Evaluation(
             token=torch.zeros(rows, width, dtype=torch.long),
             confidence=zeros,
-            uniform=zeros,
+            uniform=zeros if "uniform" in statistics else None,
             margin=zeros if "margin" in statistics else None,
             entropy=zeros if "entropy" in statistics else None,
             kl=zeros if "kl" in statistics else None,
