@@ -10,17 +10,19 @@ code runs, and the KV cache is read and written inside the attention itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dlmsearch.models import token_ops
+from dlmsearch.models.token_ops import ACTIVATIONS, Bucketed, rms_norm
+
 if TYPE_CHECKING:
     from dlmsearch.search.kv_cache import CachedWindow
 
-ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 KeyValues = tuple[torch.Tensor, torch.Tensor]  # [rows, kv_heads, columns, head_dim] each, rotated
 
 
@@ -47,6 +49,22 @@ class TransformerConfig:
         return self.hidden_size // self.num_heads
 
 
+@attrs.frozen
+class EagerOps:
+    """The per-token halves of a block, run as written."""
+
+    attention_inputs: Callable = token_ops.attention_inputs
+    block_output: Callable = token_ops.block_output
+
+
+@attrs.frozen
+class CompiledOps:
+    """The per-token halves of a block compiled per token-count bucket (``engine.compile=true``)."""
+
+    attention_inputs: Bucketed
+    block_output: Bucketed
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm computed in float32, scaled in the input dtype (as both families do)."""
 
@@ -56,15 +74,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,11 +101,7 @@ class Block(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.config.rope_in_float32:
-            return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
-        return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+        self.ops: EagerOps | CompiledOps = EagerOps()
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None, cached: tuple["CachedWindow", int] | None = None
@@ -104,14 +110,17 @@ class Block(nn.Module):
         caller's explicit layout); with ``cached`` (a :class:`~dlmsearch.search.kv_cache.CachedWindow`
         and this block's layer) they are each row's own columns, whose keys and values are
         written into the cache in place and attended together with the cached ones. Returns the
-        new hidden states and this call's rotated keys and values (what a refresh stores)."""
+        new hidden states and this call's rotated keys and values (what a refresh stores).
+        The per-token work runs through ``self.ops`` (eager, or compiled by ``compile_blocks``)."""
         c = self.config
         rows, length, _ = x.shape
-        h = self.attn_norm(x)
-        q = self.q_proj(h).view(rows, length, c.num_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(rows, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(rows, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        flat = x.reshape(rows * length, c.hidden_size)
+        q, k, v = self.ops.attention_inputs(
+            flat, cos.transpose(1, 2).reshape(rows * length, 1, c.head_dim), sin.transpose(1, 2).reshape(rows * length, 1, c.head_dim),
+            self.attn_norm.weight, self.attn_norm.eps, self.q_proj.weight, self.q_proj.bias, self.k_proj.weight, self.k_proj.bias,
+            self.v_proj.weight, self.v_proj.bias, c.num_heads, c.num_kv_heads, c.rope_in_float32,
+        )
+        q, k, v = (t.view(rows, length, -1, c.head_dim).transpose(1, 2) for t in (q, k, v))
         grouped = c.num_kv_heads != c.num_heads  # grouped-query attention without copying keys and values per head group
         if cached is None:
             attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=grouped)
@@ -119,9 +128,11 @@ class Block(nn.Module):
             window, layer = cached
             window.write(layer, k, v)
             attended = window.attend(layer, q, grouped)
-        x = x + self.o_proj(attended.transpose(1, 2).reshape(rows, length, c.hidden_size))
-        h = self.mlp_norm(x)
-        return x + self.down_proj(ACTIVATIONS[c.activation](self.gate_proj(h)) * self.up_proj(h)), (k, v)
+        out = self.ops.block_output(
+            flat, attended.transpose(1, 2).reshape(rows * length, c.hidden_size), self.o_proj.weight, self.mlp_norm.weight, self.mlp_norm.eps,
+            self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, c.activation,
+        )
+        return out.view(rows, length, c.hidden_size), (k, v)
 
 
 class BidirectionalTransformer(nn.Module):
@@ -138,6 +149,15 @@ class BidirectionalTransformer(nn.Module):
     takes_logits_from = True  # the engine may ask for logits of the generation region only
     supports_kv_cache = True  # the engine may keep keys and values between calls (prefix / dual cache)
     takes_attention = True  # run() takes an explicit attention mask and positions (WINO's shadow block)
+
+    def compile_blocks(self) -> None:
+        """Run every block's per-token work compiled (fused norms, rotation and MLP), one graph
+        per token-count bucket shared by all layers (:mod:`~dlmsearch.models.token_ops`)."""
+        if not isinstance(self.blocks[0].ops, EagerOps):
+            return
+        fused = CompiledOps(Bucketed(token_ops.attention_inputs, per_token=3), Bucketed(token_ops.block_output, per_token=2))
+        for block in self.blocks:
+            block.ops = fused
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_from: int = 0) -> torch.Tensor:
         """Logits of columns ``logits_from:``. ``attention_mask`` marks real tokens; padded keys are

@@ -99,6 +99,7 @@ class RolloutEngine:
     confidence: str | None = attrs.field(default=None, validator=check_choice(*CONFIDENCE_SOURCES, optional=True))
     seed: int = attrs.field(default=0, validator=check_type(int))
     cache: str = attrs.field(default="none", validator=check_choice(*MODES))
+    compile: bool = attrs.field(default=False, validator=check_type(bool))  # the model's per-token work under torch.compile, bucketed
     profile: ForwardProfile | None = attrs.field(default=None, eq=False)  # set: every forward is timed (benchmarks)
     steps: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
     owner: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))  # [slots] the sample each slot belongs to
@@ -120,6 +121,13 @@ class RolloutEngine:
                 f"models); {type(self.adapter.module).__name__} cannot: use engine.cache=none"
             )
         self.kv = KVCache(self.cache)
+        if self.compile:
+            if not hasattr(self.adapter.module, "compile_blocks"):
+                raise ValueError(
+                    f"engine.compile=true compiles the native LLaDA and Dream models' blocks; {type(self.adapter.module).__name__} "
+                    "has none: use engine.compile=false"
+                )
+            self.adapter.module.compile_blocks()
 
     @property
     def mask_id(self) -> int:

@@ -1,0 +1,90 @@
+"""The per-token halves of a transformer block, and their compiled form with static-shape buckets.
+
+Everything in a block except attention acts on each token alone: RMSNorm, the q/k/v projections
+and the rotation before attention; the output projection, the residuals, the second norm and
+the gated MLP after it. Written as plain functions of ``[tokens, ...]`` tensors and the layer's
+weights, one function serves every layer, eager or compiled (``engine.compile=true``). Compiled,
+the token count is padded up to a power of two, so a decode compiles a handful of graphs (one
+per bucket) instead of one per step, and the padding cannot change a real token's result:
+no operation here mixes tokens. Attention stays eager (SDPA is already one fused kernel).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+SMALLEST_BUCKET = 16
+RECOMPILE_LIMIT = 64  # one graph per bucket and dtype: far more than a decode meets
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Root-mean-square norm computed in float32, scaled in the input dtype (as both families do)."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, in_float32: bool) -> torch.Tensor:
+    """Rotary embedding: LLaDA rotates in float32 and casts back, Dream in the model dtype."""
+    if in_float32:
+        return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
+    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+
+def attention_inputs(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: torch.Tensor, eps: float,
+    wq: torch.Tensor, bq: torch.Tensor | None, wk: torch.Tensor, bk: torch.Tensor | None, wv: torch.Tensor, bv: torch.Tensor | None,
+    heads: int, kv_heads: int, in_float32: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x [tokens, hidden]`` and its rotary ``cos, sin [tokens, 1, head_dim]`` to rotated
+    queries and keys and the values, ``[tokens, heads, head_dim]`` each."""
+    tokens = x.shape[0]
+    h = rms_norm(x, norm, eps)
+    q = F.linear(h, wq, bq).view(tokens, heads, -1)
+    k = F.linear(h, wk, bk).view(tokens, kv_heads, -1)
+    v = F.linear(h, wv, bv).view(tokens, kv_heads, -1)
+    return rotate(q, cos, sin, in_float32), rotate(k, cos, sin, in_float32), v
+
+
+def block_output(
+    x: torch.Tensor, attended: torch.Tensor, wo: torch.Tensor, norm: torch.Tensor, eps: float,
+    gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str,
+) -> torch.Tensor:
+    """The block's output for ``x [tokens, hidden]`` given its attention ``[tokens, hidden]``."""
+    x = x + F.linear(attended, wo)
+    h = rms_norm(x, norm, eps)
+    return x + F.linear(ACTIVATIONS[activation](F.linear(h, gate)) * F.linear(h, up), down)
+
+
+def bucket(tokens: int) -> int:
+    """The static token count a compiled call runs at: the next power of two (at least 16)."""
+    return max(SMALLEST_BUCKET, 1 << (tokens - 1).bit_length())
+
+
+class Bucketed:
+    """``function`` compiled with static shapes; its first ``per_token`` arguments are padded
+    with zeros to the bucket of their token count and its outputs cut back."""
+
+    def __init__(self, function: Callable, per_token: int) -> None:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        self.compiled = torch.compile(function, dynamic=False)
+        self.per_token = per_token
+        self.buckets: set[int] = set()  # the token counts compiled so far (what a test can check)
+
+    def __call__(self, *args):
+        tokens = args[0].shape[0]
+        size = bucket(tokens)
+        self.buckets.add(size)
+        padded = [F.pad(a, (0, 0) * (a.dim() - 1) + (0, size - tokens)) for a in args[: self.per_token]]
+        out = self.compiled(*padded, *args[self.per_token :])
+        return tuple(o[:tokens] for o in out) if isinstance(out, tuple) else out[:tokens]
