@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default runs/bench_engine/<size>.json)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting after one warm-up (median reported)")
     parser.add_argument("--quick", action="store_true", help="short generations and small batches (tiny on 2 CPU cores: 2-3 min)")
-    parser.add_argument("--compile", action="store_true", help="also run section 1 with module.run wrapped in torch.compile")
+    parser.add_argument("--compile", action="store_true", help="every engine with engine.compile=true (the model's per-token work compiled, bucketed)")
     parser.add_argument("--row-budget", type=int, default=64, help="engine rows per forward chunk")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (ignored on cuda)")
     parser.add_argument("--seed", type=int, default=0)

@@ -22,14 +22,14 @@ def make_plan(size: str, quick: bool) -> dict[str, dict[str, Any]]:
     the 126k-word head and softmax dominate (a few ms per generated position per step)."""
     if quick:
         return {
-            "reference": dict(prompt=32, gen=16, block=8, batches=[1, 8, 32], compile_batches=[1]),
+            "reference": dict(prompt=32, gen=16, block=8, batches=[1, 8, 32]),
             "lookahead": dict(prompt=32, gen=32, block=16, ks=[1, 2, 4, 8], calls=2),
             "cache": dict(prompt=200, gen=64, block=32, batches=[1]),
             "overhead": dict(prompt=32, gen=16, block=8, batches=[1, 32]),
         }
     big = size == "8b"  # one H200, the whole 8b run in ~2-3 minutes (scripts/gpu_check.sh)
     return {
-        "reference": dict(prompt=64, gen=128 if big else 256, block=32, batches=[1, 8, 32], compile_batches=[1, 8]),
+        "reference": dict(prompt=64, gen=128 if big else 256, block=32, batches=[1, 8, 32]),
         "lookahead": dict(prompt=64, gen=256, block=32, ks=[1, 2, 4, 8], calls=5),
         "cache": dict(prompt=200, gen=256, block=32, batches=[1] if big else [1, 8]),
         "overhead": dict(prompt=64, gen=128, block=32, batches=[1, 64]),

@@ -28,7 +28,7 @@ def section_reference(bench: Bench, module: BidirectionalTransformer, adapter: M
     settings = dict(prompt=prompt_len, gen=gen, block=block, threshold=THRESHOLD)
     prompts = bench.prompts(max(plan["batches"]), prompt_len)
     decoder = make_decoder("fast_dllm", gen, f"decoder.commit.threshold={THRESHOLD}")
-    engine = RolloutEngine(adapter=adapter, row_budget=bench.args.row_budget, cache="none")
+    engine = RolloutEngine(adapter=adapter, row_budget=bench.args.row_budget, compile=bench.args.compile, cache="none")
 
     def dlm(batch: int) -> Callable[[], list[DecodeResult]]:
         requests = requests_for(prompts[:batch], gen)
@@ -72,26 +72,6 @@ def section_reference(bench: Bench, module: BidirectionalTransformer, adapter: M
         print(f"  [1] dlmsearch fast_dllm b={batch} ...", flush=True)
         dlm_row("dlmsearch fast_dllm", batch, bench.measure(dlm(batch)))
 
-    if bench.args.compile:
-        label = "dlmsearch fast_dllm (torch.compile)"
-        original = module.run
-        try:
-            module.run = torch.compile(original, dynamic=True)  # the adapter calls module.run
-            for batch in plan["compile_batches"]:
-                if bench.over_budget():
-                    bench.skip(name, label, "over --budget-s", batch=batch, **settings)
-                    continue
-                print(f"  [1] {label} b={batch} (the warm-up compiles) ...", flush=True)
-                dlm_row(label, batch, bench.measure(dlm(batch)))
-        except Exception as error:  # noqa: BLE001 - compile support varies by platform
-            message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
-            if bench.cuda:
-                print(f"  [1] torch.compile failed: {message}", flush=True)
-            bench.skip(name, label, f"compile failed: {message}", batch=1, **settings)
-        finally:
-            module.__dict__.pop("run", None)  # back to the class's method
-            torch._dynamo.reset()
-
 
 def section_lookahead(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any]) -> None:
     """2. One engine call of 1 root row vs 1 + K rows of one sample (a lookahead round's rows),
@@ -104,7 +84,7 @@ def section_lookahead(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any])
         if bench.over_budget():
             bench.skip(name, f"cache={cache}", "over --budget-s", cache=cache)
             continue
-        engine = RolloutEngine(adapter=adapter, row_budget=bench.args.row_budget, cache=cache)
+        engine = RolloutEngine(adapter=adapter, row_budget=bench.args.row_budget, compile=bench.args.compile, cache=cache)
         inputs = {}
         for k in [0, *plan["ks"]]:
             rows = 1 + k
@@ -149,7 +129,7 @@ def section_cache(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any]) -> 
                 bench.skip(name, f"cache={cache}", "over --budget-s", cache=cache, **settings)
             continue
         requests = requests_for(prompts[:batch], gen)
-        engines = {cache: RolloutEngine(adapter=adapter, row_budget=bench.args.row_budget, cache=cache) for cache in modes}
+        engines = {cache: RolloutEngine(adapter=adapter, row_budget=bench.args.row_budget, compile=bench.args.compile, cache=cache) for cache in modes}
         print(f"  [3] cache none / prefix / dual at b={batch}, interleaved ...", flush=True)
         measured = bench.measure_many({cache: (lambda engine=engine: decoder.decode(engine, requests, block)) for cache, engine in engines.items()})
         none_speed = batch * gen / statistics.median(measured["none"][0])
@@ -176,7 +156,7 @@ def section_overhead(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any]) 
             bench.skip(name, "fast_dllm", "over --budget-s", **settings)
             continue
         profile = ForwardProfile()
-        engine = RolloutEngine(adapter=adapter, row_budget=bench.args.row_budget, cache="none", profile=profile)
+        engine = RolloutEngine(adapter=adapter, row_budget=bench.args.row_budget, compile=bench.args.compile, cache="none", profile=profile)
         requests = requests_for(prompts[:batch], gen)
         splits = []
 

@@ -1,0 +1,124 @@
+"""The engine benchmark side by side with an earlier engine, in one run on this machine.
+
+The earlier commit is exported (``git archive``) to a temporary directory and its own
+``experiments/bench_engine.py`` runs from there, importing its own ``dlmsearch``; then this
+checkout's, without and with ``--compile``. The runs alternate ``--rounds`` times (so drift on a
+shared machine hits all of them alike) and the table reports each metric's median over rounds:
+
+* fast_dllm tokens/s at batch 1 and 32, and their ratio (batched vs one at a time);
+* one engine call of 1 + K = 4 rows / a plain call of 1 row, without a cache and with the dual cache;
+* dual-cache / no-cache tokens/s;
+* host overhead (the share of wall time outside the model forward) at batch 1 and 32.
+
+    python experiments/bench_before_after.py --before fe8c0e7 --size tiny --rounds 2
+
+Writes ``experiments/results/bench/before_after_<size>.{json,md}`` and keeps every run's own
+JSON under ``runs/bench_before_after/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+UPSTREAM = ROOT.parent / "shared" / "upstream" / "fast-dllm"
+
+
+def metrics(doc: dict[str, Any]) -> dict[str, float | None]:
+    """The compared numbers of one benchmark run (None where the run has no such row)."""
+    rows = [r for r in doc.get("rows", []) if "skipped" not in r]
+
+    def pick(section: str, **match: Any) -> dict[str, Any] | None:
+        return next((r for r in rows if r["section"].startswith(section) and all(r.get(k) == v for k, v in match.items())), None)
+
+    def value(row: dict[str, Any] | None, key: str) -> float | None:
+        return None if row is None or row.get(key) is None else float(row[key])
+
+    one, many = pick("1", loop="dlmsearch", batch=1), pick("1", loop="dlmsearch", batch=32)
+    speed_one, speed_many = value(one, "tokens_per_s"), value(many, "tokens_per_s")
+    return {
+        "fast_dllm tokens/s, batch 1": speed_one,
+        "fast_dllm tokens/s, batch 32": speed_many,
+        "batched / one at a time (tokens/s, 32 vs 1)": None if not (speed_one and speed_many) else round(speed_many / speed_one, 2),
+        "K=4 call / plain call, no cache": value(pick("2", cache="none", k=4), "ratio_vs_plain"),
+        "K=4 call / plain call, dual cache": value(pick("2", cache="dual", k=4), "ratio_vs_plain"),
+        "dual / none tokens/s": value(pick("3", cache="dual"), "ratio_vs_none"),
+        "host overhead, batch 1": value(pick("4", batch=1), "overhead_fraction"),
+        "host overhead, batch 32": value(pick("4", batch=32), "overhead_fraction"),
+    }
+
+
+def export(commit: str, into: Path) -> Path:
+    """The tree of ``commit`` under ``into`` (no git bookkeeping left behind)."""
+    archive = into / "tree.tar"
+    subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), commit], cwd=ROOT, check=True)
+    tree = into / commit
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def run_bench(tree: Path, out: Path, args: argparse.Namespace, compile_: bool) -> dict[str, Any]:
+    command = [sys.executable, str(tree / "experiments" / "bench_engine.py"), "--size", args.size, "--device", "cpu", "--quick",
+               "--repeats", str(args.repeats), "--threads", str(args.threads), "--out", str(out)] + (["--compile"] if compile_ else [])
+    env = {**os.environ, "PYTHONPATH": str(tree), "DLMSEARCH_UPSTREAM": os.environ.get("DLMSEARCH_UPSTREAM", str(UPSTREAM))}
+    print(f"$ PYTHONPATH={tree} {' '.join(command[1:])}", flush=True)
+    done = subprocess.run(command, cwd=tree, env=env, text=True, capture_output=True)
+    if done.returncode != 0:
+        raise SystemExit(f"benchmark in {tree} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:g}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, help="the earlier commit (e.g. fe8c0e7)")
+    parser.add_argument("--size", default="tiny", help="bench_engine.py --size")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three runs")
+    parser.add_argument("--repeats", type=int, default=3, help="bench_engine.py --repeats")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    runs_dir = ROOT / "runs" / "bench_before_after"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip())
+    variants = {f"before ({args.before})": None, f"after ({head}{'+' if dirty else ''})": False, f"after, engine.compile": True}
+    found: dict[str, list[dict[str, float | None]]] = {name: [] for name in variants}
+    with tempfile.TemporaryDirectory() as scratch:
+        before_tree = export(args.before, Path(scratch))
+        for round_ in range(args.rounds):
+            for index, (name, compile_) in enumerate(variants.items()):
+                tree = before_tree if compile_ is None else ROOT
+                doc = run_bench(tree, runs_dir / f"{args.size}_{index}_round{round_}.json", args, bool(compile_))
+                found[name].append(metrics(doc))
+                print(f"  {name}, round {round_ + 1}: {json.dumps(found[name][-1])}", flush=True)
+    keys = list(next(iter(found.values()))[0])
+    medians = {name: {k: (statistics.median(v) if (v := [m[k] for m in ms if m[k] is not None]) else None) for k in keys} for name, ms in found.items()}
+    names = list(variants)
+    lines = [f"| metric ({args.size}, CPU, {args.threads} threads, median of {args.rounds} rounds) | " + " | ".join(names) + " |",
+             "|---|" + "---:|" * len(names)]
+    lines += [f"| {k} | " + " | ".join(fmt(round(medians[n][k], 3) if medians[n][k] is not None else None) for n in names) + " |" for k in keys]
+    table = "\n".join(lines)
+    out = ROOT / "experiments" / "results" / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    command = f"python experiments/bench_before_after.py --before {args.before} --size {args.size} --rounds {args.rounds} --repeats {args.repeats}"
+    (out / f"before_after_{args.size}.md").write_text(f"{table}\n\nMeasured by `{command}`.\n")
+    (out / f"before_after_{args.size}.json").write_text(json.dumps({"command": command, "rounds": found, "median": medians}, indent=1) + "\n")
+    print("\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
