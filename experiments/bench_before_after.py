@@ -54,6 +54,8 @@ def metrics(doc: dict[str, Any]) -> dict[str, float | None]:
         "dual / none tokens/s": value(pick("3", cache="dual"), "ratio_vs_none"),
         "host overhead, batch 1": value(pick("4", batch=1), "overhead_fraction"),
         "host overhead, batch 32": value(pick("4", batch=32), "overhead_fraction"),
+        "host ms per forward (outside model and summaries), batch 1": value(pick("4", batch=1), "host_ms_per_step"),
+        "host ms per forward (outside model and summaries), batch 32": value(pick("4", batch=32), "host_ms_per_step"),
     }
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, for a bare offline GPU node: the tests marked `gpu`, then the engine benchmark
-# (experiments/bench_engine.py) at 1b and 8b on random LLaDA-shaped weights; under 8 minutes on
+# (experiments/bench_engine.py) at 1b and 8b on random LLaDA-shaped weights, 8b once more with
+# engine.compile (the lookahead round and the host overhead); under 8 minutes on
 # one H100/H200-class GPU. Every table, the log and a JSON summary go to OUT_DIR.
 #   bash scripts/gpu_check.sh OUT_DIR [--wheels DIR]   # on the GPU node (torch with CUDA preinstalled)
 #   bash scripts/gpu_check.sh OUT_DIR --dry-run        # the same script on CPU with the tiny model (~1 min; in the tests)
@@ -80,11 +81,15 @@ if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
 if [ "$dry" = 1 ]; then
     step "bench_engine tiny (dry run)" 120 "$python" experiments/bench_engine.py --size tiny --device cpu --quick --repeats 1 --sections 2,4 \
         --out "$out/bench_tiny.json" || status=1
-    sizes="tiny"
+    step "bench_engine tiny, engine.compile (dry run)" 120 "$python" experiments/bench_engine.py --size tiny --device cpu --quick --repeats 1 \
+        --sections 4 --compile --out "$out/bench_tiny_compile.json" || status=1
+    sizes="tiny tiny_compile"
 else
-    step "bench_engine 1b" 125 "$python" experiments/bench_engine.py --size 1b --device cuda --budget-s 90 --out "$out/bench_1b.json" || status=1
-    step "bench_engine 8b" 240 "$python" experiments/bench_engine.py --size 8b --device cuda --budget-s 170 --out "$out/bench_8b.json" || status=1
-    sizes="1b 8b"
+    step "bench_engine 1b" 100 "$python" experiments/bench_engine.py --size 1b --device cuda --budget-s 70 --out "$out/bench_1b.json" || status=1
+    step "bench_engine 8b" 200 "$python" experiments/bench_engine.py --size 8b --device cuda --budget-s 150 --out "$out/bench_8b.json" || status=1
+    step "bench_engine 8b, engine.compile" 110 "$python" experiments/bench_engine.py --size 8b --device cuda --budget-s 80 --sections 2,4 --compile \
+        --out "$out/bench_8b_compile.json" || status=1
+    sizes="1b 8b 8b_compile"
 fi
 
 "$python" - "$out" "$status" "$SECONDS" "$dry" "[${STEPS%,}]" $sizes <<'PY'

@@ -21,7 +21,10 @@ def test_gpu_check_dry_run_writes_its_tables_and_summary(tmp_path: Path) -> None
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == 0 and summary["dry_run"] and [s["step"] for s in summary["steps"]] == ["pytest -m gpu", "bench_engine tiny (dry run)"]
+    steps = ["pytest -m gpu", "bench_engine tiny (dry run)", "bench_engine tiny, engine.compile (dry run)"]
+    assert summary["status"] == 0 and summary["dry_run"] and [s["step"] for s in summary["steps"]] == steps
     bench = json.loads((out / "bench_tiny.json").read_text())
     assert {row["section"] for row in bench["rows"]} == {"2_lookahead_round", "4_host_overhead"}
+    compiled = json.loads((out / "bench_tiny_compile.json").read_text())
+    assert {row["section"] for row in compiled["rows"]} == {"4_host_overhead"} and compiled["args"]["compile"]
     assert "gpu_check finished" in (out / "gpu_check.txt").read_text()

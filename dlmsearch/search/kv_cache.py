@@ -48,7 +48,7 @@ class CachedWindow:
     ``layers`` are views of the cache tensors for the slot range the call touches, ``slot`` and
     ``lane`` each row's place in them, ``destination`` ``[rows, length]`` the key column where
     each query's fresh key and value go, ``mask`` ``[slots, 1, lanes * length, keys]`` what each
-    stacked query may attend to."""
+    stacked query may attend to; all on the cache's device, moved there once per forward."""
 
     layers: list[KeyValues]
     slot: torch.Tensor
@@ -65,20 +65,18 @@ class CachedWindow:
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Put this call's fresh ``[rows, kv_heads, length, head_dim]`` keys and values in place."""
         cached_keys, cached_values = self.layers[layer]
-        slot = self.slot.to(keys.device)[:, None]
-        destination = self.destination.to(keys.device)
-        cached_keys[slot, :, destination] = keys.transpose(1, 2)
-        cached_values[slot, :, destination] = values.transpose(1, 2)
+        slot = self.slot[:, None]
+        cached_keys[slot, :, self.destination] = keys.transpose(1, 2)
+        cached_values[slot, :, self.destination] = values.transpose(1, 2)
 
     def attend(self, layer: int, queries: torch.Tensor, grouped: bool) -> torch.Tensor:
         """Attention of the rows' ``[rows, heads, length, head_dim]`` queries over their slots' caches."""
         keys, values = self.layers[layer]
         rows, heads, length, dim = queries.shape
-        slot, lane = self.slot.to(queries.device), self.lane.to(queries.device)
         stacked = queries.new_zeros(keys.shape[0], heads, self.lanes * length, dim)
-        self._stacked(stacked)[slot, :, lane] = queries
+        self._stacked(stacked)[self.slot, :, self.lane] = queries
         attended = F.scaled_dot_product_attention(stacked, keys, values, attn_mask=self.mask, enable_gqa=grouped)
-        return self._stacked(attended)[slot, :, lane]
+        return self._stacked(attended)[self.slot, :, self.lane]
 
 
 @attrs.define(eq=False)
@@ -170,4 +168,5 @@ class KVCache:
         own.scatter_(2, destination[:, None, :].expand(rows, length, length), fresh_visible)
         mask[slot - low, lane] = own
         layers = [(k[low:high, :, :keys], v[low:high, :, :keys]) for k, v in self.layers]
-        return CachedWindow(layers, slot - low, lane, lanes, destination, mask.view(high - low, 1, lanes * length, keys).to(device))
+        on = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return CachedWindow(layers, on(slot - low), on(lane), lanes, on(destination), on(mask.view(high - low, 1, lanes * length, keys)))

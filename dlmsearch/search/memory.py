@@ -12,7 +12,8 @@ engine's summaries:
   ``heads x L x L`` in float32 (the math kernel materialises them; fused kernels need less);
 * the vocabulary-sized float32 tensors of the summarised columns: logits, their float copy,
   probabilities, the processed distribution and one softmax temporary (5 C V);
-* with a cache, the row's keys and values of every layer (2 layers L kv_heads head_dim).
+* with a cache, the row's keys and values of every layer over the canvas and one lane of scratch
+  columns, at most the summarised ones (2 layers (L + C) kv_heads head_dim; see ``kv_cache.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def row_bytes(shape: dict[str, int], width: int, columns: int, element: int, cac
     hidden, heads = shape["hidden"], shape["heads"]
     layer = (5 * width * hidden + 4 * width * shape["intermediate"]) * element + heads * width * width * 4
     summaries = 5 * columns * shape["vocab"] * 4
-    cache = 2 * shape["layers"] * width * shape["kv_heads"] * (hidden // heads) * element if cached else 0
+    cache = 2 * shape["layers"] * (width + columns) * shape["kv_heads"] * (hidden // heads) * element if cached else 0
     return layer + summaries + cache
 
 
