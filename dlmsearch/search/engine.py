@@ -22,6 +22,7 @@ import torch
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.guidance import combine, unconditional
+from dlmsearch.search.host_memory import keep_freed_memory
 from dlmsearch.search.kv_cache import MODES, KVCache
 from dlmsearch.search.memory import auto_row_budget
 from dlmsearch.search.profile import ForwardProfile
@@ -121,6 +122,8 @@ class RolloutEngine:
                 f"models); {type(self.adapter.module).__name__} cannot: use engine.cache=none"
             )
         self.kv = KVCache(self.cache)
+        if not str(self.adapter.device).startswith("cuda"):
+            keep_freed_memory()  # vocabulary-sized tensors are reused instead of page-faulted in every forward
         if self.compile:
             if not hasattr(self.adapter.module, "compile_blocks"):
                 raise ValueError(
