@@ -71,7 +71,7 @@ def export(commit: str, into: Path) -> Path:
 
 def run_bench(tree: Path, out: Path, args: argparse.Namespace, compile_: bool) -> dict[str, Any]:
     command = [sys.executable, str(tree / "experiments" / "bench_engine.py"), "--size", args.size, "--device", "cpu", "--quick",
-               "--repeats", str(args.repeats), "--threads", str(args.threads), "--out", str(out)] + (["--compile"] if compile_ else [])
+               "--repeats", str(args.repeats), "--threads", str(args.threads), "--sections", args.sections, "--out", str(out)] + (["--compile"] if compile_ else [])
     env = {**os.environ, "PYTHONPATH": str(tree), "DLMSEARCH_UPSTREAM": os.environ.get("DLMSEARCH_UPSTREAM", str(UPSTREAM))}
     print(f"$ PYTHONPATH={tree} {' '.join(command[1:])}", flush=True)
     done = subprocess.run(command, cwd=tree, env=env, text=True, capture_output=True)
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three runs")
     parser.add_argument("--repeats", type=int, default=3, help="bench_engine.py --repeats")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sections", default="1,2,3,4", help="bench_engine.py --sections (1b on CPU: 2)")
     args = parser.parse_args(argv)
     runs_dir = ROOT / "runs" / "bench_before_after"
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(lines)
     out = ROOT / "experiments" / "results" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    command = f"python experiments/bench_before_after.py --before {args.before} --size {args.size} --rounds {args.rounds} --repeats {args.repeats}"
+    command = (f"python experiments/bench_before_after.py --before {args.before} --size {args.size} --rounds {args.rounds} --repeats {args.repeats}"
+               + (f" --sections {args.sections}" if args.sections != "1,2,3,4" else ""))
     (out / f"before_after_{args.size}.md").write_text(f"{table}\n\nMeasured by `{command}`.\n")
     (out / f"before_after_{args.size}.json").write_text(json.dumps({"command": command, "rounds": found, "median": medians}, indent=1) + "\n")
     print("\n" + table)

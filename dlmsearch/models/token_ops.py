@@ -85,6 +85,6 @@ class Bucketed:
         tokens = args[0].shape[0]
         size = bucket(tokens)
         self.buckets.add(size)
-        padded = [F.pad(a, (0, 0) * (a.dim() - 1) + (0, size - tokens)) for a in args[: self.per_token]]
+        padded = [a if size == tokens else F.pad(a, (0, 0) * (a.dim() - 1) + (0, size - tokens)) for a in args[: self.per_token]]
         out = self.compiled(*padded, *args[self.per_token :])
         return tuple(o[:tokens] for o in out) if isinstance(out, tuple) else out[:tokens]
