@@ -14,6 +14,7 @@ import attrs
 import torch
 from torch import nn
 
+from dlmsearch.models.transformer import real_positions
 from dlmsearch.search.sampling import Sampling
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class ModelAdapter:
         offset = torch.arange(length)
         column = first[:, None] + offset[None, :]
         valid = column < high[:, None]
-        positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        positions = real_positions(attention_mask)
         canvas = torch.arange(tokens.shape[1])[None, :]
         cache_visible = attention_mask.bool() & ((canvas < first[:, None]) | (canvas >= high[:, None]))
         fresh_visible = valid[:, None, :].expand(-1, length, -1)
@@ -155,7 +156,7 @@ class ModelAdapter:
         rows, width = tokens.shape
         low = torch.as_tensor(low).expand(rows)
         real = attention_mask.bool()
-        positions = (real.long().cumsum(dim=1) - 1).clamp(min=0)
+        positions = real_positions(real)
         mirror = block_start[:, None] + torch.arange(block_length)[None, :]  # [R, B] canvas columns
         shadow_positions = positions.gather(1, mirror)
         shadow_tokens = torch.full((rows, block_length), self.mask_id)

@@ -135,6 +135,11 @@ class Block(nn.Module):
         return out.view(rows, length, c.hidden_size), (k, v)
 
 
+def real_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each column's position counted over real tokens only (left padding does not shift a row)."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
 class BidirectionalTransformer(nn.Module):
     """Token ids ``[rows, length]`` (left-padded, with a padding mask) to logits ``[rows, length, vocab]``."""
 
@@ -188,7 +193,7 @@ class BidirectionalTransformer(nn.Module):
             key_mask = None
         else:
             attention_mask = attention_mask.bool()
-            positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+            positions = real_positions(attention_mask)
             key_mask = attention_mask[:, None, None, :]  # callers pass a mask only where rows are padded
         return self._layers(input_ids, positions, key_mask, None, logits_from)
 

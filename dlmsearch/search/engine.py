@@ -234,7 +234,7 @@ class RolloutEngine:
         out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}
         out.update({name: torch.zeros(rows, width) for name in statistics - {"uniform"}})
 
-        def run(forward: Forward) -> tuple[dict[str, torch.Tensor], list | None, torch.Tensor]:
+        def run(forward: Forward) -> tuple[dict[str, torch.Tensor], list | None, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
             index, first = forward.rows, forward.first
             span, real = self._span(forward, attention[index])
             source = _within(index, None if forward.cached or shadow_length else copy_of)  # shadow rows are all computed
@@ -257,7 +257,7 @@ class RolloutEngine:
                 (sample[index], row_key[index] == 0) if "kl" in statistics else None,
                 (window[0][index] - first, shadow_length) if shadow_length else None,
             )
-            return part, kv, computed
+            return part, kv, computed, (span, real)
 
         if self.row_budget == "auto":
             key = (width - int(attention.long().argmax(dim=1).min()), width - from_column)
@@ -266,9 +266,8 @@ class RolloutEngine:
                 self.auto_budget = auto_row_budget(self.adapter.module, self.adapter.device, getattr(torch, self.adapter.dtype), *key, self.cache != "none")
         copy_of = None if group is None else _merged(tokens, group)
         for planned in self._plan(attention, sample, row_key, from_column, window, copy_of):
-            for forward, (part, kv, computed) in self._forward(planned, run, sample_uid):
+            for forward, (part, kv, computed, (span, real)) in self._forward(planned, run, sample_uid):
                 index = forward.rows
-                span, real = self._span(forward, attention[index])
                 written = real if forward.cached else torch.ones_like(real)  # a cached row: its own window only
                 at = (index[:, None].expand_as(span)[written], span[written])
                 for name, value in part.items():
@@ -289,10 +288,10 @@ class RolloutEngine:
     def _forward(
         self,
         forward: Forward,
-        run: Callable[[Forward], tuple[dict[str, torch.Tensor], list | None, torch.Tensor]],
+        run: Callable[[Forward], tuple],
         sample_uid: torch.Tensor,
         planned_rows: int | None = None,
-    ) -> Iterator[tuple[Forward, tuple[dict[str, torch.Tensor], list | None, torch.Tensor]]]:
+    ) -> Iterator[tuple[Forward, tuple]]:
         """Run one planned forward, yielding each piece that ran and its result.
 
         Out-of-memory back-off. When a forward of ``n`` rows runs out of memory (torch's or

@@ -2,10 +2,10 @@
 
 Every forward allocates and frees vocabulary-sized tensors (logits, their softmax: 258 MB at
 batch 32 x 16 columns x 126k words). With glibc's defaults each free hands the memory back to
-the system and the next forward page-faults it in again: measured on the benchmark's tiny model
-at batch 32 that took 21.6 ms of every forward's host time, against 2.9 ms once glibc keeps a
-pad of freed memory (``M_TOP_PAD`` and ``M_TRIM_THRESHOLD``; ``experiments/bench_before_after.py``
-shows the effect on tokens/s). CUDA tensors are unaffected: torch's caching allocator reuses them.
+the system and the next forward page-faults it in again: on the benchmark's tiny model at batch
+32 the host time per forward was 19.6 ms, against 2.7 ms once glibc keeps a pad of freed memory
+(``M_TOP_PAD`` and ``M_TRIM_THRESHOLD``; ``experiments/bench_before_after.py``, the table in
+``experiments/results/bench/before_after_tiny.md``). CUDA tensors are unaffected: torch's caching allocator reuses them.
 """
 
 from __future__ import annotations

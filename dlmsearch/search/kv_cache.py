@@ -129,15 +129,7 @@ class KVCache:
         have = self.layers[0][0].shape[2] - self.width
         if tail <= have:
             return
-        grown = []
-        for pair in self.layers:
-            bigger = []
-            for t in pair:
-                new = t.new_zeros(t.shape[0], t.shape[1], self.width + tail, t.shape[3])
-                new[:, :, : self.width] = t[:, :, : self.width]
-                bigger.append(new)
-            grown.append(tuple(bigger))
-        self.layers = grown
+        self.layers = [tuple(F.pad(t[:, :, : self.width], (0, 0, 0, tail)) for t in pair) for pair in self.layers]
 
     def window(self, slot: torch.Tensor, column: torch.Tensor, cache_visible: torch.Tensor, fresh_visible: torch.Tensor) -> CachedWindow:
         """The forward of ``[rows, length]`` queries against their slots' caches.
