@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dlmsearch.sweeps.stats import sign_test, wilson_interval
+from dlmsearch.stats import sign_test, wilson_interval
 
 Record = dict[str, Any]
 

@@ -22,8 +22,8 @@ from dlmsearch.records import percentile, read_records
 from dlmsearch.config import build, compose, to_plain
 from dlmsearch.distributed import Ranks
 from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.lookahead import Lookahead
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.components.lookahead import Lookahead
 from dlmsearch.tasks.base import Task, TaskItem
 
 

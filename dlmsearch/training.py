@@ -13,7 +13,7 @@ from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.denoiser import BidirectionalDenoiser
 from dlmsearch.search.driver import DecodeRequest
-from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.tasks.base import Task, TaskItem
 from dlmsearch.tasks.sudoku import SUDOKU_MASK_ID, SUDOKU_VOCAB, SudokuTask, puzzle_item
 from dlmsearch.tasks.sudoku_files import SudokuPuzzle

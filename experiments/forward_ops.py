@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.random_model import MASK_ID, VOCAB, build_model
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.engine.rollout import RolloutEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 METADATA = {"aten::view", "aten::reshape", "aten::transpose", "aten::expand", "aten::slice", "aten::select", "aten::as_strided",

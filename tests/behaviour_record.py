@@ -27,7 +27,7 @@ from conftest import NoRepeatVerifier, make_requests, text_decoder  # noqa: E402
 from dlmsearch.config import build, compose, decoder_presets  # noqa: E402
 from dlmsearch.models.loading import load_denoiser  # noqa: E402
 from dlmsearch.search.driver import DecodeRequest  # noqa: E402
-from dlmsearch.search.engine import RolloutEngine  # noqa: E402
+from dlmsearch.search.engine.rollout import RolloutEngine  # noqa: E402
 from dlmsearch.tasks.sudoku import SudokuTask  # noqa: E402
 from test_text_batching import GEN, adapter_for  # noqa: E402
 

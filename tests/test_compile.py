@@ -10,7 +10,7 @@ import conftest
 from conftest import text_decoder, tiny_denoiser
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.token_ops import bucket
-from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.engine.rollout import RolloutEngine
 from test_text_batching import BLOCK, MASK_ID, VOCAB, requests_for, tiny_family_model
 
 torch.set_num_threads(1)

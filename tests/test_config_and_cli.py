@@ -15,7 +15,7 @@ from hydra.errors import ConfigCompositionException
 from conftest import tiny_denoiser
 from dlmsearch.config import ConfigError, build, compose, decoder_presets
 from dlmsearch.run import run
-from dlmsearch.search.expansion import FixedDepth
+from dlmsearch.search.components.expansion import FixedDepth
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ["adalook", "dream", "ete", "fast_block", "fast_dllm", "fast_dllm_factor", "fixed_depth", "llada", "random"]

@@ -10,8 +10,8 @@ from torch import nn
 
 from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.randomness import hashed_uniform
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.records.randomness import hashed_uniform
 
 
 class CountingModule(nn.Module):
@@ -158,7 +158,7 @@ def test_text_model_path_must_be_a_local_model_directory(tmp_path) -> None:
 
 
 def test_an_automatic_row_budget_fits_the_device_and_changes_nothing(adapter) -> None:
-    from dlmsearch.search.memory import model_shape, row_bytes
+    from dlmsearch.search.engine.memory import model_shape, row_bytes
 
     shape = model_shape(adapter.module)
     assert row_bytes(shape, 64, 32, 4, False) > row_bytes(shape, 32, 16, 4, False) and row_bytes(shape, 32, 16, 4, True) > row_bytes(shape, 32, 16, 4, False)

@@ -8,7 +8,7 @@ import torch
 
 from conftest import text_decoder
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.engine.rollout import RolloutEngine
 from test_text_batching import BLOCK, GEN, MASK_ID, VOCAB, requests_for, tiny_family_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

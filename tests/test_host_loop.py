@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import make_requests, text_decoder
-from dlmsearch.search import engine as engine_module
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.state import Evaluation
+from dlmsearch.search.engine import rollout as engine_module
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.records.state import Evaluation
 
 torch.set_num_threads(1)
 

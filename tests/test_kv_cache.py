@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import text_decoder
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.kv_cache import KVCache, lanes_of
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.engine.cache_policy import KVCache, lanes_of
 from test_text_batching import ADAPTERS, BLOCK, requests_for
 
 torch.set_num_threads(1)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import make_requests, text_decoder
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.expansion import ConfidenceDepth, FixedDepth, VarianceGate
-from dlmsearch.search.lookahead import Lookahead
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.components.expansion import ConfidenceDepth, FixedDepth, VarianceGate
+from dlmsearch.search.components.lookahead import Lookahead
 
 
 def levels(decoder, adapter) -> list[Lookahead]:

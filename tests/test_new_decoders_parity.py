@@ -7,9 +7,9 @@ import torch
 
 from conftest import text_decoder
 from dlmsearch.models.loading import load_text_model
-from dlmsearch.search.commit import load_token_frequencies
+from dlmsearch.search.components.commit import load_token_frequencies
 from dlmsearch.search.driver import DecodeRequest
-from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.upstream import UPSTREAM, pc_sampler_module
 from test_sampling_parity import stable_topk
 from tiny_checkpoints import requires_upstream

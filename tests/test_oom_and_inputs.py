@@ -15,7 +15,7 @@ from torch import nn
 from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.run import check_writable
-from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.tasks.sudoku import SudokuTask
 from dlmsearch.tasks.sudoku_files import PuzzleFileError, load_puzzles, tier_path
 from dlmsearch.tasks.sudoku_grids import clue_conflict, grid_to_string

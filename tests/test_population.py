@@ -12,12 +12,12 @@ from conftest import MASK_ID, NoRepeatVerifier, make_requests, text_decoder
 from dlmsearch.config import ConfigError, build, compose, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.run import Decoding
-from dlmsearch.search.diversity import DistinctFirst, OrderTemperature, TokenTemperature
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.final_choice import MajorityVote
-from dlmsearch.search.population import Population
-from dlmsearch.search.population_hook import SinglePath
-from dlmsearch.search.resampling import KeepBest, SMCResampling
+from dlmsearch.search.width.diversity import DistinctFirst, OrderTemperature, TokenTemperature
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.width.final_choice import MajorityVote
+from dlmsearch.search.width.population import Population
+from dlmsearch.search.width.population_hook import SinglePath
+from dlmsearch.search.width.resampling import KeepBest, SMCResampling
 from dlmsearch.tasks.countdown import CountdownProblem, CountdownVerifier
 from dlmsearch.tasks.sudoku import SudokuTask, grids_to_tokens
 
@@ -214,7 +214,7 @@ def test_width_search_on_the_shipped_sudoku_model() -> None:
 
 
 def test_the_models_recheck_is_counted_as_one_more_step(adapter: ModelAdapter) -> None:
-    from dlmsearch.search.particle_scores import LogProbability, RemaskAgreement, WeightedSum
+    from dlmsearch.search.width.particle_scores import LogProbability, RemaskAgreement, WeightedSum
 
     requests = make_requests([3, 0, 5], 16, seed=4)
     population = Population(size=4, diversity=OrderTemperature(temperature=1.0))
@@ -242,7 +242,7 @@ populations = st.fixed_dictionaries({
 def test_population_invariants(adapter: ModelAdapter, config: dict, preset: str, prompts: list[int], seed: int) -> None:
     """Within every particle's lineage unmasking is monotonic and no committed or given cell
     changes; results do not depend on the batch or on how rows are chunked into calls."""
-    from dlmsearch.search.resampling import NoResampling
+    from dlmsearch.search.width.resampling import NoResampling
 
     population = Population(
         size=config["size"], diversity=config["diversity"], resampling=config["resampling"] or NoResampling(),

@@ -13,7 +13,7 @@ import torch
 
 from conftest import MASK_ID, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.engine.rollout import RolloutEngine
 
 
 def llada_reference(model, prompt: torch.Tensor, gen_length: int, block_length: int, steps: int) -> tuple[torch.Tensor, int]:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from conftest import MASK_ID, cached_adapter, make_requests, text_decoder
 from dlmsearch.config import ConfigError, build, compose, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.state import Layout
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.records.state import Layout
 
 REVISING = ("rcr", "remdm", "saber", "wino")
 NEW = (*REVISING, "eb_sampler", "pc_sampler", "klass")

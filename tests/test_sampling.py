@@ -15,10 +15,11 @@ from conftest import MASK_ID, VOCAB, cached_adapter, make_requests, text_decoder
 from dlmsearch.config import ConfigError, build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.loading import generation_defaults
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.sampling import Sampling, top_k_filter, top_p_filter
-from dlmsearch.search.state import Layout, initial_canvas
-from dlmsearch.search.stopping import answer_ended, fill_after_end
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.core.sampling import Sampling
+from dlmsearch.search.engine.summaries import top_k_filter, top_p_filter
+from dlmsearch.search.records.state import Layout, initial_canvas
+from dlmsearch.search.components.stopping import answer_ended, fill_after_end
 
 END, EOT = 21, 22  # the tiny models' stop tokens: 21 fills the tail, 22 ends an answer too
 

@@ -25,9 +25,9 @@ import torch
 from conftest import text_decoder
 from dlmsearch.models.loading import load_text_model
 from dlmsearch.search.driver import DecodeRequest
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.randomness import Stream, hashed_uniform
-from dlmsearch.search.sampling import inverse_cdf
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.records.randomness import Stream, hashed_uniform
+from dlmsearch.search.engine.summaries import inverse_cdf
 from dlmsearch.upstream import _dream_package, dream_generate, llada_generate, llada_generate_guided, llada_generate_module, pc_sampler_module
 from tiny_checkpoints import requires_upstream
 

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from conftest import MASK_ID, NoRepeatVerifier, make_requests, text_decoder
 from dlmsearch.config import decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.commit import DreamSchedule
+from dlmsearch.search.components.commit import DreamSchedule
 from dlmsearch.search.driver import SearchDecoder
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.state import Canvas
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.records.state import Canvas
 
 
 

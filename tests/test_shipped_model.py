@@ -12,7 +12,7 @@ import pytest
 from dlmsearch.config import build, compose
 from dlmsearch.models.loading import load_denoiser, shipped_sudoku_model_path
 from dlmsearch.search.driver import DecodeRequest
-from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.tasks.sudoku import SudokuTask
 
 MODEL_DIR = shipped_sudoku_model_path()

@@ -23,10 +23,10 @@ from conftest import make_requests, text_decoder
 from dlmsearch.config import CONF_DIR, ConfigError, build, compose, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.driver import SearchDecoder
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.expansion import ConfidenceDepth, FixedDepth, VarianceGate
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.components.expansion import ConfidenceDepth, FixedDepth, VarianceGate
 from dlmsearch.sweeps.collect import SweepError, collect, find_baseline, main, write_all
-from dlmsearch.sweeps.stats import pareto_front, sign_test, wilson_interval
+from dlmsearch.stats import pareto_front, sign_test, wilson_interval
 
 torch.set_num_threads(1)
 
@@ -333,7 +333,7 @@ def test_cli_multirun_of_an_experiment_is_collected(tmp_path: Path) -> None:
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0_fixed_d1_k4", "1_confdepth_D2_k4"]
     rows = read_csv(sweep / "sweep.csv")
     assert [(r["label"], r["baseline"], r["judged"]) for r in rows] == [("arm=fixed_d1", "True", "2"), ("arm=confdepth_D2", "False", "2")]
-    assert rows[1]["decoder.expansion._target_"] == "dlmsearch.search.expansion.ConfidenceDepth"
+    assert rows[1]["decoder.expansion._target_"] == "dlmsearch.search.components.expansion.ConfidenceDepth"
     assert float(rows[0]["mean_steps"]) > 0 and float(rows[0]["mean_row_forwards"]) >= float(rows[0]["mean_steps"])
     markdown = (sweep / "sweep.md").read_text()
     assert markdown.startswith("# ablate_gate sweep") and "## Paired against the baseline" in markdown

@@ -15,7 +15,7 @@ from dlmsearch.config import decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.search.driver import DecodeRequest
-from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.engine.rollout import RolloutEngine
 
 VOCAB, MASK_ID, GEN, BLOCK = 64, 63, 16, 8
 

@@ -15,7 +15,7 @@ import torch
 from conftest import text_decoder
 from dlmsearch.models.loading import load_text_model
 from dlmsearch.search.driver import DecodeRequest
-from dlmsearch.search.engine import RolloutEngine
+from dlmsearch.search.engine.rollout import RolloutEngine
 from tiny_checkpoints import dream_generate, llada_generate, llada_generate_cached, requires_upstream
 
 pytestmark = requires_upstream

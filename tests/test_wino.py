@@ -8,8 +8,8 @@ import torch
 from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.kv_cache import KVCache
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.engine.cache_policy import KVCache
 
 
 def native(layers: int) -> ModelAdapter:

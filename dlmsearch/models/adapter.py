@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from dlmsearch.models.transformer import real_positions
-from dlmsearch.search.sampling import Sampling
+from dlmsearch.core.sampling import Sampling
 
 if TYPE_CHECKING:
-    from dlmsearch.search.kv_cache import KVCache
+    from dlmsearch.search.engine.cache_policy import KVCache
 from dlmsearch.validation import check_choice, check_type
 
 

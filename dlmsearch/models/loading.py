@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.denoiser import BidirectionalDenoiser
-from dlmsearch.search.sampling import Sampling
+from dlmsearch.core.sampling import Sampling
 
 if TYPE_CHECKING:
     import torch

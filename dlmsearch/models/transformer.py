@@ -21,7 +21,7 @@ from dlmsearch.models import token_ops
 from dlmsearch.models.token_ops import ACTIVATIONS, Bucketed, rms_norm
 
 if TYPE_CHECKING:
-    from dlmsearch.search.kv_cache import CachedWindow
+    from dlmsearch.search.engine.cache_policy import CachedWindow
 
 KeyValues = tuple[torch.Tensor, torch.Tensor]  # [rows, kv_heads, columns, head_dim] each, rotated
 
@@ -107,7 +107,7 @@ class Block(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None, cached: tuple["CachedWindow", int] | None = None
     ) -> tuple[torch.Tensor, KeyValues]:
         """The block over the given columns. Without ``cached`` they are the whole canvas (or a
-        caller's explicit layout); with ``cached`` (a :class:`~dlmsearch.search.kv_cache.CachedWindow`
+        caller's explicit layout); with ``cached`` (a :class:`~dlmsearch.search.engine.cache_policy.CachedWindow`
         and this block's layer) they are each row's own columns, whose keys and values are
         written into the cache in place and attended together with the cached ones. Returns the
         new hidden states and this call's rotated keys and values (what a refresh stores).

@@ -12,11 +12,11 @@ Baselines are this same loop with the trigger set to never.
 
 The loop is a step function over a frozen :class:`DecodeState`: ``decode`` is ``start``, then
 ``state = step(state)`` until ``state.finished``, then ``finish``; a lookahead is a frozen
-:class:`~dlmsearch.search.lookahead.Lookahead` advanced one level per call.
+:class:`~dlmsearch.search.components.lookahead.Lookahead` advanced one level per call.
 
 Width search is the same loop over more rows: with a population of P, each sample holds P
 slots (particles), every step above runs for all slots of all samples at once, and after each
-round the population may end, stop or resample particles (``dlmsearch.search.population``).
+round the population may end, stop or resample particles (``dlmsearch.search.width.population``).
 """
 
 from __future__ import annotations
@@ -27,22 +27,22 @@ from typing import Callable
 import attrs
 import torch
 
-from dlmsearch.search.candidates import CandidateGenerator
-from dlmsearch.search.commit import CommitRule
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.expansion import ExpansionPolicy
-from dlmsearch.search.guidance import Guidance
-from dlmsearch.search.lookahead import Lookahead
-from dlmsearch.search.population_hook import PopulationHook, PopulationOutcome, SinglePath
-from dlmsearch.search.revision import NoRevision, Revision
-from dlmsearch.search.sampling import Sampling
-from dlmsearch.search.scorers import Scorer
-from dlmsearch.search.selectors import Selector
-from dlmsearch.search.slots import Slots
-from dlmsearch.search.state import Canvas, Evaluation, Layout, initial_canvas
-from dlmsearch.search.stopping import fill_after_end
-from dlmsearch.search.triggers import NeverTrigger, Trigger
-from dlmsearch.search.verifier import Verifier
+from dlmsearch.search.components.candidates import CandidateGenerator
+from dlmsearch.search.components.commit import CommitRule
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.components.expansion import ExpansionPolicy
+from dlmsearch.search.engine.guidance import Guidance
+from dlmsearch.search.components.lookahead import Lookahead
+from dlmsearch.search.width.population_hook import PopulationHook, PopulationOutcome, SinglePath
+from dlmsearch.search.components.revision import NoRevision, Revision
+from dlmsearch.core.sampling import Sampling
+from dlmsearch.search.components.scorers import Scorer
+from dlmsearch.search.components.selectors import Selector
+from dlmsearch.search.records.slots import Slots
+from dlmsearch.search.records.state import Canvas, Evaluation, Layout, initial_canvas
+from dlmsearch.search.components.stopping import fill_after_end
+from dlmsearch.search.components.triggers import NeverTrigger, Trigger
+from dlmsearch.search.records.verifier import Verifier
 
 BRANCH_KEYS = 1 << 16  # a row's randomness key: particle * BRANCH_KEYS + (0 for the root, 1 + branch)
 RECHECK_KEY = BRANCH_KEYS - 1  # the rows of a population's final re-check by the model
@@ -150,7 +150,7 @@ class SearchDecoder:
         Past ``deadline_s`` seconds, samples still decoding stop exploring and finish with the
         base commit rule alone (their results say so). ``verifier`` is the task's check of the
         batch's outputs, for populations that use one. ``on_lookahead`` sees every level of every
-        lookahead (:class:`~dlmsearch.search.lookahead.Lookahead`: depth, live branches, scores).
+        lookahead (:class:`~dlmsearch.search.components.lookahead.Lookahead`: depth, live branches, scores).
         """
         if not requests:
             return []

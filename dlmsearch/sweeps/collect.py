@@ -38,7 +38,7 @@ import attrs
 import yaml
 
 from dlmsearch import records as result_records
-from dlmsearch.sweeps.stats import pareto_front, wilson_interval
+from dlmsearch.stats import pareto_front, wilson_interval
 
 CONFIG_SECTIONS = ("decoder", "decoding", "task", "model", "engine", "seed", "batch_size", "deadline_s", "fallback")
 COSTS = {"mean_steps": "mean steps (sequential model calls)", "mean_row_forwards": "mean row-forwards (rows summed over calls)"}

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from dlmsearch.search.verifier import Verifier
+from dlmsearch.search.records.verifier import Verifier
 
 
 @attrs.frozen

@@ -13,9 +13,9 @@ from bench.random_model import MASK_ID, THRESHOLD, ReferenceView
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer
 from dlmsearch.search.driver import DecodeResult
-from dlmsearch.search.engine import RolloutEngine
-from dlmsearch.search.profile import ForwardProfile
-from dlmsearch.search.state import Layout, initial_canvas
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.engine.profile import ForwardProfile
+from dlmsearch.search.records.state import Layout, initial_canvas
 from dlmsearch.upstream import llada_generate, upstream_missing_reason
 
 

@@ -27,8 +27,8 @@ from typing import ClassVar, Protocol
 import attrs
 import torch
 
-from dlmsearch.search.commit import block_positions, remdm_loop_start, top_k_mask
-from dlmsearch.search.state import Canvas, Evaluation, Layout
+from dlmsearch.search.components.commit import block_positions, remdm_loop_start, top_k_mask
+from dlmsearch.search.records.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, number
 
 
@@ -78,7 +78,7 @@ SCHEDULES = ("linear", "cosine")
 
 @attrs.define
 class RunningConfidence:
-    """RCR's re-masking back to the schedule (pairs with :class:`~dlmsearch.search.commit.FillBlock`)."""
+    """RCR's re-masking back to the schedule (pairs with :class:`~dlmsearch.search.components.commit.FillBlock`)."""
 
     schedule: str = attrs.field(default="linear", validator=check_choice(*SCHEDULES))
     scope: str = attrs.field(default="generated", validator=check_choice("generated", "block"))
@@ -110,7 +110,7 @@ class RunningConfidence:
 
 @attrs.define
 class LoopRemask:
-    """ReMDM's loop (pairs with :class:`~dlmsearch.search.commit.ReMDMSchedule`, whose numbers it
+    """ReMDM's loop (pairs with :class:`~dlmsearch.search.components.commit.ReMDMSchedule`, whose numbers it
     takes): before each loop step of a block, re-mask the ``k`` committed positions of the block
     with the lowest confidence at commit."""
 
@@ -144,7 +144,7 @@ class LoopRemask:
 @attrs.define
 class ConfidenceDrop:
     """Saber's backtracking (Dong et al., arXiv 2510.18165; pairs with
-    :class:`~dlmsearch.search.commit.MeanConfidenceRule`): after a step that committed ``f``
+    :class:`~dlmsearch.search.components.commit.MeanConfidenceRule`): after a step that committed ``f``
     positions, re-mask the ``r = min(max(floor(n / 2), ceil(f / 8)), f - 1)`` committed positions
     whose top-1 probability fell most since the previous step (``Δ = c - c_prev``; +inf for
     positions the previous step did not see, so a new block backtracks into earlier ones, as the
@@ -177,7 +177,7 @@ class ConfidenceDrop:
 
 @attrs.define
 class NarrowOut:
-    """WINO's verification (pairs with :class:`~dlmsearch.search.commit.WideInRule`): when a step
+    """WINO's verification (pairs with :class:`~dlmsearch.search.components.commit.WideInRule`): when a step
     drafted more than one token, re-mask the block's earlier commits whose shadow probability
     (the probability of the token there given everything else, ``verify``) is below ``tau2``; if
     they are at least the previous step's accept count, only that count minus one, lowest first

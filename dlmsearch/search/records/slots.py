@@ -11,8 +11,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from dlmsearch.search.randomness import Stream, hashed_uniform
-from dlmsearch.search.state import Layout
+from dlmsearch.search.records.randomness import Stream, hashed_uniform
+from dlmsearch.search.records.state import Layout
 
 
 @attrs.frozen(eq=False)

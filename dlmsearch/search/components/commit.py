@@ -15,7 +15,7 @@ from typing import ClassVar, Protocol
 import attrs
 import torch
 
-from dlmsearch.search.state import Canvas, Evaluation, Layout
+from dlmsearch.search.records.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, check_type, number
 
 ORDERINGS = ("confidence", "margin", "neg_entropy", "random")
@@ -250,7 +250,7 @@ class EntropyBudget(_UntilBlockFull):
 
 @attrs.define
 class FillBlock:
-    """RCR's commit (pairs with :class:`~dlmsearch.search.revision.RunningConfidence`): every step
+    """RCR's commit (pairs with :class:`~dlmsearch.search.components.revision.RunningConfidence`): every step
     commits every masked position up to the end of the current block, for exactly
     ``max(1, steps // blocks)`` steps per block; the revision then re-masks back to the schedule."""
 
@@ -291,7 +291,7 @@ def block_positions(canvas: Canvas, layout: Layout) -> torch.Tensor:
 
 @attrs.define
 class ReMDMSchedule:
-    """ReMDM's schedule for LLaDA (pairs with :class:`~dlmsearch.search.revision.LoopRemask`):
+    """ReMDM's schedule for LLaDA (pairs with :class:`~dlmsearch.search.components.revision.LoopRemask`):
     each block gets ``S = steps / blocks`` plain steps (LLaDA's split, top-k by confidence) and,
     once ``floor(loop_start_frac * N)`` of its N positions are committed, ``loop_steps`` loop steps
     (None: ``S``, the authors' L = T = B) in which the ``k`` positions the revision re-masked
@@ -328,7 +328,7 @@ class ReMDMSchedule:
 @attrs.define
 class MeanConfidenceRule(_UntilBlockFull):
     """Saber's commit (Dong et al., arXiv 2510.18165; pairs with
-    :class:`~dlmsearch.search.revision.ConfidenceDrop`): the threshold is the mean confidence at
+    :class:`~dlmsearch.search.components.revision.ConfidenceDrop`): the threshold is the mean confidence at
     commit of every position committed so far (1 before the first); commit the masked positions
     up to the block end above it, and at least the ``n`` most confident."""
 
@@ -424,7 +424,7 @@ class StableConfidenceRule(_FixedSteps):
 @attrs.define
 class WideInRule(_UntilBlockFull):
     """WINO's draft (Hong et al., arXiv 2507.18578; pairs with
-    :class:`~dlmsearch.search.revision.NarrowOut`): commit the current block's masks with
+    :class:`~dlmsearch.search.components.revision.NarrowOut`): commit the current block's masks with
     ``c > tau1``, at most ``min(max(floor(0.7 |M|), 5), 20)`` of them (the most confident), and the
     most confident one where none clears ``tau1``. Asks the engine for ``verify`` (the shadow block)."""
 

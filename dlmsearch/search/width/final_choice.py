@@ -14,7 +14,7 @@ from typing import Protocol
 import attrs
 import torch
 
-from dlmsearch.search.verifier import Verifier
+from dlmsearch.search.records.verifier import Verifier
 
 
 class FinalChoice(Protocol):

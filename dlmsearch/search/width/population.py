@@ -8,8 +8,8 @@ they are scored (``score``) and which one is the output (``choice``); with a tas
 may end particles whose partial output breaks the task's rules (``prune_conflicts``) and stop a
 sample once a complete particle is accepted (``stop_when_accepted``). ``size: 1`` is the plain
 decoder, token for token. :class:`Population` implements the driver's
-:class:`~dlmsearch.search.population_hook.PopulationHook`; its bookkeeping is a frozen
-:class:`ParticleState` beside the slot table (:class:`~dlmsearch.search.slots.Slots`).
+:class:`~dlmsearch.search.width.population_hook.PopulationHook`; its bookkeeping is a frozen
+:class:`ParticleState` beside the slot table (:class:`~dlmsearch.search.records.slots.Slots`).
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from __future__ import annotations
 import attrs
 import torch
 
-from dlmsearch.search.diversity import Diversity, NoDiversity
-from dlmsearch.search.randomness import Stream, hashed_uniform
-from dlmsearch.search.final_choice import BestScore, FinalChoice
-from dlmsearch.search.particle_scores import ParticleView, WeightedSum
-from dlmsearch.search.particle_state import ParticleState
-from dlmsearch.search.population_hook import Evaluate, PopulationOutcome
-from dlmsearch.search.resampling import NoResampling, Resampling
-from dlmsearch.search.slots import Slots
-from dlmsearch.search.state import Canvas, Evaluation, Layout
-from dlmsearch.search.verifier import Verifier
+from dlmsearch.search.width.diversity import Diversity, NoDiversity
+from dlmsearch.search.records.randomness import Stream, hashed_uniform
+from dlmsearch.search.width.final_choice import BestScore, FinalChoice
+from dlmsearch.search.width.particle_scores import ParticleView, WeightedSum
+from dlmsearch.search.width.particle_state import ParticleState
+from dlmsearch.search.width.population_hook import Evaluate, PopulationOutcome
+from dlmsearch.search.width.resampling import NoResampling, Resampling
+from dlmsearch.search.records.slots import Slots
+from dlmsearch.search.records.state import Canvas, Evaluation, Layout
+from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.validation import check_type, number
 
 

@@ -12,7 +12,7 @@ from typing import Protocol
 import attrs
 import torch
 
-from dlmsearch.search.verifier import Verifier
+from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.validation import check_choice, check_type, number
 
 

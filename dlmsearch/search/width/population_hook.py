@@ -5,7 +5,7 @@ temperature of a slot's rows, the proposals the base rule commits from (``pertur
 happens after a round (``after_round``: the slot each slot continues from), which slot is each
 sample's output (``choose``) and what the result records about it (``outcome``). The hook's
 own bookkeeping is an opaque ``state`` the driver carries in its frozen decode state and hands
-back; :class:`SinglePath` (no state) is the default, and ``dlmsearch.search.population``
+back; :class:`SinglePath` (no state) is the default, and ``dlmsearch.search.width.population``
 implements the hook for width search.
 """
 
@@ -16,9 +16,9 @@ from typing import Any, Callable, Protocol
 import attrs
 import torch
 
-from dlmsearch.search.slots import Slots
-from dlmsearch.search.state import Canvas, Evaluation, Layout
-from dlmsearch.search.verifier import Verifier
+from dlmsearch.search.records.slots import Slots
+from dlmsearch.search.records.state import Canvas, Evaluation, Layout
+from dlmsearch.search.records.verifier import Verifier
 
 # One engine step for probe canvases of the given slots (the final re-check of a population).
 Evaluate = Callable[[Canvas, torch.Tensor], Evaluation]

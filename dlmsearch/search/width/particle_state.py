@@ -1,6 +1,6 @@
 """What a population keeps about its particles between rounds, as one frozen record.
 
-Apart from the slot table (:class:`~dlmsearch.search.slots.Slots`: who each slot is), this is
+Apart from the slot table (:class:`~dlmsearch.search.records.slots.Slots`: who each slot is), this is
 what a population learns as it goes: which particles are alive, what the verifier said, each
 family's ranks (who commits what when copies of one state split) and the per-sample counts
 behind ``live_particles``. Diversity components read it; only the population writes a new one.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from dlmsearch.search.slots import Slots
+from dlmsearch.search.records.slots import Slots
 
 
 @attrs.frozen(eq=False)

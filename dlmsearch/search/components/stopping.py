@@ -12,7 +12,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from dlmsearch.search.state import Canvas, Layout
+from dlmsearch.search.records.state import Canvas, Layout
 
 
 def answer_ended(canvas: Canvas, layout: Layout, stop_ids: torch.Tensor) -> torch.Tensor:

@@ -14,10 +14,10 @@ from typing import Protocol
 import attrs
 import torch
 
-from dlmsearch.search.particle_state import ParticleState
-from dlmsearch.search.randomness import Stream
-from dlmsearch.search.slots import Slots
-from dlmsearch.search.state import Canvas, Evaluation, Layout
+from dlmsearch.search.width.particle_state import ParticleState
+from dlmsearch.search.records.randomness import Stream
+from dlmsearch.search.records.slots import Slots
+from dlmsearch.search.records.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_type, number
 
 

@@ -7,7 +7,7 @@ from typing import ClassVar, Protocol
 import attrs
 import torch
 
-from dlmsearch.search.state import Canvas, Evaluation, Layout
+from dlmsearch.search.records.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, number
 
 

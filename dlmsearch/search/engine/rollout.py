@@ -21,15 +21,16 @@ import attrs
 import torch
 
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.guidance import combine, unconditional
-from dlmsearch.search.host_memory import keep_freed_memory
-from dlmsearch.search.kv_cache import MODES, KVCache
-from dlmsearch.search.memory import auto_row_budget
-from dlmsearch.search.profile import ForwardProfile
-from dlmsearch.search.randomness import Stream, hashed_uniform
-from dlmsearch.search.sampling import CONFIDENCE_SOURCES, Sampling, summarise_logits
-from dlmsearch.search.stability import DistributionHistory
-from dlmsearch.search.state import Evaluation
+from dlmsearch.search.engine.guidance import combine, unconditional
+from dlmsearch.search.engine.host_memory import keep_freed_memory
+from dlmsearch.search.engine.cache_policy import MODES, KVCache
+from dlmsearch.search.engine.memory import auto_row_budget
+from dlmsearch.search.engine.profile import ForwardProfile
+from dlmsearch.search.records.randomness import Stream, hashed_uniform
+from dlmsearch.core.sampling import CONFIDENCE_SOURCES, Sampling
+from dlmsearch.search.engine.summaries import summarise_logits
+from dlmsearch.search.engine.stability import DistributionHistory
+from dlmsearch.search.records.state import Evaluation
 from dlmsearch.validation import check_choice, check_type, number
 
 STATISTICS = ("margin", "entropy", "kl", "verify", "uniform")
@@ -202,7 +203,7 @@ class RolloutEngine:
         token sampling. Rows with equal ``group`` and the same tokens (particles of a sample that
         reached the same canvas) share one forward, counted once; each keeps its own draws.
         ``guidance`` > 0 forwards each row's unconditional copy (prompt masked) in the same call
-        and combines the logits (:mod:`~dlmsearch.search.guidance`); the copies count as rows.
+        and combines the logits (:mod:`~dlmsearch.search.engine.guidance`); the copies count as rows.
         """
         unknown = set(statistics) - set(STATISTICS)
         if unknown:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from dlmsearch.search.expansion import ExpansionPolicy
-from dlmsearch.search.state import Canvas, Evaluation
+from dlmsearch.search.components.expansion import ExpansionPolicy
+from dlmsearch.search.records.state import Canvas, Evaluation
 
 
 @attrs.frozen

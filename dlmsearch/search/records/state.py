@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from dlmsearch.search.rows import map_rows, put_rows, take_rows
+from dlmsearch.search.records.rows import map_rows, put_rows, take_rows
 
 
 @attrs.frozen
