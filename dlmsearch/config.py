@@ -17,6 +17,16 @@ CONF_DIR = Path(str(resources.files("dlmsearch") / "conf"))
 OmegaConf.register_new_resolver("package_data", lambda name: str(resources.files("dlmsearch") / "data" / name), replace=True)
 
 
+def _checkpoint_id(key: str, _parent_: DictConfig) -> Any:
+    """``${checkpoint:KEY}`` (conf/model/llada.yaml, dream.yaml): the id the model directory names, else its ``fallback_ids.KEY``."""
+    from dlmsearch.models.loading import preset_id  # imported only when a text preset resolves its ids
+
+    return preset_id(key, _parent_)
+
+
+OmegaConf.register_new_resolver("checkpoint", _checkpoint_id, replace=True)
+
+
 class ConfigError(ValueError):
     """A config value that cannot be used; the message names the key."""
 

@@ -23,6 +23,7 @@ from dlmsearch.config import build, compose, to_plain
 from dlmsearch.distributed import Ranks
 from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.plan import DecodePlan
 from dlmsearch.search.components.lookahead import Lookahead
 from dlmsearch.tasks.base import Task, TaskItem
 
@@ -44,7 +45,7 @@ class LookaheadLog:
             self.levels[uid] = []
 
     def __call__(self, look: Lookahead) -> None:
-        calls = self.engine.calls(look.slots).tolist()
+        calls = look.calls.tolist()
         scores = look.scores.view(len(look.slots), look.width).tolist()
         for s, slot in enumerate(look.slots.tolist()):
             live = look.live[s].tolist()
@@ -161,6 +162,19 @@ class Decoding:
     fallback: SearchDecoder | None = None
     deadline_s: float | None = None  # samples of a batch decode together: measured from the batch's start
     lookahead_log: LookaheadLog | None = None  # set: every lookahead level is kept for the trace
+    plans: dict[str, DecodePlan] = attrs.field(factory=dict)  # per decoder name: checked once (``prepare``), used by every batch
+
+    def prepare(self, items: list[TaskItem]) -> DecodePlan:
+        """Check the decoder (and the fallback) against the engine, the model and the task once,
+        before any forward: a refused combination fails here, with its one line, not once per item."""
+        if not items:
+            raise ValueError(f"task {self.task.name} has no items to decode")
+        gen_length = len(items[0].generation)
+        verifier = self.task.verifier([items[0].question])
+        for decoder in (self.decoder, self.fallback):
+            if decoder is not None:
+                self.plans[decoder.name] = decoder.plan(self.engine, gen_length, self.task.block_length, verifier)
+        return self.plans[self.decoder.name]
 
     def results(self, decoder: SearchDecoder, items: list[TaskItem], uids: list[int]) -> list[DecodeResult]:
         requests = [DecodeRequest(uid=u, prompt=i.prompt, generation=i.generation) for u, i in zip(uids, items)]
@@ -169,7 +183,10 @@ class Decoding:
         if log is not None:
             log.size = decoder.population.size
             log.start(uids)
-        return decoder.decode(self.engine, requests, self.task.block_length, deadline_s=self.deadline_s, verifier=verifier, on_lookahead=log)
+        plan = self.plans.get(decoder.name)
+        if plan is not None and plan.gen_length != len(items[0].generation):
+            plan = None  # a task with several generation lengths: checked per batch
+        return decoder.decode(self.engine, requests, self.task.block_length, deadline_s=self.deadline_s, verifier=verifier, on_lookahead=log, plan=plan)
 
     def record(self, item: TaskItem, result: DecodeResult, share: float, fallback: str | None = None) -> dict[str, Any]:
         record = {
@@ -221,7 +238,7 @@ class Decoding:
         return {"id": item.id, "error": message, "correct": None, "wall_seconds": round(self._elapsed(tick), 4)}, None
 
     def _elapsed(self, tick: float) -> float:
-        if str(self.engine.adapter.device).startswith("cuda"):
+        if str(self.engine.device).startswith("cuda"):
             torch.cuda.synchronize()
         return time.perf_counter() - tick
 
@@ -251,8 +268,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if int(cfg.batch_size) < 1:
         raise ValueError(f"batch_size must be at least 1, got {cfg.batch_size}")
     items = task.items()
+    plan = decoding.prepare(items)
     longest = max(items, key=lambda item: len(item.prompt) + len(item.generation))
-    adapter.check_length(len(longest.prompt) + len(longest.generation), f"the canvas of item {longest.id} (prompt {len(longest.prompt)} + generation {len(longest.generation)})")
+    engine.capabilities.check_length(len(longest.prompt) + len(longest.generation), f"the canvas of item {longest.id} (prompt {len(longest.prompt)} + generation {len(longest.generation)})")
     done: dict[str, dict[str, Any]] = {}
     for path in sorted(out.glob("results*.jsonl")):
         done.update(read_done(path))
@@ -286,7 +304,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     records = [done[item.id] for item in items if item.id in done]
     summary = {
         "decoder": decoder_name, "task": task.name, **summarise(records), **peak_memory_mb(), "world_size": ranks.world,
-        "sampling": engine.sampling.as_dict(),  # what was used: the engine's, the checkpoint's and the decoder's settings layered
+        "sampling": plan.sampling.as_dict(),  # what was used: the engine's, the checkpoint's and the decoder's settings layered
         "config": to_plain(cfg),
     }
     if ranks.rank == 0:

@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.random_model import MASK_ID, VOCAB, build_model
 from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,8 +55,8 @@ def measure(size: str, compile_: bool) -> dict[str, dict[str, int]]:
     out = {}
     for cache in ("none", "dual"):
         engine = RolloutEngine(adapter=adapter, cache=cache, compile=compile_)
-        engine.reset(1)
-        call = lambda: engine.evaluate(tokens, attention, zeros, zeros, zeros, frozenset(), prompt, window)  # noqa: E731
+        memory, sampling = engine.memory(1), engine.sampling_over(Sampling())
+        call = lambda: engine.evaluate(tokens, attention, zeros, zeros, zeros, zeros, memory, sampling, frozenset(), prompt, window)  # noqa: E731
         for _ in range(3):  # the first call refreshes the cache (dual); later ones hit it; compiles warm up
             call()
         out["dual-cache call (32-token window)" if cache == "dual" else "full forward (96 tokens)"] = counted(call)

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from conftest import text_decoder
 from dlmsearch.search.engine.rollout import RolloutEngine
-from dlmsearch.search.engine.cache_policy import KVCache, lanes_of
-from test_text_batching import ADAPTERS, BLOCK, requests_for
+from dlmsearch.models.kv_storage import KVStorage, lanes_of
+from test_text_batching import BLOCK, adapter_for, requests_for
 
 torch.set_num_threads(1)
 
@@ -37,7 +37,7 @@ def test_cached_attention_equals_the_window_spliced_into_the_cache(slot: list[in
     """Rows of one slot (lookahead branches) each see their own window; rows with different windows share one call."""
     torch.manual_seed(0)
     slots, heads, width, dim, length = 3, 2, 12, 4, 4
-    cache = KVCache("dual")
+    cache = KVStorage()
     cache.reset(slots)
     stored = [(torch.randn(slots, heads, width, dim), torch.randn(slots, heads, width, dim))]
     cache.store(torch.arange(slots), 0, stored, torch.tensor([[5, 9]] * slots), width)
@@ -62,11 +62,11 @@ def test_cached_attention_equals_the_window_spliced_into_the_cache(slot: list[in
         assert torch.allclose(attended[r, :, :n], expected[r], atol=1e-6), r
 
 
-class WatchedCache(KVCache):
-    """The engine's cache, recording each cached forward's distinct first columns and the cache's storage."""
+class WatchedStorage(KVStorage):
+    """The decode's key/value storage, recording each cached forward's distinct first columns and the storage's tensors."""
 
-    def __init__(self, mode: str) -> None:
-        super().__init__(mode)
+    def __init__(self) -> None:
+        super().__init__()
         self.forwards: list[int] = []
         self.storage: set[int] = set()
 
@@ -82,14 +82,20 @@ class CountingEngine(RolloutEngine):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        self.kv = WatchedCache(self.cache)
+        self.kv = WatchedStorage()
         self.per_call: list[int] = []
+
+    def memory(self, slots: int):
+        memory = super().memory(slots)
+        self.kv.reset(slots)
+        memory.kv = self.kv
+        return memory
 
     def evaluate(self, *args, **kwargs):
         before = len(self.kv.forwards)
-        evaluation = super().evaluate(*args, **kwargs)
+        result = super().evaluate(*args, **kwargs)
         self.per_call.append(len(self.kv.forwards) - before)
-        return evaluation
+        return result
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
@@ -97,7 +103,7 @@ class CountingEngine(RolloutEngine):
 def test_mixed_windows_make_one_forward_with_unchanged_tokens(preset: str, cache: str) -> None:
     """Samples on different blocks share one cached forward per call, each row its own window,
     with the tokens and counters each sample gets alone; the cache is written in place."""
-    adapter = ADAPTERS["llada", True]
+    adapter = adapter_for("llada", True)
     requests = requests_for([2, 9, 5, 12], seed=3)
     decoder = text_decoder(preset)
     engine = CountingEngine(adapter=adapter, cache=cache, row_budget=256)

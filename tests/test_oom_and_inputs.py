@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
+from dlmsearch.core.capabilities import ModuleFeatures
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.run import check_writable
 from dlmsearch.search.engine.rollout import RolloutEngine
@@ -59,8 +60,7 @@ class LimitedDenoiser(nn.Module):
 class LimitedNative(nn.Module):
     """The native text model behind a row limit, still able to cache keys and values."""
 
-    supports_kv_cache = True
-    takes_logits_from = True
+    features = ModuleFeatures(kv_cache=True, logits_from=True)
 
     def __init__(self, inner: nn.Module, limit: RowLimit) -> None:
         super().__init__()

@@ -51,9 +51,9 @@ def test_revising_decoders_terminate_keep_given_tokens_and_ignore_the_batch(
         assert torch.equal(result.tokens[given_cells], request.generation[given_cells])
         assert int(result.revisions[given_cells].sum()) == 0 and bool((result.commit_call[given_cells] == -1).all())
         assert not bool((result.tokens == MASK_ID).any())
-        budget = decoder.commit.block_budget or 0
-        bound = 16 + 1 + budget * 2 + decoder.revision.extra_rounds(Layout(gen_start=0, gen_length=16, block_length=8))
-        assert result.steps <= bound  # the driver's stated bound: gen_length + 1 + budget * blocks + the revision's extra rounds
+        plan = decoder.plan(RolloutEngine(adapter=adapter), 16, 8)
+        bound = 16 + 1 + (plan.block_budget or 0) * 2 + plan.revision.extra_rounds(Layout(gen_start=0, gen_length=16, block_length=8))
+        assert result.steps <= bound == plan.max_rounds()  # the stated bound: gen_length + 1 + budget * blocks + the revision's extra rounds
         assert result.row_forwards == result.steps
         if preset not in REVISING:  # monotone: every position committed once
             assert int(result.revisions.sum()) == 0
@@ -118,5 +118,5 @@ def test_saber_backtracks_but_always_makes_progress(adapter: ModelAdapter) -> No
 
 def test_klass_needs_the_full_distributions_and_refuses_a_cache() -> None:
     decoder = text_decoder("klass")
-    with pytest.raises(ValueError, match="kl statistic .* needs engine.cache=none"):
+    with pytest.raises(ValueError, match="kl statistic .* needs cache=none"):
         decoder.decode(RolloutEngine(adapter=cached_adapter(), cache="prefix"), make_requests([2], 16), 8)

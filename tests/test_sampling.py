@@ -69,8 +69,7 @@ def test_the_sampling_used_is_layered_user_checkpoint_decoder(tmp_path: Path) ->
     assert checkpoint == Sampling(temperature=0.3, top_k=7)
     adapter = ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB, generation_defaults=checkpoint)
     engine = RolloutEngine(adapter=adapter, top_k=3)
-    engine.reset(1, 1, Sampling(top_k=50, top_p=1.0, confidence="sampling"))
-    assert engine.sampling == Sampling(temperature=0.3, top_p=1.0, top_k=3, confidence="sampling")
+    assert engine.sampling_over(Sampling(top_k=50, top_p=1.0, confidence="sampling")) == Sampling(temperature=0.3, top_p=1.0, top_k=3, confidence="sampling")
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False, "temperature": 0.9}))
     assert generation_defaults(tmp_path).temperature == 0.0
     (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 2}))
@@ -105,11 +104,12 @@ def test_truncation_changes_confidence_only_where_it_is_read(adapter: ModelAdapt
     engine = RolloutEngine(adapter=adapter)
     layout = Layout(gen_start=4, gen_length=8, block_length=8)
     canvas = initial_canvas([torch.arange(4)], [torch.full((8,), MASK_ID)], layout, MASK_ID, MASK_ID)
-    args = (canvas.tokens, canvas.attention, torch.tensor([0]), torch.tensor([0]), torch.tensor([0]), frozenset({"margin", "entropy"}), 4)
+    zero = torch.tensor([0])
     evaluations = {}
     for name, sampling in {"plain": Sampling(), "model": Sampling(top_k=3), "sampling": Sampling(top_k=3, confidence="sampling")}.items():
-        engine.reset(1, 1, sampling)
-        evaluations[name] = engine.evaluate(*args)
+        evaluations[name], _ = engine.evaluate(
+            canvas.tokens, canvas.attention, zero, zero, zero, zero, engine.memory(1), engine.sampling_over(sampling), frozenset({"margin", "entropy"}), 4,
+        )
     plain, model, sampled = evaluations["plain"], evaluations["model"], evaluations["sampling"]
     assert torch.equal(plain.token, model.token) and torch.equal(plain.token, sampled.token)
     assert torch.equal(plain.confidence, model.confidence) and torch.equal(plain.entropy, model.entropy)
@@ -128,7 +128,7 @@ def test_guidance_counts_rows_not_steps_and_refuses_a_cache(adapter: ModelAdapte
     alone = [decode(text_decoder("adalook", "decoder.guidance.scale=1.5"), adapter, [r])[0] for r in requests]
     together = decode(text_decoder("adalook", "decoder.guidance.scale=1.5"), adapter, requests)
     assert all(torch.equal(x.tokens, y.tokens) for x, y in zip(alone, together))
-    with pytest.raises(ValueError, match="decoder.guidance.scale=1.5 needs engine.cache=none"):
+    with pytest.raises(ValueError, match="decoder.guidance.scale=1.5 needs cache=none"):
         text_decoder("llada", "decoder.guidance.scale=1.5").decode(RolloutEngine(adapter=cached_adapter(), cache="dual"), requests, 8)
 
 
@@ -192,5 +192,6 @@ def test_alg_temp_draws_positions_without_replacement(adapter: ModelAdapter) -> 
 
 def test_the_summary_records_the_sampling_used(stopping_adapter: ModelAdapter) -> None:
     engine = RolloutEngine(adapter=attrs.evolve(stopping_adapter, generation_defaults=Sampling(top_p=0.9)), temperature=0.5)
-    text_decoder("dream").decode(engine, make_requests([3], 16), 8)
-    assert engine.sampling.as_dict() == {"temperature": 0.5, "top_p": 0.9, "top_k": 50, "confidence": "sampling"}
+    decoder = text_decoder("dream")
+    decoder.decode(engine, make_requests([3], 16), 8)
+    assert decoder.plan(engine, 16, 8).sampling.as_dict() == {"temperature": 0.5, "top_p": 0.9, "top_k": 50, "confidence": "sampling"}

@@ -9,7 +9,7 @@ from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.search.engine.rollout import RolloutEngine
-from dlmsearch.search.engine.cache_policy import KVCache
+from dlmsearch.models.kv_storage import KVStorage
 
 
 def native(layers: int) -> ModelAdapter:
@@ -43,7 +43,7 @@ def test_the_shadow_runs_against_a_prefix_cache() -> None:
     tokens, attention = padded_rows()
     start = torch.tensor([6, 7])
     canvas, shadow, kv = adapter.shadow_logits(tokens, attention, 6, 14, start, 4)
-    cache = KVCache("prefix")
+    cache = KVStorage()
     cache.reset(2)
     cache.store(torch.arange(2), 0, kv, torch.tensor([[6, 14], [6, 14]]), 14)
     low = torch.tensor([6, 7])  # the second row's window starts a column later
@@ -92,8 +92,8 @@ def test_wino_verifies_and_remasks_counting_rows_not_steps(adapter: ModelAdapter
 def test_wino_is_refused_where_no_shadow_can_run(adapter: ModelAdapter) -> None:
     from conftest import cached_adapter
 
-    with pytest.raises(ValueError, match="needs engine.cache=none or prefix"):
+    with pytest.raises(ValueError, match="needs cache=none or prefix"):
         text_decoder("wino").decode(RolloutEngine(adapter=cached_adapter(), cache="dual"), make_requests([2], 16), 8)
     shifted = ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB, shift_logits=True)
-    with pytest.raises(ValueError, match="cannot run a shadow block"):
+    with pytest.raises(ValueError, match="needs a model that takes an explicit attention mask"):
         text_decoder("wino").decode(RolloutEngine(adapter=shifted), make_requests([2], 16), 8)

@@ -2,24 +2,27 @@
 
 Only the adapter knows a model family's quirks: its mask id, whether logits must be shifted
 right by one position (AR-initialised models such as Dream predict token ``i`` at ``i - 1``),
-how it takes a padding mask, and its device and dtype. Everything else reads ``mask_id`` from
-here (configs interpolate ``${model.mask_id}``).
+how it takes a padding mask, and its device and dtype. What the model can do is declared once,
+as a frozen :class:`~dlmsearch.core.capabilities.ModelCapabilities` (``capabilities``): the
+engine, the decode plan and the driver read that record, never the module. Everything else
+reads ``mask_id`` from here (configs interpolate ``${model.mask_id}``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
 from torch import nn
 
-from dlmsearch.models.transformer import real_positions
+from dlmsearch.core.capabilities import NO_FEATURES, ModelCapabilities, ModuleFeatures
 from dlmsearch.core.sampling import Sampling
-
-if TYPE_CHECKING:
-    from dlmsearch.search.engine.cache_policy import KVCache
+from dlmsearch.models.kv_storage import KVStorage
+from dlmsearch.models.transformer import real_positions
 from dlmsearch.validation import check_choice, check_type
+
+CACHE_POLICIES = ("none", "prefix", "dual")  # what a module that keeps keys and values can run
 
 
 @attrs.define(eq=False)
@@ -38,6 +41,8 @@ class ModelAdapter:
     deferred_ids: list[int] = attrs.field(factory=list)  # proposed with confidence 0, so committed last (confidence_eos_eot_inf)
     stop_ids: list[int] = attrs.field(factory=list)  # tokens that end an answer (EOS first: the tail is filled with it)
     generation_defaults: Sampling = attrs.field(factory=Sampling)  # the checkpoint's generation_config.json (temperature, top-p, top-k)
+    features: ModuleFeatures = attrs.field(init=False, default=NO_FEATURES)  # what the module declares (its ``features``)
+    capabilities: ModelCapabilities = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         checked = (("model.mask_id=", [self.mask_id]), ("suppressed token id ", self.suppressed_ids), ("deferred token id ", self.deferred_ids), ("stop token id ", self.stop_ids))
@@ -50,21 +55,28 @@ class ModelAdapter:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"model.device={self.device} but no CUDA device is available; use model.device=cpu")
         self.module = self.module.to(device=self.device, dtype=getattr(torch, self.dtype)).eval()
+        self.features = getattr(type(self.module), "features", NO_FEATURES)  # the one place a module's features are read
+        self.capabilities = ModelCapabilities(
+            name=type(self.module).__name__,
+            vocab_size=self.vocab_size,
+            mask_id=self.mask_id,
+            stop_ids=tuple(self.stop_ids),
+            max_length=self.max_length,
+            cache_policies=CACHE_POLICIES if self.features.kv_cache else ("none",),
+            shadow=self.features.explicit_attention and not self.shift_logits,
+            shift_logits=self.shift_logits,
+            honours_padding=self.honours_padding,
+            compiles=self.features.compiles,
+        )
 
     @property
     def never_proposed(self) -> list[int]:
         """Token ids whose logits are set to -inf before proposing: the mask, and any suppressed ids."""
         return [self.mask_id, *self.suppressed_ids]
 
-    def check_length(self, length: int, what: str) -> None:
-        """Fail before decoding when a canvas cannot fit the model."""
-        if self.max_length is not None and length > self.max_length:
-            raise ValueError(f"{what} is {length} tokens, longer than the model's maximum length of {self.max_length}")
-
-    @property
-    def caches(self) -> bool:
-        """Whether the module can run a window of columns against cached keys and values."""
-        return getattr(self.module, "supports_kv_cache", False)
+    def compile(self) -> None:
+        """The module's per-token work under torch.compile (``engine.compile=true``; checked against ``capabilities``)."""
+        self.module.compile_blocks()
 
     @torch.no_grad()
     def logits(self, tokens: torch.Tensor, attention_mask: torch.Tensor, keep_from: int = 0) -> torch.Tensor:
@@ -86,7 +98,7 @@ class ModelAdapter:
         mask = None if bool(attention_mask.all()) else attention_mask.to(self.device)
         start = max(low - 1, 0) if self.shift_logits else low
         kv = None
-        if self.caches:
+        if self.features.kv_cache:
             raw, kv = self.module.run(tokens, mask, start)
         else:
             output: Any = self.module(tokens, attention_mask=mask)
@@ -108,7 +120,7 @@ class ModelAdapter:
 
     @torch.no_grad()
     def cached_logits(
-        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: torch.Tensor, high: torch.Tensor, cache: "KVCache", slot: torch.Tensor,
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: torch.Tensor, high: torch.Tensor, cache: KVStorage, slot: torch.Tensor,
     ) -> torch.Tensor:
         """Float32 logits ``[rows, max(high - low), vocab_size]`` of each row's columns
         ``low[r]:high[r]`` (left-aligned; columns past a row's end are padding), forwarding only
@@ -132,15 +144,10 @@ class ModelAdapter:
             raw = raw.gather(1, read.to(raw.device)[..., None].expand(-1, -1, raw.shape[-1]))
         return raw[:, : int((high - low).max())]
 
-    @property
-    def lays_out_rows(self) -> bool:
-        """Whether the module takes an explicit attention mask and positions (WINO's shadow block)."""
-        return getattr(self.module, "takes_attention", False) and not self.shift_logits
-
     @torch.no_grad()
     def shadow_logits(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int | torch.Tensor, high: int, block_start: torch.Tensor, block_length: int,
-        cache: "tuple[KVCache, torch.Tensor] | None" = None,
+        cache: tuple[KVStorage, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list | None]:
         """Logits of columns ``low:high`` and of a *shadow* of each row's block in the same forward
         (WINO): ``block_length`` mask tokens appended at the positions of the block's columns
@@ -151,7 +158,7 @@ class ModelAdapter:
         ``low[r]:`` and the shadow are forwarded, against its cached columns before it; without,
         ``low`` is one column for all rows. Returns the canvas logits (left-aligned per row), the
         shadow's, and the canvas's keys and values (a full forward's, for refreshing a cache)."""
-        if not self.lays_out_rows:
+        if not self.capabilities.shadow:
             raise ValueError(f"{type(self.module).__name__} cannot run a shadow block (it takes no explicit attention mask, or its logits are shifted)")
         rows, width = tokens.shape
         low = torch.as_tensor(low).expand(rows)
@@ -188,7 +195,7 @@ class ModelAdapter:
         extended = torch.cat([tokens, shadow_tokens], dim=1).to(self.device)
         query_positions = torch.cat([positions, shadow_positions], dim=1).to(self.device)
         module = self.module
-        if hasattr(module, "run"):
+        if self.features.kv_cache:
             raw, fresh = module.run(extended, None, start, attention=attention.to(self.device), positions=query_positions)
             canvas_logits, shadow = raw[:, : high - start], raw[:, width - start :]
             kv = [(k[:, :, :width], v[:, :, :width]) for k, v in fresh]

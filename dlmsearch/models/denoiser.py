@@ -14,6 +14,8 @@ import attrs
 import torch
 from torch import nn
 
+from dlmsearch.core.capabilities import ModuleFeatures
+
 
 @attrs.frozen
 class DenoiserConfig:
@@ -31,7 +33,7 @@ class DenoiserConfig:
 class BidirectionalDenoiser(nn.Module):
     """Pre-norm transformer encoder predicting every position's token distribution."""
 
-    takes_attention = True  # forward() takes an explicit attention mask and positions (WINO's shadow block)
+    features = ModuleFeatures(explicit_attention=True)  # forward() takes an explicit attention mask and positions (WINO's shadow block)
 
     def __init__(self, config: DenoiserConfig) -> None:
         super().__init__()

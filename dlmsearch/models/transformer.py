@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dlmsearch.core.capabilities import ModuleFeatures
 from dlmsearch.models import token_ops
 from dlmsearch.models.token_ops import ACTIVATIONS, Bucketed, rms_norm
 
 if TYPE_CHECKING:
-    from dlmsearch.search.engine.cache_policy import CachedWindow
+    from dlmsearch.models.kv_storage import CachedWindow
 
 KeyValues = tuple[torch.Tensor, torch.Tensor]  # [rows, kv_heads, columns, head_dim] each, rotated
 
@@ -107,7 +108,7 @@ class Block(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None, cached: tuple["CachedWindow", int] | None = None
     ) -> tuple[torch.Tensor, KeyValues]:
         """The block over the given columns. Without ``cached`` they are the whole canvas (or a
-        caller's explicit layout); with ``cached`` (a :class:`~dlmsearch.search.engine.cache_policy.CachedWindow`
+        caller's explicit layout); with ``cached`` (a :class:`~dlmsearch.models.kv_storage.CachedWindow`
         and this block's layer) they are each row's own columns, whose keys and values are
         written into the cache in place and attended together with the cached ones. Returns the
         new hidden states and this call's rotated keys and values (what a refresh stores).
@@ -151,9 +152,9 @@ class BidirectionalTransformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    takes_logits_from = True  # the engine may ask for logits of the generation region only
-    supports_kv_cache = True  # the engine may keep keys and values between calls (prefix / dual cache)
-    takes_attention = True  # run() takes an explicit attention mask and positions (WINO's shadow block)
+    # logits of the generation region only; keys and values kept between calls (cache policies);
+    # an explicit attention mask and positions (WINO's shadow block); compiled per-token work
+    features = ModuleFeatures(kv_cache=True, explicit_attention=True, logits_from=True, compiles=True)
 
     def compile_blocks(self) -> None:
         """Run every block's per-token work compiled (fused norms, rotation and MLP), one graph

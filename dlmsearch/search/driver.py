@@ -12,7 +12,11 @@ Baselines are this same loop with the trigger set to never.
 
 The loop is a step function over a frozen :class:`DecodeState`: ``decode`` is ``start``, then
 ``state = step(state)`` until ``state.finished``, then ``finish``; a lookahead is a frozen
-:class:`~dlmsearch.search.components.lookahead.Lookahead` advanced one level per call.
+:class:`~dlmsearch.search.components.lookahead.Lookahead` advanced one level per call. The
+state carries everything per sample (the canvases, the counters, the slots' key/value and
+KLASS stores, the validated :class:`~dlmsearch.search.plan.DecodePlan`); the engine carries
+only the model, so :class:`~dlmsearch.search.session.DecodeSession` can admit and evict
+samples between steps.
 
 Width search is the same loop over more rows: with a population of P, each sample holds P
 slots (particles), every step above runs for all slots of all samples at once, and after each
@@ -27,22 +31,25 @@ from typing import Callable
 import attrs
 import torch
 
+from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.components.candidates import CandidateGenerator
 from dlmsearch.search.components.commit import CommitRule
-from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.components.expansion import ExpansionPolicy
-from dlmsearch.search.engine.guidance import Guidance
 from dlmsearch.search.components.lookahead import Lookahead
-from dlmsearch.search.width.population_hook import PopulationHook, PopulationOutcome, SinglePath
 from dlmsearch.search.components.revision import NoRevision, Revision
-from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.components.scorers import Scorer
 from dlmsearch.search.components.selectors import Selector
-from dlmsearch.search.records.slots import Slots
-from dlmsearch.search.records.state import Canvas, Evaluation, Layout, initial_canvas
 from dlmsearch.search.components.stopping import fill_after_end
 from dlmsearch.search.components.triggers import NeverTrigger, Trigger
+from dlmsearch.search.engine.guidance import Guidance
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.engine.slot_memory import SlotMemory
+from dlmsearch.search.plan import DecodePlan, make_plan
+from dlmsearch.search.records.slots import Slots
+from dlmsearch.search.records.state import Canvas, Evaluation, Layout, initial_canvas
+from dlmsearch.search.records.usage import Usage
 from dlmsearch.search.records.verifier import Verifier
+from dlmsearch.search.width.population_hook import PopulationHook, PopulationOutcome, SinglePath
 
 BRANCH_KEYS = 1 << 16  # a row's randomness key: particle * BRANCH_KEYS + (0 for the root, 1 + branch)
 RECHECK_KEY = BRANCH_KEYS - 1  # the rows of a population's final re-check by the model
@@ -79,11 +86,12 @@ class DecodeResult:
 @attrs.frozen
 class DecodeState:
     """Everything a batch's decoding carries between rounds: ``state = decoder.step(engine, state)``
-    until ``finished``. The counters live in the engine (per sample); the slot table, the
-    population's own state (opaque to the loop), the canvases, their cached evaluations and the
-    per-slot flags are here, so a caller can stream finished samples or a server admit new ones
-    between steps."""
+    until ``finished``. The plan, the slot table, the per-sample counters, the population's own
+    state (opaque to the loop), the canvases, their cached evaluations, the per-slot flags and
+    the slots' stores are here, none of it in the engine, so a caller can stream finished
+    samples or admit new ones between steps (:class:`~dlmsearch.search.session.DecodeSession`)."""
 
+    plan: DecodePlan
     layout: Layout
     canvas: Canvas  # [slots] every slot's canvas
     cache: Evaluation  # [slots] the latest evaluation of each slot's canvas
@@ -91,10 +99,16 @@ class DecodeState:
     late: torch.Tensor  # [slots] past the deadline: the base rule alone finishes it
     slots: Slots  # which sample and particle each slot is
     population: object  # the population hook's state (None for a population of one)
-    max_rounds: int
-    started: float  # time.monotonic() at the start, for the deadline
+    usage: Usage  # [samples] model calls, row- and token-forwards so far
+    rounds: torch.Tensor  # [samples] rounds each sample has been through (its own, wherever it joined)
+    memory: SlotMemory  # [slots] stored keys and values, KLASS's history (the one mutable part: device stores)
+    started: torch.Tensor  # [samples] time.monotonic() when each sample started, for the deadline
     round_index: int = 0
     finished: bool = False
+
+    @property
+    def max_rounds(self) -> int:
+        return self.plan.max_rounds()
 
 
 @attrs.define
@@ -131,7 +145,11 @@ class SearchDecoder:
     def statistics(self) -> frozenset[str]:
         """What the engine computes per position beyond token and confidence: only what the
         commit rule and the candidates read (no draws or summaries nobody uses)."""
-        return self.commit.statistics | getattr(self.candidates, "statistics", frozenset())
+        return self.commit.statistics | (self.candidates.statistics if self.candidates is not None else frozenset())
+
+    def plan(self, engine: RolloutEngine, gen_length: int, block_length: int, verifier: Verifier | None = None) -> DecodePlan:
+        """Every compatibility check, once, before any forward; the frozen plan batches decode from (:mod:`~dlmsearch.search.plan`)."""
+        return make_plan(self, engine, gen_length, block_length, verifier)
 
     def decode(
         self,
@@ -142,6 +160,7 @@ class SearchDecoder:
         deadline_s: float | None = None,
         verifier: Verifier | None = None,
         on_lookahead: Callable[[Lookahead], None] | None = None,
+        plan: DecodePlan | None = None,
     ) -> list[DecodeResult]:
         """Decode a batch; each sample's result is independent of the others in the batch.
 
@@ -151,10 +170,11 @@ class SearchDecoder:
         base commit rule alone (their results say so). ``verifier`` is the task's check of the
         batch's outputs, for populations that use one. ``on_lookahead`` sees every level of every
         lookahead (:class:`~dlmsearch.search.components.lookahead.Lookahead`: depth, live branches, scores).
+        ``plan`` (from :meth:`plan`) saves checking again per batch.
         """
         if not requests:
             return []
-        state = self.start(engine, requests, block_length, verifier)
+        state = self.start(engine, requests, block_length, verifier, plan)
         for _ in range(state.max_rounds):
             if state.finished:
                 break
@@ -164,47 +184,45 @@ class SearchDecoder:
                 raise RuntimeError(f"decoder {self.name!r} did not finish within {state.max_rounds} rounds")
         return self.finish(engine, state, verifier)
 
-    def start(self, engine: RolloutEngine, requests: list[DecodeRequest], block_length: int, verifier: Verifier | None = None) -> DecodeState:
-        """The state before the first round: checks the batch, lays out the canvases, resets the engine's counters."""
-        self.population.check(verifier)
-        if self.guidance.active and engine.cache != "none":
-            raise ValueError(
-                f"decoder.guidance.scale={self.guidance.scale} needs engine.cache=none (the unconditional rows would need "
-                f"key/value caches of their own); got engine.cache={engine.cache}"
-            )
-        if self.stop_at_eos and not engine.adapter.stop_ids:
-            raise ValueError("decoder.stop_at_eos needs the model's stop tokens (model.stop_ids); this model has none")
-        block_length = self.block_length or block_length
+    def start(
+        self, engine: RolloutEngine, requests: list[DecodeRequest], block_length: int, verifier: Verifier | None = None, plan: DecodePlan | None = None,
+    ) -> DecodeState:
+        """The state before the first round: checks the batch against the plan (made here when
+        none is given) and lays out the canvases; the counters start at zero."""
         gen_length = len(requests[0].generation)
-        if any(len(r.generation) != gen_length for r in requests):
-            raise ValueError("all requests of a batch must share one generation length")
-        layout = Layout(gen_start=max(len(r.prompt) for r in requests), gen_length=gen_length, block_length=block_length)
-        longest = max(requests, key=lambda r: len(r.prompt))
-        engine.adapter.check_length(len(longest.prompt) + gen_length, f"the canvas of sample uid {longest.uid} (prompt {len(longest.prompt)} + generation {gen_length})")
-        bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= engine.adapter.vocab_size)).any())]
-        if bad:
-            raise ValueError(f"prompt token ids outside the vocabulary [0, {engine.adapter.vocab_size}) in sample uid(s) {bad}")
-        self.commit.bind(layout)
-        self.revision.bind(layout, self.commit.block_budget)
+        plan = plan or self.plan(engine, gen_length, block_length, verifier)
+        self._check_requests(engine, plan, requests)
+        layout = plan.layout(max(len(r.prompt) for r in requests))
+        size = plan.population.size
         mask_id = engine.mask_id
-        size = self.population.size
         canvas = initial_canvas([r.prompt for r in requests for _ in range(size)], [r.generation for r in requests for _ in range(size)], layout, mask_id, pad_id=mask_id)
         slots = len(requests) * size
         slots_table = Slots.start(torch.tensor([r.uid for r in requests], dtype=torch.long), size, engine.seed)
-        engine.reset(len(requests), size, self.sampling)
-        # Every round commits at least one position per decoding slot, except the steps a fixed
-        # schedule may leave empty (Dream's first steps): at most its budget per block.
         return DecodeState(
+            plan=plan,
             layout=layout,
             canvas=canvas,
-            cache=Evaluation.empty(slots, layout.width, self.statistics),
+            cache=Evaluation.empty(slots, layout.width, plan.statistics),
             fresh=torch.zeros(slots, dtype=torch.bool),
             late=torch.zeros(slots, dtype=torch.bool),
             slots=slots_table,
-            population=self.population.start(slots_table),
-            max_rounds=gen_length + 1 + (self.commit.block_budget or 0) * layout.num_blocks + self.revision.extra_rounds(layout),
-            started=time.monotonic(),
+            population=plan.population.start(slots_table),
+            usage=Usage.zeros(len(requests)),
+            rounds=torch.zeros(len(requests), dtype=torch.long),
+            memory=engine.memory(slots),
+            started=torch.full((len(requests),), time.monotonic(), dtype=torch.float64),
         )
+
+    @staticmethod
+    def _check_requests(engine: RolloutEngine, plan: DecodePlan, requests: list[DecodeRequest]) -> None:
+        """What only the requests can show: one generation length, canvases that fit, ids in the vocabulary."""
+        if any(len(r.generation) != plan.gen_length for r in requests):
+            raise ValueError(f"all requests of a decode must share the plan's generation length ({plan.gen_length})")
+        longest = max(requests, key=lambda r: len(r.prompt))
+        engine.capabilities.check_length(len(longest.prompt) + plan.gen_length, f"the canvas of sample uid {longest.uid} (prompt {len(longest.prompt)} + generation {plan.gen_length})")
+        bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= plan.vocab_size)).any())]
+        if bad:
+            raise ValueError(f"prompt token ids outside the vocabulary [0, {plan.vocab_size}) in sample uid(s) {bad}")
 
     def step(
         self,
@@ -216,27 +234,29 @@ class SearchDecoder:
         on_lookahead: Callable[[Lookahead], None] | None = None,
     ) -> DecodeState:
         """One round for every slot still decoding: evaluate, explore or exploit, commit, let the population act."""
-        layout, canvas, cache, slots, population = state.layout, state.canvas, state.cache, state.slots, state.population
-        fresh, late = state.fresh.clone(), state.late.clone()
-        active = canvas.masked.any(dim=1) & self.population.running(population, slots)
+        plan, layout, canvas, cache, slots, population = state.plan, state.layout, state.canvas, state.cache, state.slots, state.population
+        commit, revision = plan.commit, plan.revision
+        fresh, late, usage = state.fresh.clone(), state.late.clone(), state.usage
+        active = canvas.masked.any(dim=1) & plan.population.running(population, slots)
         if not bool(active.any()):
             return attrs.evolve(state, finished=True)
         need = (active & ~fresh).nonzero().squeeze(1)
         prior = cache  # the evaluations of the previous round (Saber compares confidences across steps)
         if need.numel():
-            cache = cache.put(need, self._evaluate(engine, slots, population, canvas.take(need), need, torch.zeros_like(need), layout))
+            evaluation, usage = self._evaluate(engine, state, usage, canvas.take(need), need, torch.zeros_like(need))
+            cache = cache.put(need, evaluation)
             fresh[need] = True
         rows = active.nonzero().squeeze(1)
         root, evaluation = canvas.take(rows), cache.take(rows)
-        if deadline_s is not None and time.monotonic() - state.started > deadline_s:
-            late |= active
+        if deadline_s is not None:
+            late |= active & (time.monotonic() - state.started[slots.owner] > deadline_s)
         explore = self.trigger.fires(root, evaluation, layout) & ~late[rows]
         exploit = ~explore
         explored = rows[explore]
         if explored.numel():
             # Explore: adopt the selected branch with the evaluation it already has. Unless
             # the selector asks for a fresh lookahead from it, exploit that evaluation at once.
-            adopted, adopted_eval, restart = self._lookahead(engine, slots, population, root.take(explore), evaluation.take(explore), explored, layout, on_lookahead)
+            adopted, adopted_eval, restart, usage = self._lookahead(engine, state, usage, root.take(explore), evaluation.take(explore), explored, on_lookahead)
             at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
             root, evaluation = root.put(at, adopted), evaluation.put(at, adopted_eval)
             canvas = canvas.put(explored, adopted)
@@ -246,82 +266,96 @@ class SearchDecoder:
         base = rows[exploit]
         if base.numel():
             sub, sub_eval = root.take(exploit), evaluation.take(exploit)
-            call = engine.calls(base)
-            proposals, population = self.population.perturb(sub_eval, sub, base, slots, population, call, layout)
-            chosen = self.commit.select(sub, proposals, layout)
-            revising = self.revision.revises
-            committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, self.commit.block_budget, self.commit.holds_block, advance=not revising)
+            call = usage.steps[slots.owner[base]]
+            proposals, population = plan.population.perturb(sub_eval, sub, base, slots, population, call, layout)
+            chosen = commit.select(sub, proposals, layout)
+            revising = revision.revises
+            committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, commit.block_budget, commit.holds_block, advance=not revising)
             if revising:  # the revision acts on the round's block, then the blocks advance
-                remask = self.revision.revise(sub, committed, layout, sub_eval, prior.take(base))
+                remask = revision.revise(sub, committed, layout, sub_eval, prior.take(base))
                 if remask is not None:
                     committed = committed.remask(remask, mask_id=engine.mask_id)
-                committed = committed.advance_blocks(layout, self.commit.block_budget, self.commit.holds_block)
+                committed = committed.advance_blocks(layout, commit.block_budget, commit.holds_block)
             canvas = canvas.put(base, committed)
             fresh[base] = False
-        if self.stop_at_eos:
-            canvas = fill_after_end(canvas, layout, torch.tensor(engine.adapter.stop_ids))
-        population, source = self.population.after_round(canvas, slots, population, layout, state.round_index, verifier)
+        if plan.stop_ids:
+            canvas = fill_after_end(canvas, layout, torch.tensor(plan.stop_ids))
+        population, source = plan.population.after_round(canvas, slots, population, layout, state.rounds, verifier)
         if source is not None:
             canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
-            engine.reorder_slots(source)
+            state.memory.reorder(source)
         if on_round is not None:
             on_round(canvas, source)
-        return attrs.evolve(state, canvas=canvas, cache=cache, fresh=fresh, late=late, population=population, round_index=state.round_index + 1)
+        return attrs.evolve(
+            state, canvas=canvas, cache=cache, fresh=fresh, late=late, population=population, usage=usage, rounds=state.rounds + 1, round_index=state.round_index + 1,
+        )
 
     def finish(self, engine: RolloutEngine, state: DecodeState, verifier: Verifier | None = None) -> list[DecodeResult]:
         """Each sample's output: the population's re-check and choice, then the chosen slot's result."""
-        layout, canvas, slots, population = state.layout, state.canvas, state.slots, state.population
-        recheck = lambda probe, rows: self._evaluate(engine, slots, population, probe, rows, torch.full_like(rows, RECHECK_KEY), layout)  # noqa: E731
-        chosen_slot = self.population.choose(canvas, slots, population, layout, verifier, recheck, engine.mask_id)
+        layout, canvas, slots, population, plan = state.layout, state.canvas, state.slots, state.population, state.plan
+        spent = [state.usage]  # the re-check's calls count too
+
+        def recheck(probe: Canvas, rows: torch.Tensor) -> Evaluation:
+            evaluation, spent[0] = self._evaluate(engine, state, spent[0], probe, rows, torch.full_like(rows, RECHECK_KEY))
+            return evaluation
+
+        chosen_slot = plan.population.choose(canvas, slots, population, layout, verifier, recheck, engine.mask_id)
         late_sample = state.late.view(slots.samples, slots.size).any(dim=1)
         return [
-            self._result(canvas, engine, slots, self.population.outcome(population, int(chosen_slot[i]), i), int(chosen_slot[i]), i, layout, bool(late_sample[i]))
+            self._result(canvas, spent[0], slots, plan.population.outcome(population, int(chosen_slot[i]), i), int(chosen_slot[i]), i, layout, bool(late_sample[i]))
             for i in range(slots.samples)
         ]
 
-    def _evaluate(self, engine: RolloutEngine, slots: Slots, population: object, canvas: Canvas, slot: torch.Tensor, branch_key: torch.Tensor, layout: Layout) -> Evaluation:
-        """One engine step for rows of these slots (``branch_key``: 0 for roots, 1 + branch)."""
+    def _evaluate(self, engine: RolloutEngine, state: DecodeState, usage: Usage, canvas: Canvas, slot: torch.Tensor, branch_key: torch.Tensor) -> tuple[Evaluation, Usage]:
+        """One engine call for rows of these slots (``branch_key``: 0 for roots, 1 + branch), and the usage after it."""
+        slots, plan = state.slots, state.plan
         row_key = slots.particle[slot] * BRANCH_KEYS + branch_key
-        return engine.evaluate(
+        owner = slots.owner[slot]
+        evaluation, cost = engine.evaluate(
             canvas.tokens,
             canvas.attention,
             slot,
             slots.uid[slot],
             row_key,
-            self.statistics,
-            layout.gen_start,
-            canvas.window(layout),
-            temperature=self.population.token_temperature(population, slots, slot),
+            usage.steps[owner],
+            state.memory,
+            plan.sampling,
+            plan.statistics,
+            state.layout.gen_start,
+            canvas.window(state.layout),
+            temperature=plan.population.token_temperature(state.population, slots, slot),
             group=None if slots.size == 1 else slots.owner[slot] * BRANCH_KEYS + branch_key,
-            guidance=self.guidance.scale,
+            guidance=plan.guidance,
         )
+        return evaluation, usage.charge(owner, cost)
 
     def _lookahead(
         self,
         engine: RolloutEngine,
-        slots: Slots,
-        population: object,
+        state: DecodeState,
+        usage: Usage,
         root: Canvas,
         evaluation: Evaluation,
         exploring: torch.Tensor,
-        layout: Layout,
         on_lookahead: Callable[[Lookahead], None] | None,
-    ) -> tuple[Canvas, Evaluation, torch.Tensor]:
+    ) -> tuple[Canvas, Evaluation, torch.Tensor, Usage]:
         """Roll hypotheses of all exploring slots level by level; the adopted branches, their
-        evaluations, and ``[S]`` restart flags (the selector wants a fresh lookahead from the
-        adopted state instead of exploiting it)."""
-        look = self._open(engine, root, evaluation, exploring, layout)
+        evaluations, ``[S]`` restart flags (the selector wants a fresh lookahead from the
+        adopted state instead of exploiting it), and the usage after it."""
+        look = self._open(state, usage, root, evaluation, exploring)
         while not look.done:
-            look = self._advance(engine, slots, population, look, layout)
+            look, usage = self._advance(engine, state, usage, look)
             if on_lookahead is not None:
                 on_lookahead(look)
         assert self.selector is not None
         adopted, adopted_eval = look.adopted(self.selector.best(look.scores.view(len(exploring), look.width), look.live))
-        return adopted, adopted_eval, look.restarted
+        return adopted, adopted_eval, look.restarted, usage
 
-    def _open(self, engine: RolloutEngine, root: Canvas, evaluation: Evaluation, slots: torch.Tensor, layout: Layout) -> Lookahead:
+    def _open(self, state: DecodeState, usage: Usage, root: Canvas, evaluation: Evaluation, slots: torch.Tensor) -> Lookahead:
         """Depth 1: each candidate position committed on a copy of its slot's root (not yet evaluated)."""
         assert self.candidates and self.expansion
+        layout, commit = state.layout, state.plan.commit
+        calls = usage.steps[state.slots.owner[slots]]
         positions, live = self.candidates.propose(root, evaluation, layout)
         samples, width = positions.shape
         rows = samples * width
@@ -331,12 +365,12 @@ class SearchDecoder:
         token = evaluation.token.repeat_interleave(width, dim=0)
         confidence = evaluation.confidence.repeat_interleave(width, dim=0)
         branch_id = torch.arange(width).repeat(samples)
-        branches = root.repeat(width).commit(first, token, confidence, engine.calls(slots.repeat_interleave(width)), 1, branch_id, layout, self.commit.block_budget, self.commit.holds_block)
+        branches = root.repeat(width).commit(first, token, confidence, calls.repeat_interleave(width), 1, branch_id, layout, commit.block_budget, commit.holds_block)
         return Lookahead(
             slots=slots,
             width=width,
             branches=branches,
-            evaluation=Evaluation.empty(rows, root.tokens.shape[1], self.statistics),
+            evaluation=Evaluation.empty(rows, root.tokens.shape[1], state.plan.statistics),
             scores=torch.zeros(rows),
             step_log_conf=torch.log(evaluation.confidence.gather(1, positions).clamp(min=1e-30)).flatten(),
             live=live,
@@ -344,24 +378,26 @@ class SearchDecoder:
             restarted=torch.zeros(samples, dtype=torch.bool),
             depth=1,
             expansion=self.expansion.plan(root, evaluation, layout),
+            calls=calls,
         )
 
-    def _advance(self, engine: RolloutEngine, slots: Slots, population: object, look: Lookahead, layout: Layout) -> Lookahead:
+    def _advance(self, engine: RolloutEngine, state: DecodeState, usage: Usage, look: Lookahead) -> tuple[Lookahead, Usage]:
         """One level: evaluate and score the rolling branches; then either finish, or let the
         expansion policy and the selector's re-evaluation decide who rolls on and commit the
         base rule once more on those branches."""
         assert self.scorer and self.selector
+        layout, commit = state.layout, state.plan.commit
         rows = look.rows()
         slot_row, branch_id = look.slot_row, look.branch_id
         sub = look.branches.take(rows)
-        sub_eval = self._evaluate(engine, slots, population, sub, slot_row[rows], 1 + branch_id[rows], layout)
+        sub_eval, usage = self._evaluate(engine, state, usage, sub, slot_row[rows], 1 + branch_id[rows])
         evaluation = look.evaluation.put(rows, sub_eval)
         gained = self.scorer.score(sub, sub_eval, layout, look.step_log_conf[rows])
         scores = look.scores.clone()
         scores[rows] = scores[rows] + gained if look.expansion.accumulate else gained
-        look = attrs.evolve(look, evaluation=evaluation, scores=scores)
+        look = attrs.evolve(look, evaluation=evaluation, scores=scores, calls=usage.steps[state.slots.owner[look.slots]])
         if look.depth >= look.expansion.max_depth:
-            return attrs.evolve(look, done=True)
+            return attrs.evolve(look, done=True), usage
         samples, width = look.live.shape
         grid = scores.view(samples, width)
         finished = (~look.branches.masked.any(dim=1)).view(samples, width)
@@ -376,26 +412,26 @@ class SearchDecoder:
             go = go & ~restart
         look = attrs.evolve(look, live=live, rolling=go, restarted=restarted)
         if not bool(go.any()):
-            return attrs.evolve(look, done=True)
+            return attrs.evolve(look, done=True), usage
         rows = look.rows()
         sub, sub_eval = look.branches.take(rows), evaluation.take(rows)
-        chosen = self.commit.select(sub, sub_eval, layout) & sub.masked
+        chosen = commit.select(sub, sub_eval, layout) & sub.masked
         logs = torch.where(chosen, torch.log(sub_eval.confidence.clamp(min=1e-30)), 0.0).sum(dim=1)
         step_log_conf = look.step_log_conf.clone()
         step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
         depth = look.depth + 1
-        rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, engine.calls(slot_row[rows]), depth, branch_id[rows], layout, self.commit.block_budget, self.commit.holds_block)
-        return attrs.evolve(look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth)
+        rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, usage.steps[state.slots.owner[slot_row[rows]]], depth, branch_id[rows], layout, commit.block_budget, commit.holds_block)
+        return attrs.evolve(look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth), usage
 
-    def _result(self, canvas: Canvas, engine: RolloutEngine, slots: Slots, outcome: PopulationOutcome, slot: int, sample: int, layout: Layout, late: bool) -> DecodeResult:
+    def _result(self, canvas: Canvas, usage: Usage, slots: Slots, outcome: PopulationOutcome, slot: int, sample: int, layout: Layout, late: bool) -> DecodeResult:
         gen = slice(layout.gen_start, layout.width)
         call = canvas.commit_call[slot, gen]
         return DecodeResult(
             uid=int(slots.uid[slot]),
             tokens=canvas.tokens[slot, gen].clone(),
-            steps=int(engine.steps[sample]),
-            row_forwards=int(engine.row_forwards[sample]),
-            token_forwards=int(engine.token_forwards[sample]),
+            steps=int(usage.steps[sample]),
+            row_forwards=int(usage.row_forwards[sample]),
+            token_forwards=int(usage.token_forwards[sample]),
             deadline_hit=late,
             tokens_committed=int((call >= 0).sum()),
             commit_call=call.clone(),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -13,10 +15,14 @@ from bench.random_model import MASK_ID, THRESHOLD, ReferenceView
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer
 from dlmsearch.search.driver import DecodeResult
+from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.engine.profile import ForwardProfile
 from dlmsearch.search.records.state import Layout, initial_canvas
-from dlmsearch.upstream import llada_generate, upstream_missing_reason
+
+# The reference loops are a test helper (tests/upstream.py), not part of the package.
+sys.path.append(str(Path(__file__).resolve().parents[2] / "tests"))
+from upstream import llada_generate, upstream_missing_reason  # noqa: E402
 
 
 def section_reference(bench: Bench, module: BidirectionalTransformer, adapter: ModelAdapter, plan: dict[str, Any]) -> None:
@@ -49,7 +55,7 @@ def section_reference(bench: Bench, module: BidirectionalTransformer, adapter: M
         print(f"  [1] reference loop skipped: {reason}", flush=True)
         bench.skip(name, "reference generate()", reason, batch=1, **settings)
     elif not bench.over_budget():
-        # Fast-dLLM is imported by dlmsearch.upstream from the local copy; nothing is copied.
+        # Fast-dLLM is imported by tests/upstream.py from the local copy; nothing is copied.
         view = ReferenceView(module)
         print("  [1] reference generate() and dlmsearch fast_dllm at b=1, interleaved ...", flush=True)
         measured = bench.measure_many({
@@ -96,9 +102,9 @@ def section_lookahead(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any])
 
         def call(k: int) -> None:
             tokens, attention, zeros, row_key, window = inputs[k]
-            engine.evaluate(tokens, attention, zeros, zeros, row_key, frozenset(), prompt_len, window)
+            engine.evaluate(tokens, attention, zeros, zeros, row_key, zeros, memory, sampling, frozenset(), prompt_len, window)
 
-        engine.reset(1)
+        memory, sampling = engine.memory(1), engine.sampling_over(Sampling())
         if cache != "none":  # the root's full forward fills the sample's cache for this window
             call(0)
         print(f"  [2] cache={cache}: rows 1, " + ", ".join(str(1 + k) for k in plan["ks"]) + " interleaved ...", flush=True)

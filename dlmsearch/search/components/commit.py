@@ -15,6 +15,7 @@ from typing import ClassVar, Protocol
 import attrs
 import torch
 
+from dlmsearch.search.components.bound import with_layout
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, check_type, number
 
@@ -74,8 +75,8 @@ class CommitRule(Protocol):
     statistics: frozenset[str]
     holds_block: bool  # stay in a block for the whole budget even when it is full (rules paired with a revision)
 
-    def bind(self, layout: Layout) -> None:
-        """Check the rule against the canvas layout before decoding starts."""
+    def bind(self, layout: Layout) -> "CommitRule":
+        """The rule for this canvas layout (checked; a bound copy where it counts steps per block): the decode plan's, never written."""
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         """``[R, T]`` bool: the positions to commit this step (masked ones only)."""
@@ -97,10 +98,10 @@ class _FixedSteps:
     def statistics(self) -> frozenset[str]:
         return statistics_for(self.ordering) | ({"uniform"} if self.alg_temp > 0 else set())
 
-    def bind(self, layout: Layout) -> None:
+    def bind(self, layout: Layout) -> "_FixedSteps":
         if self.steps % layout.num_blocks:
             raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
-        self.block_budget = self.steps // layout.num_blocks
+        return with_layout(self, block_budget=self.steps // layout.num_blocks)
 
     def ranking(self, canvas: Canvas, evaluation: Evaluation, eligible: torch.Tensor, layout: Layout) -> torch.Tensor:
         """What the step's top k are taken of: the ordering's scores, or their seeded draw at ``alg_temp``."""
@@ -137,8 +138,8 @@ class _UntilBlockFull:
     block_budget: ClassVar[None] = None
     holds_block: ClassVar[bool] = False
 
-    def bind(self, layout: Layout) -> None:
-        pass
+    def bind(self, layout: Layout) -> "_UntilBlockFull":
+        return self
 
 
 @attrs.define
@@ -186,8 +187,8 @@ class FastBlockRule:
     def block_budget(self) -> int:
         return self.budget
 
-    def bind(self, layout: Layout) -> None:
-        pass
+    def bind(self, layout: Layout) -> "FastBlockRule":
+        return self
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         chosen = canvas.masked & canvas.unlocked(layout) & (evaluation.confidence >= self.threshold)
@@ -259,8 +260,8 @@ class FillBlock:
     holds_block: ClassVar[bool] = True
     block_budget: int | None = attrs.field(init=False, default=None)
 
-    def bind(self, layout: Layout) -> None:
-        self.block_budget = max(1, self.steps // layout.num_blocks)
+    def bind(self, layout: Layout) -> "FillBlock":
+        return with_layout(self, block_budget=max(1, self.steps // layout.num_blocks))
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         return canvas.masked & canvas.unlocked(layout)
@@ -284,6 +285,27 @@ def remdm_loop_start(positions: torch.Tensor, plain: int, start_frac: float) -> 
     return reached.long().argmax(dim=1)
 
 
+REMDM_SCORE_BITS = 20  # ReMDM ranks confidences on a relative grid of 2^-20 (about 1e-6; 16 float32 ulps below 1)
+
+
+def on_grid(scores: torch.Tensor, bits: int = REMDM_SCORE_BITS) -> torch.Tensor:
+    """Scores rounded to ``bits`` significant bits: with ``x = m * 2^e`` (``m`` in [0.5, 1), ``frexp``),
+    ``round(m * 2^bits) * 2^(e - bits)``, half to even; zero and non-finite scores unchanged. Every
+    step is exact in the scores' own dtype, so equal inputs give equal grid values on any CPU.
+
+    The reason is ReMDM's ranking of confidences that saturate near 1: there commits a float32 ulp
+    (6e-8) or two apart are common (measured on the shipped Sudoku model: gaps of 0, 1.2e-7 and
+    2.4e-7 between the chosen and the first rejected position), and a CPU whose softmax and matmul
+    kernels round differently (AVX2 against AVX-512) moves them by about as much, so ranking the raw
+    floats makes the choice a matter of the CPU. On the grid such near-ties are exact ties, which
+    ``top_k_mask`` breaks by position (the earlier one): a rule, not rounding. Scores further apart
+    than the grid keep the authors' order; a choice can still move only where a score lies within
+    the CPUs' rounding of a grid boundary, a few in a hundred instead of every near-tie."""
+    mantissa, exponent = torch.frexp(scores)
+    rounded = torch.ldexp(torch.round(torch.ldexp(mantissa, torch.tensor(bits))), exponent - bits)
+    return torch.where(torch.isfinite(scores), rounded, scores)
+
+
 def block_positions(canvas: Canvas, layout: Layout) -> torch.Tensor:
     """``[R]`` positions of each row's current block that are not given (committed by the model or still masked)."""
     return (canvas.in_current_block(layout) & ((canvas.commit_call >= 0) | canvas.masked)).sum(dim=1)
@@ -295,7 +317,9 @@ class ReMDMSchedule:
     each block gets ``S = steps / blocks`` plain steps (LLaDA's split, top-k by confidence) and,
     once ``floor(loop_start_frac * N)`` of its N positions are committed, ``loop_steps`` loop steps
     (None: ``S``, the authors' L = T = B) in which the ``k`` positions the revision re-masked
-    before the step are committed again (top-k by confidence)."""
+    before the step are committed again (top-k by confidence). Confidences are ranked on
+    :func:`on_grid` (2^-20 relative), ties to the earlier position, so that near-ties do not
+    depend on the CPU's rounding."""
 
     steps: int = number(int, 1)
     k: int = number(int, 1, default=1)
@@ -306,11 +330,11 @@ class ReMDMSchedule:
     block_budget: int | None = attrs.field(init=False, default=None)
     plain: int = attrs.field(init=False, default=1)
 
-    def bind(self, layout: Layout) -> None:
+    def bind(self, layout: Layout) -> "ReMDMSchedule":
         if self.steps % layout.num_blocks:
             raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
-        self.plain = self.steps // layout.num_blocks
-        self.block_budget = self.plain + (self.loop_steps or self.plain)
+        plain = self.steps // layout.num_blocks
+        return with_layout(self, plain=plain, block_budget=plain + (self.loop_steps or plain))
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         assert self.block_budget is not None, "bind() the rule to a layout first"
@@ -322,7 +346,7 @@ class ReMDMSchedule:
         plain_step = torch.where(step < start, step, step - loop)
         k = torch.where(in_loop, self.k, llada_split(positions, self.plain, plain_step))
         eligible = canvas.masked & canvas.in_current_block(layout)
-        return top_k_mask(ordering_scores(evaluation, "confidence"), eligible, k)
+        return top_k_mask(on_grid(ordering_scores(evaluation, "confidence")), eligible, k)
 
 
 @attrs.define

@@ -31,6 +31,7 @@ class Lookahead:
     restarted: torch.Tensor  # [S] slots whose selector asked for a fresh lookahead from the adopted state
     depth: int  # commits applied to the branches so far
     expansion: ExpansionPolicy  # bound to these slots (``plan``)
+    calls: torch.Tensor  # [S] the model calls each slot's sample has made so far (traces)
     done: bool = False  # no slot rolls deeper: adopt
 
     @property

@@ -27,7 +27,8 @@ from typing import ClassVar, Protocol
 import attrs
 import torch
 
-from dlmsearch.search.components.commit import block_positions, remdm_loop_start, top_k_mask
+from dlmsearch.search.components.commit import block_positions, on_grid, remdm_loop_start, top_k_mask
+from dlmsearch.search.components.bound import with_layout
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, number
 
@@ -35,8 +36,8 @@ from dlmsearch.validation import check_choice, number
 class Revision(Protocol):
     revises: bool  # False: commits are final (the loop then skips nothing and checks nothing)
 
-    def bind(self, layout: Layout, block_budget: int | None) -> None:
-        """Check the revision against the layout and the commit rule's steps per block before decoding."""
+    def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
+        """The revision for this layout and the commit rule's steps per block (checked; a bound copy where it counts steps): the decode plan's, never written."""
 
     def extra_rounds(self, layout: Layout) -> int:
         """Rounds the revision may add to the driver's bound (0: it never costs net progress)."""
@@ -52,8 +53,8 @@ class NoRevision:
 
     revises: ClassVar[bool] = False
 
-    def bind(self, layout: Layout, block_budget: int | None) -> None:
-        return None
+    def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
+        return self
 
     def extra_rounds(self, layout: Layout) -> int:
         return 0
@@ -85,8 +86,8 @@ class RunningConfidence:
     steps: int = attrs.field(init=False, default=1)
     revises: ClassVar[bool] = True
 
-    def bind(self, layout: Layout, block_budget: int | None) -> None:
-        self.steps = _needs_steps("RunningConfidence", block_budget)
+    def bind(self, layout: Layout, block_budget: int | None) -> "RunningConfidence":
+        return with_layout(self, steps=_needs_steps("RunningConfidence", block_budget))
 
     def remaining(self, progress: torch.Tensor) -> torch.Tensor:
         """``g(r)``: the share of a block still masked after a fraction ``r`` of its steps (clipped to [1e-6, 1])."""
@@ -112,7 +113,10 @@ class RunningConfidence:
 class LoopRemask:
     """ReMDM's loop (pairs with :class:`~dlmsearch.search.components.commit.ReMDMSchedule`, whose numbers it
     takes): before each loop step of a block, re-mask the ``k`` committed positions of the block
-    with the lowest confidence at commit."""
+    with the lowest confidence at commit, ranked on
+    :func:`~dlmsearch.search.components.commit.on_grid` (2^-20 relative; ties: the earlier
+    position), as the schedule ranks them: commits a float32 ulp apart near 1 are common, and
+    their raw order is the CPU's rounding, not the model's."""
 
     k: int = number(int, 1, default=1)
     loop_steps: int | None = number(int, 1, optional=True, default=None)  # None: as many as plain steps
@@ -121,12 +125,12 @@ class LoopRemask:
     loop: int = attrs.field(init=False, default=1)
     revises: ClassVar[bool] = True
 
-    def bind(self, layout: Layout, block_budget: int | None) -> None:
+    def bind(self, layout: Layout, block_budget: int | None) -> "LoopRemask":
         total = _needs_steps("LoopRemask", block_budget)
-        self.loop = self.loop_steps or total // 2
-        self.plain = total - self.loop
-        if self.plain < 1:
+        loop = self.loop_steps or total // 2
+        if total - loop < 1:
             raise ValueError(f"decoder.revision.loop_steps={self.loop_steps} leaves no plain steps in the block's {total}")
+        return with_layout(self, loop=loop, plain=total - loop)
 
     def extra_rounds(self, layout: Layout) -> int:
         return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
@@ -138,7 +142,7 @@ class LoopRemask:
         if not bool(revising.any()):
             return None
         eligible = after.in_current_block(layout) & (after.commit_call >= 0)
-        return lowest(after.commit_confidence, eligible, torch.where(revising, self.k, 0))
+        return lowest(on_grid(after.commit_confidence), eligible, torch.where(revising, self.k, 0))
 
 
 @attrs.define
@@ -154,8 +158,8 @@ class ConfidenceDrop:
     n: int = number(int, 1, default=2)
     revises: ClassVar[bool] = True
 
-    def bind(self, layout: Layout, block_budget: int | None) -> None:
-        return None
+    def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
+        return self
 
     def extra_rounds(self, layout: Layout) -> int:
         return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
@@ -190,8 +194,8 @@ class NarrowOut:
     max_revising_steps: int = number(int, 1, default=64)
     revises: ClassVar[bool] = True
 
-    def bind(self, layout: Layout, block_budget: int | None) -> None:
-        return None
+    def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
+        return self
 
     def extra_rounds(self, layout: Layout) -> int:
         return self.max_revising_steps * layout.num_blocks

@@ -2,13 +2,15 @@
 
 It evaluates any flat set of rows (several samples, each with several hypotheses at any depth)
 in one forward call, chunked to ``row_budget`` rows, and returns per-position summaries that the
-components need. Vocabulary-sized tensors live only inside a call. It owns the counters:
-``steps`` (sequential model calls: every row of one call counts once per sample) and
-``row_forwards`` (rows summed over calls, the real compute of a search). Rows belong to *slots*
-(one partial canvas each: a sample's particle in a population search, else the sample itself);
-counters are per sample, key/value caches per slot. Rows of one group (a sample's particles at
-the same branch) that hold the same canvas are forwarded once and count once. A forward that
-runs out of device memory is split and retried (see ``RolloutEngine._forward``).
+components need, with what the call cost per row (:class:`~dlmsearch.search.records.usage.CallCost`).
+Vocabulary-sized tensors live only inside a call. Rows belong to *slots* (one partial canvas
+each: a sample's particle in a population search, else the sample itself); the engine keeps no
+per-sample state: the caller hands it each slot's stores (:class:`SlotMemory`: key/value storage,
+KLASS's history) and the sampling settings, and charges the cost to its own counters, so samples
+can join and leave a decode between calls. A cache policy (``cache=``) decides which rows run
+against stored keys and values. Rows of one group (a sample's particles at the same branch)
+that hold the same canvas are forwarded once and count once. A forward that runs out of device
+memory is split and retried (see ``RolloutEngine._forward``).
 """
 
 from __future__ import annotations
@@ -20,17 +22,20 @@ from typing import Callable, ContextManager, Iterator
 import attrs
 import torch
 
+from dlmsearch.core.capabilities import ModelCapabilities
+from dlmsearch.core.sampling import CONFIDENCE_SOURCES, Sampling
 from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.models.kv_storage import KVStorage
+from dlmsearch.search.engine.cache_policy import CachePolicy, NoCache, cache_policy
 from dlmsearch.search.engine.guidance import combine, unconditional
 from dlmsearch.search.engine.host_memory import keep_freed_memory
-from dlmsearch.search.engine.cache_policy import MODES, KVCache
 from dlmsearch.search.engine.memory import auto_row_budget
 from dlmsearch.search.engine.profile import ForwardProfile
-from dlmsearch.search.records.randomness import Stream, hashed_uniform
-from dlmsearch.core.sampling import CONFIDENCE_SOURCES, Sampling
+from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.engine.summaries import summarise_logits
-from dlmsearch.search.engine.stability import DistributionHistory
+from dlmsearch.search.records.randomness import Stream, hashed_uniform
 from dlmsearch.search.records.state import Evaluation
+from dlmsearch.search.records.usage import CallCost
 from dlmsearch.validation import check_choice, check_type, number
 
 STATISTICS = ("margin", "entropy", "kl", "verify", "uniform")
@@ -90,7 +95,7 @@ def _check_budget(value: object) -> None:
 
 @attrs.define(eq=False)
 class RolloutEngine:
-    """Batched, chunked, counted model evaluation, with an optional approximate KV cache."""
+    """Batched, chunked model evaluation with a cache policy; the model and the call machinery only."""
 
     adapter: ModelAdapter
     row_budget: int | str = attrs.field(default=64, validator=lambda _, a, v: _check_budget(v))  # rows per forward, or "auto"
@@ -100,16 +105,9 @@ class RolloutEngine:
     top_k: int | None = number(int, 1, optional=True, default=None)
     confidence: str | None = attrs.field(default=None, validator=check_choice(*CONFIDENCE_SOURCES, optional=True))
     seed: int = attrs.field(default=0, validator=check_type(int))
-    cache: str = attrs.field(default="none", validator=check_choice(*MODES))
+    cache: CachePolicy = attrs.field(factory=NoCache, converter=cache_policy)  # cache=none|prefix|dual (engine.cache=NAME: the same)
     compile: bool = attrs.field(default=False, validator=check_type(bool))  # the model's per-token work under torch.compile, bucketed
     profile: ForwardProfile | None = attrs.field(default=None, eq=False)  # set: every forward is timed (benchmarks)
-    steps: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
-    owner: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))  # [slots] the sample each slot belongs to
-    row_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
-    token_forwards: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
-    kv: KVCache = attrs.field(init=False)
-    history: DistributionHistory = attrs.field(init=False, factory=DistributionHistory)  # the ``kl`` statistic's memory
-    sampling: Sampling = attrs.field(init=False, factory=lambda: Sampling().resolved())  # what this batch samples with (see ``reset``)
     budget: int | None = attrs.field(init=False, default=None)  # row budget lowered after running out of memory; None: row_budget
     auto_budget: int | None = attrs.field(init=False, default=None)  # row_budget=auto: what fits the device for this canvas
     auto_key: tuple[int, int] | None = attrs.field(init=False, default=None)  # the canvas shape auto_budget was estimated for
@@ -117,21 +115,27 @@ class RolloutEngine:
     successes: int = attrs.field(init=False, default=0)  # successful forwards since the budget last changed
 
     def __attrs_post_init__(self) -> None:
-        if self.cache != "none" and not self.adapter.caches:
+        able = self.capabilities
+        if self.cache.name not in able.cache_policies:
             raise ValueError(
-                f"engine.cache={self.cache} needs a model that can cache keys and values (the native LLaDA and Dream "
-                f"models); {type(self.adapter.module).__name__} cannot: use engine.cache=none"
+                f"cache={self.cache.name} needs a model that can cache keys and values (the native LLaDA and Dream "
+                f"models); {able.name} cannot: use cache=none"
             )
-        self.kv = KVCache(self.cache)
         if not str(self.adapter.device).startswith("cuda"):
             keep_freed_memory()  # vocabulary-sized tensors are reused instead of page-faulted in every forward
         if self.compile:
-            if not hasattr(self.adapter.module, "compile_blocks"):
-                raise ValueError(
-                    f"engine.compile=true compiles the native LLaDA and Dream models' blocks; {type(self.adapter.module).__name__} "
-                    "has none: use engine.compile=false"
-                )
-            self.adapter.module.compile_blocks()
+            if not able.compiles:
+                raise ValueError(f"engine.compile=true compiles the native LLaDA and Dream models' blocks; {able.name} has none: use engine.compile=false")
+            self.adapter.compile()
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """What the model can do (cache policies, shadow block, logit shift, stop ids, vocabulary, compile)."""
+        return self.adapter.capabilities
+
+    @property
+    def device(self) -> str:
+        return self.adapter.device
 
     @property
     def mask_id(self) -> int:
@@ -154,27 +158,15 @@ class RolloutEngine:
         """The sampling settings given to the engine itself (``engine.temperature``, ``top_p``, ``top_k``, ``confidence``)."""
         return Sampling(self.temperature, self.top_p, self.top_k, self.confidence)
 
-    def reset(self, samples: int, particles: int = 1, decoder_sampling: Sampling | None = None) -> None:
-        """Zero the per-sample counters for a new batch of ``samples``, each with ``particles``
-        slots (consecutive: slot ``s * particles + p``), and settle the batch's sampling: each
-        setting the engine's own, else the checkpoint's ``generation_config.json``, else the
-        decoder's (its reference loop's defaults: Dream's top-k 50), else neutral."""
-        self.sampling = self.user_sampling.over(self.adapter.generation_defaults).over(decoder_sampling or Sampling()).resolved()
-        self.steps = torch.zeros(samples, dtype=torch.long)
-        self.row_forwards = torch.zeros(samples, dtype=torch.long)
-        self.token_forwards = torch.zeros(samples, dtype=torch.long)
-        self.owner = torch.arange(samples).repeat_interleave(particles)
-        self.kv.reset(samples * particles)
-        self.history.reset(samples * particles)
+    def sampling_over(self, decoder: Sampling) -> Sampling:
+        """A decode's sampling: each setting the engine's own, else the checkpoint's
+        ``generation_config.json``, else the decoder's (its reference loop's defaults: Dream's
+        top-k 50), else neutral."""
+        return self.user_sampling.over(self.adapter.generation_defaults).over(decoder).resolved()
 
-    def reorder_slots(self, source: torch.Tensor) -> None:
-        """Slot ``i`` takes over slot ``source[i]``'s cache (a population resampled its particles)."""
-        self.kv.reorder(source)
-        self.history.reorder(source)
-
-    def calls(self, slots: torch.Tensor) -> torch.Tensor:
-        """The model calls made so far by the samples these slots belong to."""
-        return self.steps[self.owner[slots]]
+    def memory(self, slots: int) -> SlotMemory:
+        """Empty per-slot stores for a decode of ``slots`` slots."""
+        return SlotMemory.for_slots(slots)
 
     def evaluate(
         self,
@@ -183,46 +175,46 @@ class RolloutEngine:
         sample: torch.Tensor,
         sample_uid: torch.Tensor,
         row_key: torch.Tensor,
+        call: torch.Tensor,
+        memory: SlotMemory,
+        sampling: Sampling,
         statistics: frozenset[str] = frozenset(),
         from_column: int = 0,
         window: tuple[torch.Tensor, torch.Tensor] | None = None,
         temperature: torch.Tensor | None = None,
         group: torch.Tensor | None = None,
         guidance: float = 0.0,
-    ) -> Evaluation:
-        """One step for every sample with a row here: forward all rows, summarise per position.
+    ) -> tuple[Evaluation, CallCost]:
+        """One model call for every row here: forward all rows, summarise per position.
 
-        ``sample`` is each row's slot (its sample's counters, its own cache); ``sample_uid`` (a dataset-wide id) and ``row_key`` (the
-        row's branch within its sample; 0 = the sample's root) key the seeded randomness. Only
-        columns from ``from_column`` on (the generation region) are summarised: prompt logits
-        are never computed where the model allows it, and read as the mask with confidence 0.
-        ``window`` (first and end column per row) is what the row is decoding; with a cache,
-        a root row refreshes its sample's cache when the window changes, and every row whose
-        sample's cache fits its window forwards only the window (columns outside it then read
-        as the mask with confidence 0). ``temperature`` (per row) overrides the engine's own for
-        token sampling. Rows with equal ``group`` and the same tokens (particles of a sample that
-        reached the same canvas) share one forward, counted once; each keeps its own draws.
-        ``guidance`` > 0 forwards each row's unconditional copy (prompt masked) in the same call
-        and combines the logits (:mod:`~dlmsearch.search.engine.guidance`); the copies count as rows.
+        ``sample`` is each row's slot (its stores in ``memory``); ``sample_uid`` (a dataset-wide
+        id), ``call`` (the model calls its sample has made before this one) and ``row_key`` (the
+        row's branch within its sample; 0 = the sample's root) key the seeded randomness.
+        ``sampling`` is the decode's resolved sampling settings. Only columns from
+        ``from_column`` on (the generation region) are summarised: prompt logits are never
+        computed where the model allows it, and read as the mask with confidence 0. ``window``
+        (first and end column per row) is what the row is decoding; the cache policy decides
+        which rows run against their slot's stored keys and values (only their columns are
+        forwarded; columns outside them then read as the mask with confidence 0) and which
+        refresh it. ``temperature`` (per row) overrides the decode's own for token sampling.
+        Rows with equal ``group`` and the same tokens (particles of a sample that reached the
+        same canvas) share one forward, counted once; each keeps its own draws. ``guidance`` > 0
+        forwards each row's unconditional copy (prompt masked) in the same call and combines the
+        logits (:mod:`~dlmsearch.search.engine.guidance`); the copies count as rows. Returns the
+        summaries and what the call cost per row (the caller charges it to the samples).
         """
         unknown = set(statistics) - set(STATISTICS)
         if unknown:
             raise ValueError(f"unknown statistics {sorted(unknown)}; available: {', '.join(STATISTICS)}")
-        if "kl" in statistics and self.cache != "none":
-            raise ValueError(f"the kl statistic (KLASS) compares full distributions step to step and needs engine.cache=none; got {self.cache}")
         shadow_length = 0
-        if "verify" in statistics:  # WINO: a shadow of the block being decoded, in the same forward
-            if self.cache == "dual" or guidance > 0 or window is None:
-                raise ValueError(f"the verify statistic (WINO's shadow block) needs engine.cache=none or prefix and no guidance; got engine.cache={self.cache}")
+        if "verify" in statistics:  # WINO: a shadow of the block being decoded, in the same forward (the plan checked the rest)
+            assert window is not None, "the verify statistic needs the rows' windows"
             lengths = torch.unique(window[1] - window[0])
             if len(lengths) != 1:
                 raise ValueError("the verify statistic needs every row to decode one block of the same length")
             shadow_length = int(lengths[0])
-        owner = self.owner[sample]
-        call = self.steps[owner]
-        self.steps[torch.unique(owner)] += 1
-        if temperature is None and self.sampling.temperature > 0:
-            temperature = torch.full((len(sample),), float(self.sampling.temperature))
+        if temperature is None and sampling.temperature > 0:
+            temperature = torch.full((len(sample),), float(sampling.temperature))
         sampled = temperature is not None and bool((temperature > 0).any())
         rows, width = tokens.shape
         # Seeded draws only where something reads them: the ordering's (``uniform``) and the token samples'.
@@ -234,6 +226,7 @@ class RolloutEngine:
             draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else None
         out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}
         out.update({name: torch.zeros(rows, width) for name in statistics - {"uniform"}})
+        row_cost, token_cost = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long)
 
         def run(forward: Forward) -> tuple[dict[str, torch.Tensor], list | None, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
             index, first = forward.rows, forward.first
@@ -250,12 +243,13 @@ class RolloutEngine:
                 sample_uid[index],
                 low - first,
                 high - first,
-                (self.kv, sample[index]) if forward.cached else None,
+                (memory.kv, sample[index]) if forward.cached else None,
+                sampling,
                 None if temperature is None else temperature[index],
                 None if bool(computed.all()) else source,
                 from_column - first,
                 guidance,
-                (sample[index], row_key[index] == 0) if "kl" in statistics else None,
+                (memory, sample[index], row_key[index] == 0) if "kl" in statistics else None,
                 (window[0][index] - first, shadow_length) if shadow_length else None,
             )
             return part, kv, computed, (span, real)
@@ -264,27 +258,28 @@ class RolloutEngine:
             key = (width - int(attention.long().argmax(dim=1).min()), width - from_column)
             if self.auto_key != key:  # estimated once per canvas shape
                 self.auto_key = key
-                self.auto_budget = auto_row_budget(self.adapter.module, self.adapter.device, getattr(torch, self.adapter.dtype), *key, self.cache != "none")
+                self.auto_budget = auto_row_budget(self.adapter.module, self.adapter.device, getattr(torch, self.adapter.dtype), *key, self.cache.stores)
         copy_of = None if group is None else _merged(tokens, group)
-        for planned in self._plan(attention, sample, row_key, from_column, window, copy_of):
+        shifted = self.capabilities.shift_logits
+        for planned in self._plan(attention, sample, row_key, from_column, window, memory.kv, copy_of):
             for forward, (part, kv, computed, (span, real)) in self._forward(planned, run, sample_uid):
                 index = forward.rows
                 written = real if forward.cached else torch.ones_like(real)  # a cached row: its own window only
                 at = (index[:, None].expand_as(span)[written], span[written])
                 for name, value in part.items():
                     out[name][at] = value[written]
-                counted = owner[index[computed]]
+                counted = index[computed]
                 copies = 2 if guidance > 0 else 1  # a guided row is forwarded with its unconditional copy
-                self.row_forwards.index_add_(0, counted, torch.full_like(counted, copies))
+                row_cost[counted] += copies
                 if forward.cached:  # the window (one column earlier for a shifted model), and a shadow block
                     low, high = forward.query[computed, 0], forward.query[computed, 1]
-                    self.token_forwards.index_add_(0, counted, copies * (high - low + (self.adapter.shift_logits & (low > 0)).long()) + shadow_length)
+                    token_cost[counted] += copies * (high - low + (shifted & (low > 0)).long()) + shadow_length
                 else:  # a shadow block is part of its row: more token-forwards, not more rows
-                    self.token_forwards.index_add_(0, counted, copies * attention[index[computed]].sum(dim=1) + shadow_length)
+                    token_cost[counted] += copies * attention[counted].sum(dim=1) + shadow_length
                 if forward.refresh.any():
                     keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
-                    self.kv.store(sample[index][forward.refresh], forward.first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
-        return Evaluation(uniform=uniform, **out)
+                    memory.kv.store(sample[index][forward.refresh], forward.first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
+        return Evaluation(uniform=uniform, **out), CallCost(rows=row_cost, tokens=token_cost)
 
     def _forward(
         self,
@@ -384,6 +379,7 @@ class RolloutEngine:
         row_key: torch.Tensor,
         from_column: int,
         window: tuple[torch.Tensor, torch.Tensor] | None,
+        storage: KVStorage,
         copy_of: torch.Tensor | None = None,
     ) -> list["Forward"]:
         """The forwards of one step: row chunks of at most ``current_budget`` rows.
@@ -391,20 +387,20 @@ class RolloutEngine:
         Columns that are padding in every row of a chunk are dropped, so a row costs the same
         alone or batched. A model that ignores the padding mask gets only rows of one prompt
         length per chunk, hence no padding at all: its results cannot depend on the batch.
-        With a cache, rows whose sample's cache fits their window are forwarded together, each
-        row its own window; the others get a full forward, whose keys and values refresh their sample's cache if
-        the row is the sample's root. Rows that repeat another row (``copy_of``) travel with it.
+        The cache policy names the rows that run against their slot's stored keys and values
+        (forwarded together, each row its own columns) and, among the others (a full forward),
+        those whose keys and values refresh their slot's storage. Rows that repeat another row
+        (``copy_of``) travel with it.
         """
         rows, width = attention.shape
         first = attention.long().argmax(dim=1)  # first real column of each row
-        if self.cache == "none" or window is None:
-            query, hit = torch.zeros(rows, 2, dtype=torch.long), torch.zeros(rows, dtype=torch.bool)
-        else:
-            query = self.kv.query(window[0], window[1], width)
-            hit = self.kv.hits(sample, query)
+        policy = self.cache if window is not None else NoCache()
+        query = policy.columns(window[0], window[1], width) if window is not None else torch.zeros(rows, 2, dtype=torch.long)
+        hit = policy.hits(storage, sample, query)
+        refreshes = policy.refreshes(hit, row_key == 0)
         groups: list[tuple[torch.Tensor, bool]] = []
         full = (~hit).nonzero().squeeze(1)
-        if self.adapter.honours_padding:
+        if self.capabilities.honours_padding:
             groups.append((full, False))
         else:
             groups += [(full[first[full] == f], False) for f in torch.unique(first[full]).tolist()]
@@ -413,7 +409,7 @@ class RolloutEngine:
         plan = []
         for index, cached in groups:
             for part in self._chunks(index, None if cached else copy_of):
-                refresh = ~hit[part] & (row_key[part] == 0) & (self.cache != "none") & (window is not None)
+                refresh = refreshes[part]
                 distinct = None if cached or copy_of is None else len(torch.unique(copy_of[part]))
                 start = 0 if cached else int(first[part].min())  # a cached row reads its whole canvas from the cache
                 plan.append(Forward(part, start, (from_column, width), cached, refresh, query[part], distinct))
@@ -429,12 +425,13 @@ class RolloutEngine:
         uid: torch.Tensor,
         low: int | torch.Tensor,
         high: int | torch.Tensor,
-        cache: tuple[KVCache, torch.Tensor] | None,
+        cache: tuple[KVStorage, torch.Tensor] | None,
+        sampling: Sampling,
         temperature: torch.Tensor | None = None,
         copy_of: torch.Tensor | None = None,
         prompt_end: int = 0,
         guidance: float = 0.0,
-        history: tuple[torch.Tensor, torch.Tensor] | None = None,
+        history: tuple[SlotMemory, torch.Tensor, torch.Tensor] | None = None,
         shadow: tuple[torch.Tensor, int] | None = None,
     ) -> tuple[dict[str, torch.Tensor], list | None]:
         with self._timed("summary"):
@@ -456,11 +453,11 @@ class RolloutEngine:
                 logits = logits[where]
                 kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
             logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
-            summaries = summarise_logits(logits, self.sampling, temperature, draw, statistics - {"kl", "verify", "uniform"})
+            summaries = summarise_logits(logits, sampling, temperature, draw, statistics - {"kl", "verify", "uniform"})
             if verify is not None:
                 summaries["verify"] = verify
-            if history is not None:  # (the rows' slots, which rows are roots); the columns start at the generation region
-                summaries["kl"] = self.history.step(logits, history[0], low - prompt_end, history[1])
+            if history is not None:  # (the slots' memory, the rows' slots, which rows are roots); the columns start at the generation region
+                summaries["kl"] = history[0].history.step(logits, history[1], low - prompt_end, history[2])
             token, confidence = summaries.pop("token"), summaries["confidence"]
             if self.adapter.deferred_ids:
                 deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))
@@ -480,7 +477,7 @@ class RolloutEngine:
 
     def _model(
         self, tokens: torch.Tensor, attention: torch.Tensor, low: int | torch.Tensor, high: int | torch.Tensor,
-        cache: tuple[KVCache, torch.Tensor] | None, prompt_end: int, guidance: float,
+        cache: tuple[KVStorage, torch.Tensor] | None, prompt_end: int, guidance: float,
     ) -> tuple[torch.Tensor, list | None]:
         """The rows' logits: against the cache (each row its own window), or of the columns
         ``low:high`` (guided: each row beside its unconditional copy in the same call, combined;

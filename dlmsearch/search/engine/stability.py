@@ -27,9 +27,17 @@ class DistributionHistory:
         self.probs, self.last, self.slots = None, None, slots
 
     def reorder(self, source: torch.Tensor) -> None:
-        """Slot ``i`` takes over slot ``source[i]``'s history (a population resampled)."""
+        """Slot ``i`` takes over slot ``source[i]``'s history (a population resampled; also: evicting, with fewer slots)."""
+        self.slots = len(source)
         if self.probs is not None and self.last is not None:
             self.probs, self.last = self.probs[source.to(self.probs.device)], self.last[source.to(self.last.device)]
+
+    def admit(self, slots: int) -> None:
+        """Append ``slots`` slots with no previous step (zeros, as before any slot's first step)."""
+        self.slots += slots
+        if self.probs is not None and self.last is not None:
+            self.probs = torch.cat([self.probs, self.probs.new_zeros(slots, *self.probs.shape[1:])])
+            self.last = torch.cat([self.last, self.last.new_zeros(slots, *self.last.shape[1:])])
 
     def step(self, logits: torch.Tensor, slots: torch.Tensor, start: int, store: torch.Tensor) -> torch.Tensor:
         """``[R, T]`` the larger of this step's and the previous step's divergence at generation

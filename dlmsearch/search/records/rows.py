@@ -1,4 +1,4 @@
-"""Row operations shared by every batch-of-rows record (canvases, evaluations).
+"""Row operations shared by every batch-of-rows record (canvases, evaluations, usage).
 
 Such records are attrs classes whose fields are tensors with a leading row dimension (or None
 for statistics nobody asked for); these functions return new records and never write in place.
@@ -47,4 +47,31 @@ def put_rows(record: Record, index: torch.Tensor, other: Record) -> Record:
             values[f.name] = theirs
         else:
             values[f.name] = mine.index_put((index,), theirs)
+    return type(record)(**values)
+
+
+def cat_rows(record: Record, other: Record) -> Record:
+    """``other``'s rows after ``record``'s (samples joining a decode); a field is None in the
+    result where it is None in both, and must be present in both otherwise."""
+    values = {}
+    for f in attrs.fields(type(record)):
+        mine, theirs = getattr(record, f.name), getattr(other, f.name)
+        if (mine is None) != (theirs is None):
+            raise ValueError(f"cannot join rows: {type(record).__name__}.{f.name} is present in one record only")
+        values[f.name] = None if mine is None else torch.cat([mine, theirs])
+    return type(record)(**values)
+
+
+def pad_columns(record: Record, columns: int, fill: dict[str, float] | None = None) -> Record:
+    """Every ``[rows, width]`` field with ``columns`` more columns on the left (left padding of a
+    wider canvas), holding ``fill[name]`` (0 where not named); per-row fields unchanged."""
+    if columns == 0:
+        return record
+    fill = fill or {}
+    values = {}
+    for f in attrs.fields(type(record)):
+        value = getattr(record, f.name)
+        if value is not None and value.dim() == 2:
+            value = torch.cat([torch.full((len(value), columns), fill.get(f.name, 0), dtype=value.dtype, device=value.device), value], dim=1)
+        values[f.name] = value
     return type(record)(**values)

@@ -36,6 +36,19 @@ class Slots:
             particle=torch.arange(size).repeat(samples),
         )
 
+    def joined(self, other: "Slots") -> "Slots":
+        """``other``'s slots after these, its samples numbered after these (samples joining a decode)."""
+        if (other.size, other.seed) != (self.size, self.seed):
+            raise ValueError(f"cannot join slot tables of sizes/seeds {(self.size, self.seed)} and {(other.size, other.seed)}")
+        cat = lambda a, b: torch.cat([a, b])  # noqa: E731
+        return Slots(self.size, self.seed, cat(self.uid, other.uid), cat(self.owner, other.owner + self.samples), cat(self.particle, other.particle))
+
+    def kept(self, samples: torch.Tensor) -> tuple["Slots", torch.Tensor]:
+        """The table of only these samples (renumbered in order), and the slots they keep."""
+        slot = (samples[:, None] * self.size + torch.arange(self.size)[None, :]).flatten()
+        owner = torch.arange(len(samples)).repeat_interleave(self.size)
+        return Slots(self.size, self.seed, self.uid[slot], owner, self.particle[slot]), slot
+
     @property
     def samples(self) -> int:
         return len(self.uid) // self.size

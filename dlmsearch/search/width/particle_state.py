@@ -69,3 +69,12 @@ class ParticleState:
             rank=torch.where(resampled, rank, self.rank),
             diverged=torch.where(resampled, self.diverged[source] & (family[source] == 1), self.diverged),
         )
+
+    def joined(self, other: "ParticleState") -> "ParticleState":
+        """``other``'s slots and samples after these (samples joining a decode)."""
+        return ParticleState(**{f.name: torch.cat([getattr(self, f.name), getattr(other, f.name)]) for f in attrs.fields(ParticleState)})
+
+    def kept(self, slots: torch.Tensor, samples: torch.Tensor) -> "ParticleState":
+        """Only these slots and samples (the others left the decode)."""
+        per_sample = {"stopped", "live_total", "rounds"}
+        return ParticleState(**{f.name: getattr(self, f.name)[samples if f.name in per_sample else slots] for f in attrs.fields(ParticleState)})

@@ -30,6 +30,11 @@ from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.validation import check_type, number
 
 
+def _check_prune(value: object) -> None:
+    if not (isinstance(value, bool) or value == "auto"):
+        raise ValueError(f"population.prune_conflicts must be true, false or auto, got {value!r}")
+
+
 @attrs.define
 class Population:
     """Particles per sample and the components that steer them (see the module doc)."""
@@ -39,25 +44,39 @@ class Population:
     resampling: Resampling = attrs.field(factory=NoResampling)
     choice: FinalChoice = attrs.field(factory=BestScore)
     score: WeightedSum = attrs.field(factory=WeightedSum)
-    prune_conflicts: bool = attrs.field(default=False, validator=check_type(bool))
+    prune_conflicts: bool | str = attrs.field(default=False, validator=lambda _, a, v: _check_prune(v))  # true | false | auto (where the verifier checks partial outputs)
     stop_when_accepted: bool = attrs.field(default=False, validator=check_type(bool))
 
     @property
     def needs_verifier(self) -> bool:
-        return self.prune_conflicts or self.stop_when_accepted or self.choice.needs_verifier or self.score.needs_verifier
+        return self.prune_conflicts is True or self.stop_when_accepted or self.choice.needs_verifier or self.score.needs_verifier
 
-    def check(self, verifier: Verifier | None) -> None:
-        """Fail before decoding when a component needs a verifier the task does not give."""
-        if self.needs_verifier and verifier is None:
+    def for_verifier(self, verifier: Verifier | None) -> "Population":
+        """The population as the task's verifier allows (the decode plan's; this one is not written):
+        ``prune_conflicts=auto`` prunes on partial outputs where the verifier checks them and
+        keeps only the final check where it does not; ``true`` needs such a verifier. Fails
+        before decoding when a component needs a verifier the task does not give."""
+        prune = self.prune_conflicts
+        if prune == "auto":
+            prune = verifier is not None and verifier.checks_partial
+        resolved = attrs.evolve(self, prune_conflicts=prune)
+        if resolved.needs_verifier and verifier is None:
             raise ValueError("this decoder's population needs a task verifier (prune_conflicts, stop_when_accepted, a verified or voted choice, or a consistency score); the task gives none")
-        if self.prune_conflicts and verifier is not None and not verifier.checks_partial:
+        if prune and verifier is not None and not verifier.checks_partial:
             raise ValueError(
                 f"population.prune_conflicts needs a verifier that checks partial outputs; this task's ({type(verifier).__name__}) "
-                "checks complete ones only: set decoder.population.prune_conflicts=false"
+                "checks complete ones only: set decoder.population.prune_conflicts=auto (prune where the task can) or false"
             )
+        return resolved
 
     def start(self, slots: Slots) -> ParticleState:
         return ParticleState.start(slots)
+
+    def join(self, state: ParticleState, other: ParticleState) -> ParticleState:
+        return state.joined(other)
+
+    def keep(self, state: ParticleState, slots: torch.Tensor, samples: torch.Tensor) -> ParticleState:
+        return state.kept(slots, samples)
 
     def running(self, state: ParticleState, slots: Slots) -> torch.Tensor:
         return state.running(slots)
@@ -113,11 +132,12 @@ class Population:
         return scores
 
     def after_round(
-        self, canvas: Canvas, slots: Slots, state: ParticleState, layout: Layout, round_index: int, verifier: Verifier | None,
+        self, canvas: Canvas, slots: Slots, state: ParticleState, layout: Layout, round_index: torch.Tensor, verifier: Verifier | None,
     ) -> tuple[ParticleState, torch.Tensor | None]:
         """End conflicting particles, judge finished ones, stop accepted samples, and resample
-        at the policy's rounds. Returns the new state and the slot each slot continues from
-        (None: unchanged)."""
+        at the policy's rounds (``round_index [samples]``: each sample's own round, so a sample
+        that joined a decode later resamples on its own schedule). Returns the new state and the
+        slot each slot continues from (None: unchanged)."""
         samples, size = slots.samples, self.size
         running = state.running(slots)
         open_ = canvas.masked.any(dim=1)
@@ -142,12 +162,13 @@ class Population:
         if self.stop_when_accepted:
             state = attrs.evolve(state, stopped=state.stopped | (state.alive & (state.verdict == 1)).view(samples, size).any(dim=1))
         every = self.resampling.every
-        if size == 1 or not every or (round_index + 1) % every:
+        due = (round_index + 1) % every == 0 if every else torch.zeros(samples, dtype=torch.bool)
+        if size == 1 or not bool(due.any()):
             return state, None
         scores = self.score(self.view(canvas, slots, layout, verifier))
         candidates = state.alive & ~state.stopped[slots.owner]
-        busy = (candidates & open_).view(samples, size).any(dim=1)  # resample only where something still decodes
-        uniform = hashed_uniform([torch.tensor(slots.seed), slots.uid.view(samples, size)[:, 0], torch.tensor(round_index), torch.tensor(Stream.RESAMPLING)])
+        busy = (candidates & open_).view(samples, size).any(dim=1) & due  # resample only where something still decodes
+        uniform = hashed_uniform([torch.tensor(slots.seed), slots.uid.view(samples, size)[:, 0], round_index, torch.tensor(Stream.RESAMPLING)])
         source = self.resampling.sources(
             scores.view(samples, size), state.base_score.view(samples, size), (candidates.view(samples, size) & busy[:, None]),
             tokens.view(samples, size, -1), uniform,

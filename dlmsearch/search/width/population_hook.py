@@ -36,11 +36,17 @@ class PopulationOutcome:
 class PopulationHook(Protocol):
     size: int  # particles per sample
 
-    def check(self, verifier: Verifier | None) -> None:
-        """Fail before decoding when the population needs what the task does not give."""
+    def for_verifier(self, verifier: Verifier | None) -> "PopulationHook":
+        """The population as this task's verifier allows (the decode plan's); fails when it needs what the task does not give."""
 
     def start(self, slots: Slots) -> Any:
         """The population's state before the first round."""
+
+    def join(self, state: Any, other: Any) -> Any:
+        """The state of a decode that ``other``'s samples joined (after this one's)."""
+
+    def keep(self, state: Any, slots: torch.Tensor, samples: torch.Tensor) -> Any:
+        """The state with only these slots and samples (the others left the decode)."""
 
     def running(self, state: Any, slots: Slots) -> torch.Tensor:
         """``[slots]`` the slots that may still decode."""
@@ -51,8 +57,8 @@ class PopulationHook(Protocol):
     def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: Any, call: torch.Tensor, layout: Layout) -> tuple[Evaluation, Any]:
         """The evaluation the base rule commits from at these slots, and the state after it."""
 
-    def after_round(self, canvas: Canvas, slots: Slots, state: Any, layout: Layout, round_index: int, verifier: Verifier | None) -> tuple[Any, torch.Tensor | None]:
-        """The state after a round and the slot each slot continues from (None: its own)."""
+    def after_round(self, canvas: Canvas, slots: Slots, state: Any, layout: Layout, round_index: torch.Tensor, verifier: Verifier | None) -> tuple[Any, torch.Tensor | None]:
+        """The state after a round (``round_index [samples]``: each sample's own) and the slot each slot continues from (None: its own)."""
 
     def choose(self, canvas: Canvas, slots: Slots, state: Any, layout: Layout, verifier: Verifier | None, evaluate: Evaluate, mask_id: int) -> torch.Tensor:
         """``[samples]`` the slot whose canvas is each sample's output."""
@@ -69,10 +75,16 @@ class SinglePath:
     def size(self) -> int:
         return 1
 
-    def check(self, verifier: Verifier | None) -> None:
-        return None
+    def for_verifier(self, verifier: Verifier | None) -> "SinglePath":
+        return self
 
     def start(self, slots: Slots) -> None:
+        return None
+
+    def join(self, state: None, other: None) -> None:
+        return None
+
+    def keep(self, state: None, slots: torch.Tensor, samples: torch.Tensor) -> None:
         return None
 
     def running(self, state: None, slots: Slots) -> torch.Tensor:
@@ -84,7 +96,7 @@ class SinglePath:
     def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: None, call: torch.Tensor, layout: Layout) -> tuple[Evaluation, None]:
         return evaluation, None
 
-    def after_round(self, canvas: Canvas, slots: Slots, state: None, layout: Layout, round_index: int, verifier: Verifier | None) -> tuple[None, None]:
+    def after_round(self, canvas: Canvas, slots: Slots, state: None, layout: Layout, round_index: torch.Tensor, verifier: Verifier | None) -> tuple[None, None]:
         return None, None
 
     def choose(self, canvas: Canvas, slots: Slots, state: None, layout: Layout, verifier: Verifier | None, evaluate: Evaluate, mask_id: int) -> torch.Tensor:

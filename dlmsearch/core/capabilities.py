@@ -1,0 +1,45 @@
+"""What a model can do, declared once: the record the engine, the plan and the driver read
+instead of probing the module.
+
+A module states its features in one class attribute, ``features`` (:class:`ModuleFeatures`; a
+module without one, such as a checkpoint's own remote code, has none of them); the adapter
+combines them with the checkpoint's ids into :class:`ModelCapabilities`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class ModuleFeatures:
+    """What a model body's forward offers beyond ``module(input_ids, attention_mask=...)``."""
+
+    kv_cache: bool = False  # run() returns keys and values; run_cached() forwards columns against stored ones
+    explicit_attention: bool = False  # takes an explicit attention mask and positions (WINO's shadow block)
+    logits_from: bool = False  # applies its vocabulary head only from a given column on
+    compiles: bool = False  # compile_blocks(): its per-token work under torch.compile
+
+
+NO_FEATURES = ModuleFeatures()
+
+
+@attrs.frozen
+class ModelCapabilities:
+    """A loaded model's vocabulary, ids and the decoding machinery it supports."""
+
+    name: str  # the module's class, for messages
+    vocab_size: int
+    mask_id: int
+    stop_ids: tuple[int, ...]  # tokens that end an answer (EOS first)
+    max_length: int | None
+    cache_policies: tuple[str, ...]  # the cache= policies it can run
+    shadow: bool  # WINO's shadow block in the same forward (explicit attention, unshifted logits)
+    shift_logits: bool  # logits at column i predict token i + 1 (AR-initialised: Dream)
+    honours_padding: bool  # False: rows are forwarded unpadded, grouped by prompt length
+    compiles: bool  # engine.compile=true
+
+    def check_length(self, length: int, what: str) -> None:
+        """Fail before decoding when a canvas cannot fit the model."""
+        if self.max_length is not None and length > self.max_length:
+            raise ValueError(f"{what} is {length} tokens, longer than the model's maximum length of {self.max_length}")

@@ -1,0 +1,48 @@
+"""What the engine keeps per slot between calls: stored keys and values, and KLASS's previous
+distributions. A decode session owns one and hands it to every engine call; the engine itself
+keeps no per-sample state, so samples can join and leave a decode between steps.
+
+Both stores are large device tensors that the engine's forwards read and write in place (a copy
+per step would cost what the cache saves), so this is the one mutable record of a decode: its
+methods keep its slots in step with the decode state's rows.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from dlmsearch.models.kv_storage import KVStorage
+from dlmsearch.search.engine.stability import DistributionHistory
+
+
+@attrs.define(eq=False)
+class SlotMemory:
+    """Per slot: the key/value storage a cache policy reads and refreshes, and the ``kl`` statistic's memory."""
+
+    kv: KVStorage = attrs.field(factory=KVStorage)
+    history: DistributionHistory = attrs.field(factory=DistributionHistory)
+
+    @classmethod
+    def for_slots(cls, slots: int) -> "SlotMemory":
+        memory = cls()
+        memory.kv.reset(slots)
+        memory.history.reset(slots)
+        return memory
+
+    def reorder(self, source: torch.Tensor) -> None:
+        """Slot ``i`` takes over slot ``source[i]``'s stores (a population resampled, or slots were evicted)."""
+        self.kv.reorder(source)
+        self.history.reorder(source)
+
+    def admit(self, slots: int, widen: int = 0) -> None:
+        """``slots`` new empty slots after the others; ``widen`` more columns of left padding in every canvas."""
+        self.kv.widen(widen)
+        self.kv.admit(slots)
+        self.history.admit(slots)
+
+    def split(self, slots: torch.Tensor) -> "SlotMemory":
+        """A copy holding only these slots' stores (finished samples taken out of a decode); this one is unchanged."""
+        part = SlotMemory(attrs.evolve(self.kv), attrs.evolve(self.history))
+        part.reorder(slots)
+        return part

@@ -1,0 +1,102 @@
+"""The decode plan: every compatibility check in one place, run once before any forward, and
+the frozen record a decode runs from.
+
+A decoder (trigger, commit rule, revision, population, guidance) meets a model (its
+:class:`~dlmsearch.core.capabilities.ModelCapabilities`), an engine (its cache policy), a
+generation layout (length and block length) and a task's verifier. Combinations that cannot
+work are refused here, each with one line naming the setting to change; what the layout fixes
+(a rule's steps per block, a revision's schedule) is bound into copies of the components, so
+the configured decoder is never written. A run builds its plan once and decodes every batch
+from it, so a refused combination fails once at the start, not once per item.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+from dlmsearch.core.sampling import Sampling
+from dlmsearch.search.components.commit import CommitRule
+from dlmsearch.search.components.revision import Revision
+from dlmsearch.search.records.state import Layout
+from dlmsearch.search.records.verifier import Verifier
+from dlmsearch.search.width.population_hook import PopulationHook
+
+if TYPE_CHECKING:
+    from dlmsearch.search.driver import SearchDecoder
+    from dlmsearch.search.engine.rollout import RolloutEngine
+
+
+@attrs.frozen
+class DecodePlan:
+    """What one decoder decodes with on one engine at one generation layout (checked, frozen)."""
+
+    name: str
+    gen_length: int
+    block_length: int
+    commit: CommitRule  # bound to the layout
+    revision: Revision  # bound to the layout and the rule's steps per block
+    population: PopulationHook  # what the task's verifier allows (e.g. pruning only where it checks partial outputs)
+    statistics: frozenset[str]  # what the engine computes per position beyond token and confidence
+    sampling: Sampling  # resolved: the engine's settings, else the checkpoint's, else the decoder's, else neutral
+    guidance: float
+    stop_ids: tuple[int, ...]  # empty unless the decoder stops at the end of the answer
+    vocab_size: int
+    mask_id: int
+
+    @property
+    def block_budget(self) -> int | None:
+        return self.commit.block_budget
+
+    def layout(self, gen_start: int) -> Layout:
+        """The canvas layout of a batch whose longest prompt ends at ``gen_start``."""
+        return Layout(gen_start=gen_start, gen_length=self.gen_length, block_length=self.block_length)
+
+    def max_rounds(self) -> int:
+        """A bound on a sample's rounds: every round commits at least one position per decoding
+        slot, except the steps a fixed schedule may leave empty (Dream's first steps: at most its
+        budget per block) and the rounds a revision may add."""
+        layout = self.layout(0)
+        return self.gen_length + 1 + (self.block_budget or 0) * layout.num_blocks + self.revision.extra_rounds(layout)
+
+
+def make_plan(decoder: "SearchDecoder", engine: "RolloutEngine", gen_length: int, block_length: int, verifier: Verifier | None) -> DecodePlan:
+    """Check the decoder against the engine, the model, the layout and the verifier; bind what the layout fixes."""
+    able = engine.capabilities
+    cache = engine.cache.name
+    block_length = decoder.block_length or block_length
+    statistics = decoder.statistics
+    if decoder.guidance.active and engine.cache.stores:
+        raise ValueError(
+            f"decoder.guidance.scale={decoder.guidance.scale} needs cache=none (the unconditional rows would need "
+            f"key/value caches of their own); got cache={cache}"
+        )
+    if decoder.stop_at_eos and not able.stop_ids:
+        raise ValueError("decoder.stop_at_eos needs the model's stop tokens (model.stop_ids); this model has none")
+    if "kl" in statistics and engine.cache.stores:
+        raise ValueError(f"the kl statistic (KLASS) compares full distributions step to step and needs cache=none; got cache={cache}")
+    if "verify" in statistics:
+        if cache not in ("none", "prefix") or decoder.guidance.active:
+            raise ValueError(f"the verify statistic (WINO's shadow block) needs cache=none or prefix and no guidance; got cache={cache}")
+        if not able.shadow:
+            raise ValueError(f"the verify statistic (WINO's shadow block) needs a model that takes an explicit attention mask and unshifted logits; {able.name} does not")
+    layout = Layout(gen_start=0, gen_length=gen_length, block_length=block_length)  # checks the block length against the generation
+    commit = decoder.commit.bind(layout)
+    revision = decoder.revision.bind(layout, commit.block_budget)
+    population = decoder.population.for_verifier(verifier)
+    sampling = engine.sampling_over(decoder.sampling)
+    return DecodePlan(
+        name=decoder.name,
+        gen_length=gen_length,
+        block_length=block_length,
+        commit=commit,
+        revision=revision,
+        population=population,
+        statistics=statistics,
+        sampling=sampling,
+        guidance=decoder.guidance.scale,
+        stop_ids=able.stop_ids if decoder.stop_at_eos else (),
+        vocab_size=able.vocab_size,
+        mask_id=able.mask_id,
+    )

@@ -1,0 +1,48 @@
+"""What each sample has spent: sequential model calls and the compute behind them.
+
+``steps`` counts the model calls a sample took part in (every row of one call counts once per
+sample: the latency a user waits for), ``row_forwards`` the rows forwarded for it (a lookahead's
+branches, a population's particles, a guided row's unconditional copy), ``token_forwards`` the
+canvas positions the model computed for it (what a cache saves). A decode keeps one record per
+sample and charges each engine call's cost to it; nothing is written in place.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from dlmsearch.search.records.rows import cat_rows, take_rows
+
+
+@attrs.frozen(eq=False)
+class CallCost:
+    """What one engine call computed, per row it was given (0 for a row that shared another's forward)."""
+
+    rows: torch.Tensor  # [R] long
+    tokens: torch.Tensor  # [R] long
+
+
+@attrs.frozen(eq=False)
+class Usage:
+    """Per sample ``[samples]``: model calls, row-forwards and token-forwards so far."""
+
+    steps: torch.Tensor
+    row_forwards: torch.Tensor
+    token_forwards: torch.Tensor
+
+    @classmethod
+    def zeros(cls, samples: int) -> "Usage":
+        return cls(*(torch.zeros(samples, dtype=torch.long) for _ in range(3)))
+
+    def charge(self, owner: torch.Tensor, cost: CallCost) -> "Usage":
+        """After one call of rows owned by samples ``owner [R]``: one more step for each of them, and the rows' cost."""
+        steps = self.steps.clone()
+        steps[torch.unique(owner)] += 1
+        return Usage(steps, self.row_forwards.index_add(0, owner, cost.rows), self.token_forwards.index_add(0, owner, cost.tokens))
+
+    def take(self, index: torch.Tensor) -> "Usage":
+        return take_rows(self, index)
+
+    def joined(self, other: "Usage") -> "Usage":
+        return cat_rows(self, other)

@@ -1,0 +1,163 @@
+"""A decode that samples join and leave between steps: what continuous batching stands on.
+
+``admit`` lays out new requests as the decoder's own ``start`` would and joins them to the
+running decode: canvases are left-padded to the longest prompt (the stored keys and values
+too), and slots, counters, rounds, stores and the population's state are appended. ``step``
+runs one round of the one decode loop for everything admitted and returns the results of the
+samples it finished, which leave the decode; ``evict`` drops samples early (a client went
+away). Every sample's tokens and counters are exactly what it gets decoded alone, whatever
+joins or leaves around it: its randomness is keyed by its uid and its own call count, its
+padding is invisible, and its rounds, deadline and population schedule are its own.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import torch
+
+from dlmsearch.search.driver import DecodeRequest, DecodeResult, DecodeState, SearchDecoder
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.plan import DecodePlan
+from dlmsearch.search.records.rows import cat_rows, pad_columns
+from dlmsearch.search.records.state import Evaluation
+from dlmsearch.search.records.verifier import Verifier
+
+# Left padding of a wider canvas: the pad token is the mask (as ``initial_canvas`` pads), nothing committed there.
+CANVAS_PADDING = {"commit_call": -1, "commit_depth": -1, "commit_branch": -1}
+
+
+def _evaluations(first: Evaluation, second: Evaluation) -> Evaluation:
+    """Rows of both; a statistic one of them never computed reads as zeros there (those rows are re-evaluated before use)."""
+    def zeros_for(record: Evaluation, like: torch.Tensor) -> torch.Tensor:
+        return like.new_zeros(len(record.token), like.shape[1])
+
+    missing_first = {f.name: zeros_for(first, getattr(second, f.name)) for f in attrs.fields(Evaluation) if getattr(first, f.name) is None and getattr(second, f.name) is not None}
+    missing_second = {f.name: zeros_for(second, getattr(first, f.name)) for f in attrs.fields(Evaluation) if getattr(second, f.name) is None and getattr(first, f.name) is not None}
+    return cat_rows(attrs.evolve(first, **missing_first), attrs.evolve(second, **missing_second))
+
+
+def join(state: DecodeState, other: DecodeState) -> DecodeState:
+    """``other``'s samples (just started, nothing stored yet) after ``state``'s, both laid out to the wider canvas."""
+    if (state.layout.gen_length, state.layout.block_length) != (other.layout.gen_length, other.layout.block_length):
+        raise ValueError("samples joining a decode must share its generation and block lengths")
+    gen_start = max(state.layout.gen_start, other.layout.gen_start)
+    wider, narrower = gen_start - state.layout.gen_start, gen_start - other.layout.gen_start
+    mask_id = state.plan.mask_id
+    pad = lambda canvas, columns: pad_columns(canvas, columns, {**CANVAS_PADDING, "tokens": mask_id})  # noqa: E731
+    pad_evaluation = lambda evaluation, columns: pad_columns(evaluation, columns, {"token": mask_id})  # noqa: E731  (as the engine reads a prompt column)
+    state.memory.admit(len(other.slots), widen=wider)
+    population = state.plan.population
+    return attrs.evolve(
+        state,
+        layout=state.plan.layout(gen_start),
+        canvas=cat_rows(pad(state.canvas, wider), pad(other.canvas, narrower)),
+        cache=_evaluations(pad_evaluation(state.cache, wider), pad_evaluation(other.cache, narrower)),
+        fresh=torch.cat([state.fresh, other.fresh]),
+        late=torch.cat([state.late, other.late]),
+        slots=state.slots.joined(other.slots),
+        population=population.join(state.population, other.population),
+        usage=state.usage.joined(other.usage),
+        rounds=torch.cat([state.rounds, other.rounds]),
+        started=torch.cat([state.started, other.started]),
+        finished=False,
+    )
+
+
+def keep(state: DecodeState, samples: torch.Tensor, memory: str = "move") -> DecodeState:
+    """The decode of only these samples (batch indices, in order). ``memory="move"`` narrows this
+    decode's stores to them (the others leave); ``"copy"`` gives the result its own copy and
+    leaves this decode's stores as they are (finished samples taken out to report them)."""
+    slots, slot = state.slots.kept(samples)
+    stores = state.memory.split(slot) if memory == "copy" else state.memory
+    if memory == "move":
+        stores.reorder(slot)
+    return attrs.evolve(
+        state,
+        canvas=state.canvas.take(slot),
+        cache=state.cache.take(slot),
+        fresh=state.fresh[slot],
+        late=state.late[slot],
+        slots=slots,
+        population=state.plan.population.keep(state.population, slot, samples),
+        usage=state.usage.take(samples),
+        rounds=state.rounds[samples],
+        started=state.started[samples],
+        memory=stores,
+    )
+
+
+@attrs.define(eq=False)
+class DecodeSession:
+    """One decode loop over a changing set of samples (a server's continuous batch)."""
+
+    decoder: SearchDecoder
+    engine: RolloutEngine
+    plan: DecodePlan
+    verifier: Verifier | None = None  # a population's task check: it must not depend on a sample's place in the decode (a question-free rule, or one keyed by uid)
+    deadline_s: float | None = None
+    state: DecodeState | None = None
+
+    @classmethod
+    def open(
+        cls, decoder: SearchDecoder, engine: RolloutEngine, gen_length: int, block_length: int, verifier: Verifier | None = None, deadline_s: float | None = None,
+    ) -> "DecodeSession":
+        """A session whose plan is checked once, before any request is admitted."""
+        return cls(decoder, engine, decoder.plan(engine, gen_length, block_length, verifier), verifier, deadline_s)
+
+    @property
+    def uids(self) -> list[int]:
+        """The samples decoding now, in their order in the decode."""
+        return [] if self.state is None else self.state.slots.uid.view(-1, self.state.slots.size)[:, 0].tolist()
+
+    def admit(self, requests: list[DecodeRequest]) -> None:
+        """Join these requests to the decode; they start at their first round."""
+        if not requests:
+            return
+        running = set(self.uids)
+        clash = sorted(running & {r.uid for r in requests})
+        if clash or len({r.uid for r in requests}) != len(requests):
+            raise ValueError(f"sample uid(s) {clash or [r.uid for r in requests]} are already decoding: every sample of a session needs its own uid")
+        new = self.decoder.start(self.engine, requests, self.plan.block_length, self.verifier, self.plan)
+        new = attrs.evolve(new, started=torch.full((len(requests),), time.monotonic(), dtype=torch.float64))
+        self.state = new if self.state is None else join(self.state, new)
+
+    def evict(self, uids: list[int]) -> None:
+        """Drop these samples now (no result); every other sample decodes on unchanged."""
+        if self.state is None:
+            return
+        gone = set(uids)
+        stay = torch.tensor([i for i, uid in enumerate(self.uids) if uid not in gone], dtype=torch.long)
+        self.state = None if len(stay) == 0 else keep(self.state, stay)
+
+    def step(self) -> list[DecodeResult]:
+        """One round for every sample admitted; the results of those it finished (they leave the decode)."""
+        if self.state is None:
+            return []
+        state = self.decoder.step(self.engine, self.state, self.verifier, self.deadline_s)
+        self.state = state
+        return self._take_finished()
+
+    def _take_finished(self) -> list[DecodeResult]:
+        assert self.state is not None
+        state = self.state
+        decoding = state.canvas.masked.any(dim=1) & state.plan.population.running(state.population, state.slots)
+        done = ~decoding.view(state.slots.samples, state.slots.size).any(dim=1)
+        if not bool(done.any()):
+            return []
+        finished = keep(state, done.nonzero().squeeze(1), memory="copy")
+        results = self.decoder.finish(self.engine, finished, self.verifier)
+        stay = (~done).nonzero().squeeze(1)
+        self.state = None if len(stay) == 0 else keep(state, stay)
+        return results
+
+    def run(self) -> list[DecodeResult]:
+        """Step until every admitted sample has finished; their results in the order they finished."""
+        results: list[DecodeResult] = []
+        limit = self.plan.max_rounds() + 1  # a sample's own rounds, wherever it joined
+        while self.state is not None:
+            results += self.step()
+            if self.state is not None and int(self.state.rounds.max()) > limit:
+                raise RuntimeError(f"decoder {self.plan.name!r} did not finish within {limit} rounds")
+        return results
