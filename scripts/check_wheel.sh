@@ -9,14 +9,22 @@ git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$work" --one-top-level=s
 python3 -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" "$work/src"
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install --quiet --upgrade pip
-"$work/venv/bin/python" -m pip install --quiet "torch==2.13.0"
+# the torch scripts/setup.sh installs (DLMSEARCH_TORCH, DLMSEARCH_TORCH_INDEX), first, as there
+read -ra torch_reqs <<< "${DLMSEARCH_TORCH:-torch==2.13.0}"
+"$work/venv/bin/python" -m pip install --quiet ${DLMSEARCH_TORCH_INDEX:+--index-url "$DLMSEARCH_TORCH_INDEX"} "${torch_reqs[@]}"
+torch_version() { "$work/venv/bin/python" -c "import importlib.metadata as m; print(m.version('torch'))"; }
+torch_before=$(torch_version)
 wheel=$(ls "$work"/dist/dlmsearch-*.whl)
-"$work/venv/bin/python" -m pip install --quiet "$wheel"
+"$work/venv/bin/python" -m pip install --quiet "$wheel"  # its dependencies, transformers included
+torch_after=$(torch_version)
+if [ "$torch_after" != "$torch_before" ]; then
+    echo "installing the wheel replaced torch $torch_before with $torch_after: a dependency range pulls another torch build" >&2
+    exit 1
+fi
 cd "$work"
 "$work/venv/bin/python" -m dlmsearch +decoder=adalook task.limit=4 batch_size=4 out_dir="$work/run" | tee "$work/out.txt"
 grep -q "adalook on sudoku: 4 items" "$work/out.txt"
-# the text default run needs the tokenizer library (the hf extra): the shipped Countdown model
-"$work/venv/bin/python" -m pip install --quiet "$wheel[hf]"
+# the README's text default run: the shipped Countdown model and its tokenizer (transformers, a core dependency)
 "$work/venv/bin/python" -m dlmsearch +decoder=adalook model=countdown task=countdown task.limit=4 out_dir="$work/text" | tee "$work/text.txt"
 grep -q "adalook on countdown: 4 items" "$work/text.txt"
 echo "wheel check passed: $(ls "$work"/dist)"

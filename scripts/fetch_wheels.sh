@@ -4,8 +4,21 @@
 # build), for CPython 3.10, 3.11 and 3.12 on x86-64 Linux.
 #   bash scripts/fetch_wheels.sh DIR      # then copy DIR with the checkout; gpu_check.sh OUT --wheels DIR
 set -euo pipefail
+caller=$PWD  # DIR is relative to where the script is called from
 cd "$(dirname "$0")/.."
-dir=${1:?usage: scripts/fetch_wheels.sh DIR}
+usage="usage: scripts/fetch_wheels.sh DIR"
+dir=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -h|--help) echo "$usage"; exit 0 ;;
+        -*) echo "unknown option: $1; $usage" >&2; exit 2 ;;
+        *) if [ -n "$dir" ]; then echo "more than one DIR ($dir, $1); $usage" >&2; exit 2; fi
+           dir=$1 ;;
+    esac
+    shift
+done
+[ -n "$dir" ] || { echo "$usage" >&2; exit 2; }
+[[ $dir = /* ]] || dir=$caller/$dir
 mkdir -p "$dir"
 python=$(command -v python3 || command -v python)
 pip=("$python" -m pip -q)

@@ -5,25 +5,37 @@
 # one H100/H200-class GPU. Every table, the log and a JSON summary go to OUT_DIR.
 #   bash scripts/gpu_check.sh OUT_DIR [--wheels DIR]   # on the GPU node (torch with CUDA preinstalled)
 #   bash scripts/gpu_check.sh OUT_DIR --dry-run        # the same script on CPU with the tiny model (~1 min; in the tests)
+#   options in any order (--dry-run OUT_DIR works too); --no-time-limits: run the steps without their
+#   per-step wall-clock limits (sized for a GPU node); the dry run never applies them (a busy CPU is slow).
 #   PYTHON=/path/to/python bash scripts/gpu_check.sh ...  # a given interpreter (default: python3 on PATH)
 # What the image lacks (hydra-core, omegaconf, antlr4, attrs, ...) is installed offline from
 # --wheels DIR (scripts/fetch_wheels.sh makes it) or from ./wheels; the checkout is imported in place
 # (PYTHONPATH), so nothing needs installing when the image has the dependencies. The upstream
 # reference rows need ../shared/upstream (or $DLMSEARCH_UPSTREAM) and are skipped, with the reason, without it.
 set -uo pipefail
+caller=$PWD  # OUT_DIR and --wheels DIR are relative to where the script is called from
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu_check.sh OUT_DIR [--dry-run] [--wheels DIR]}
-shift
+usage="usage: scripts/gpu_check.sh OUT_DIR [--dry-run] [--wheels DIR] [--no-time-limits]"
+out=
 dry=0
+limits=1
 wheels=wheels
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) dry=1 ;;
-        --wheels) wheels=${2:?--wheels needs a directory}; shift ;;
-        *) echo "unknown argument: $1" >&2; exit 2 ;;
+        --no-time-limits) limits=0 ;;
+        --wheels) wheels=${2:?--wheels needs a directory}; shift; [[ $wheels = /* ]] || wheels=$caller/$wheels ;;
+        --wheels=*) wheels=${1#--wheels=}; [[ $wheels = /* ]] || wheels=$caller/$wheels ;;
+        -h|--help) echo "$usage"; exit 0 ;;
+        -*) echo "unknown option: $1; $usage" >&2; exit 2 ;;
+        *) if [ -n "$out" ]; then echo "more than one OUT_DIR ($out, $1); $usage" >&2; exit 2; fi
+           out=$1 ;;
     esac
     shift
 done
+[ -n "$out" ] || { echo "$usage" >&2; exit 2; }
+[[ $out = /* ]] || out=$caller/$out
+[ "$dry" = 1 ] && limits=0  # the step limits are sized for a GPU node, not for a (busy) CPU
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 LOG=$out/gpu_check.txt
@@ -52,20 +64,21 @@ if [ -n "$missing" ]; then
 fi
 
 status=0
-step() {  # step NAME TIMEOUT_S COMMAND...: run with a timeout, report its exit status, keep going
+step() {  # step NAME TIMEOUT_S COMMAND...: run with a timeout (none under --no-time-limits or --dry-run), report its exit status, keep going
     local name=$1 limit=$2
     shift 2
+    [ "$limits" = 1 ] || limit=0  # 0: no limit
     echo
-    echo "=== $name (timeout ${limit}s): $* ==="
+    echo "=== $name ($([ "$limit" = 0 ] && echo 'no time limit' || echo "timeout ${limit}s")): $* ==="
     local start=$SECONDS
-    timeout --kill-after=10 "$limit" "$@"
+    if [ "$limit" = 0 ]; then "$@"; else timeout --kill-after=10 "$limit" "$@"; fi
     local rc=$?
-    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    if [ "$limit" != 0 ] && { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; }; then
         echo "=== $name: TIMED OUT after $((SECONDS - start))s ==="
     else
         echo "=== $name: exit $rc after $((SECONDS - start))s ==="
     fi
-    STEPS="${STEPS:-}{\"step\": \"$name\", \"exit\": $rc, \"seconds\": $((SECONDS - start))},"
+    STEPS="${STEPS:-}{\"step\": \"$name\", \"exit\": $rc, \"seconds\": $((SECONDS - start)), \"limit_s\": $([ "$limit" = 0 ] && echo null || echo "$limit")},"
     return "$rc"
 }
 

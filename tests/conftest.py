@@ -47,16 +47,17 @@ def adapter() -> ModelAdapter:
     return ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB)
 
 
-def make_requests(prompt_lengths: list[int], gen_length: int, seed: int = 0, fixed: int = 0) -> list[DecodeRequest]:
-    """Requests with random prompts of the given lengths; ``fixed`` random pre-filled generation cells."""
+def make_requests(prompt_lengths: list[int], gen_length: int, seed: int = 0, fixed: int = 0, mask_id: int = MASK_ID) -> list[DecodeRequest]:
+    """Requests with random prompts of the given lengths (ids below ``mask_id``, the model's mask:
+    the tiny models put it last); ``fixed`` random pre-filled generation cells."""
     generator = torch.Generator().manual_seed(seed)
     requests = []
     for uid, length in enumerate(prompt_lengths):
-        prompt = torch.randint(0, MASK_ID, (length,), generator=generator)
-        generation = torch.full((gen_length,), MASK_ID)
+        prompt = torch.randint(0, mask_id, (length,), generator=generator)
+        generation = torch.full((gen_length,), mask_id)
         if fixed:
             cells = torch.randperm(gen_length, generator=generator)[:fixed]
-            generation[cells] = torch.randint(0, MASK_ID, (fixed,), generator=generator)
+            generation[cells] = torch.randint(0, mask_id, (fixed,), generator=generator)
         requests.append(DecodeRequest(uid=uid, prompt=prompt, generation=generation))
     return requests
 

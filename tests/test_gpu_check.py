@@ -17,14 +17,25 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gpu_check_dry_run_writes_its_tables_and_summary(tmp_path: Path) -> None:
     out = tmp_path / "gpu check"  # a directory name with a space
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out), "--dry-run"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    # No wall-clock limit here, and the dry run sets none on its steps (their limits are for a GPU
+    # node): a busy machine is slow, not wrong. Options in any order: --dry-run before OUT_DIR.
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", str(out)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     steps = ["pytest -m gpu", "bench_engine tiny (dry run)", "bench_engine tiny, engine.compile (dry run)"]
     assert summary["status"] == 0 and summary["dry_run"] and [s["step"] for s in summary["steps"]] == steps
+    assert all(s["limit_s"] is None for s in summary["steps"])
     bench = json.loads((out / "bench_tiny.json").read_text())
     assert {row["section"] for row in bench["rows"]} == {"2_lookahead_round", "4_host_overhead"}
     compiled = json.loads((out / "bench_tiny_compile.json").read_text())
     assert {row["section"] for row in compiled["rows"]} == {"4_host_overhead"} and compiled["args"]["compile"]
     assert "gpu_check finished" in (out / "gpu_check.txt").read_text()
+
+
+def test_gpu_check_refuses_unknown_options_and_a_second_out_dir(tmp_path: Path) -> None:
+    script = str(ROOT / "scripts" / "gpu_check.sh")
+    for args in (["--no-such-option", str(tmp_path / "a")], [str(tmp_path / "a"), str(tmp_path / "b")], []):
+        done = subprocess.run(["bash", script, *args], cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 2 and "usage: scripts/gpu_check.sh" in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -10,7 +10,7 @@ from dlmsearch.models.loading import load_text_model
 from dlmsearch.search.components.commit import load_token_frequencies
 from dlmsearch.search.driver import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
-from dlmsearch.upstream import UPSTREAM, pc_sampler_module
+from upstream import UPSTREAM, pc_sampler_module
 from test_sampling_parity import stable_topk
 from tiny_checkpoints import requires_upstream
 
@@ -53,7 +53,7 @@ def test_pc_sampler_matches_generate_with_pc_sampler(checkpoints, monkeypatch, d
 def test_klass_matches_stable_confident_decode(checkpoints, confidence: float, kl: float, block_length: int) -> None:
     """KLASS's LLaDA loop (MIT, ``unmask_strategy='all'``), one prompt at a time, against the
     ``klass`` preset on a mixed-length batch: identical tokens and model calls."""
-    from dlmsearch.upstream import klass_module
+    from upstream import klass_module
 
     spec, gen_length = checkpoints["llada"], 16
     module = klass_module()

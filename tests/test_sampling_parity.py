@@ -28,7 +28,7 @@ from dlmsearch.search.driver import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.randomness import Stream, hashed_uniform
 from dlmsearch.search.engine.summaries import inverse_cdf
-from dlmsearch.upstream import _dream_package, dream_generate, llada_generate, llada_generate_guided, llada_generate_module, pc_sampler_module
+from upstream import _dream_package, dream_generate, llada_generate, llada_generate_guided, llada_generate_module, pc_sampler_module
 from tiny_checkpoints import requires_upstream
 
 pytestmark = requires_upstream

@@ -2,7 +2,7 @@
 
 Helper module for the parity tests (not a test file). The reference implementations live
 read-only in ``../shared/upstream/fast-dllm`` (Fast-dLLM at a pinned commit, see its README):
-they are imported from there by :mod:`dlmsearch.upstream` (which the engine benchmark uses too),
+they are imported from there by ``tests/upstream.py`` (which the engine benchmark uses too),
 never copied into this repository. Where that directory is absent
 (a user checkout), tests marked :data:`requires_upstream` are skipped with the reason.
 
@@ -76,7 +76,9 @@ from typing import Any
 import pytest
 import torch
 
-from dlmsearch.upstream import (  # noqa: F401  (the parity tests import the loops from here)
+from dlmsearch.models.llada_checkpoint import llada_config
+from dlmsearch.models.transformer import TransformerConfig
+from upstream import (  # noqa: F401  (the parity tests import the loops from here)
     _dream_package,
     _is_dream,
     _llada_modules,
@@ -261,55 +263,26 @@ def llada_config_dict(
     n_heads: int = 4,
     max_sequence_length: int = 512,
 ) -> dict[str, Any]:
-    """Every field of upstream LLaDA's ``ModelConfig``, set like LLaDA-8B's, scaled down."""
+    """Every field of upstream LLaDA's ``ModelConfig``, set like LLaDA-8B's, scaled down.
+
+    The values are the package's checkpoint config writer's
+    (:func:`dlmsearch.models.llada_checkpoint.llada_config`, which the shipped Countdown model is
+    saved with) for a LLaDA-8B-shaped native config (llama blocks, SiLU, RoPE theta 5e5, no
+    biases, untied head, MLP width ``2 * d_model``); checked here against upstream's dataclass:
+    the writer must give every ``ModelConfig`` field, and nothing else but ``config.json``'s
+    bookkeeping keys (dropped from the returned fields).
+    """
     package, _ = _llada_modules()
-    fields = {f.name: f.default for f in dataclasses.fields(package.configuration_llada.ModelConfig)}
-    overrides = {
-        "d_model": d_model,
-        "n_heads": n_heads,
-        "n_kv_heads": n_heads,
-        "n_layers": n_layers,
-        "mlp_ratio": 4,
-        "mlp_hidden_size": 2 * d_model,
-        "activation_type": "silu",
-        "block_type": "llama",
-        "block_group_size": 1,
-        "alibi": False,
-        "rope": True,
-        "rope_full_precision": True,
-        "rope_theta": 500000.0,
-        "flash_attention": False,
-        "attention_dropout": 0.0,
-        "residual_dropout": 0.0,
-        "embedding_dropout": 0.0,
-        "multi_query_attention": None,
-        "attention_layer_norm": False,
-        "input_emb_norm": False,
-        "layer_norm_type": "rms",
-        "layer_norm_with_affine": True,
-        "rms_norm_eps": 1e-05,
-        "max_sequence_length": max_sequence_length,
-        "train_max_sequence_length": max_sequence_length,
-        "include_qkv_bias": False,
-        "include_bias": False,
-        "bias_for_layer_norm": False,
-        "scale_logits": False,
-        "vocab_size": vocab_size,
-        "embedding_size": vocab_size,
-        "weight_tying": False,
-        "eos_token_id": eos_id,
-        "pad_token_id": eos_id,
-        "mask_token_id": mask_id,
-        "init_device": "cpu",
-        "init_fn": "mitchell",
-        "init_std": 0.02,
-        "init_cutoff_factor": None,
-        "precision": "amp_bf16",
-    }
-    unknown = set(overrides) - set(fields)
-    assert not unknown, f"not LLaDA ModelConfig fields: {unknown}"
-    fields.update(overrides)
-    return {key: (str(value) if isinstance(value, str) else value) for key, value in fields.items()}
+    fields = {f.name for f in dataclasses.fields(package.configuration_llada.ModelConfig)}
+    native = TransformerConfig(
+        vocab_size=vocab_size, hidden_size=d_model, num_layers=n_layers, num_heads=n_heads, num_kv_heads=n_heads,
+        intermediate_size=2 * d_model, max_length=max_sequence_length, rope_theta=500000.0, tie_embeddings=False,
+    )
+    written = llada_config(native, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id)
+    unknown = set(written) - fields - {"model_type", "architectures", "use_cache", "torch_dtype"}
+    missing = fields - set(written)
+    assert not unknown and not missing, f"llada_config writes fields LLaDA's ModelConfig lacks {unknown}, and lacks {missing}"
+    return {key: value for key, value in written.items() if key in fields}
 
 
 def build_llada(

@@ -1,7 +1,9 @@
 """The licensed reference loops (Fast-dLLM's LLaDA and Dream), imported from a local copy.
 
 dlmsearch must decode what these loops decode; the parity tests and the engine benchmark run
-them beside dlmsearch on the same weights. The code is never copied: it is imported from
+them beside dlmsearch on the same weights. A test helper, not part of the package (the wheel does
+not carry it): the tests import it as ``upstream`` (pytest puts ``tests/`` on ``sys.path``), the
+benchmark (``experiments/bench/sections.py``) adds ``tests/`` to ``sys.path`` itself. The code is never copied: it is imported from
 ``$DLMSEARCH_UPSTREAM`` (default ``../shared/upstream/fast-dllm`` beside the checkout) under
 private module names, with the shims transformers 5.x needs applied to those private copies
 (listed in ``tests/tiny_checkpoints.py``). Where the directory is absent,

@@ -16,10 +16,10 @@ import attrs
 import torch
 from torch import nn
 
+from dlmsearch.core import attention as pattern
 from dlmsearch.core.capabilities import NO_FEATURES, ModelCapabilities, ModuleFeatures
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.kv_storage import KVStorage
-from dlmsearch.models.transformer import real_positions
 from dlmsearch.validation import check_choice, check_type
 
 CACHE_POLICIES = ("none", "prefix", "dual")  # what a module that keeps keys and values can run
@@ -131,10 +131,8 @@ class ModelAdapter:
         offset = torch.arange(length)
         column = first[:, None] + offset[None, :]
         valid = column < high[:, None]
-        positions = real_positions(attention_mask)
-        canvas = torch.arange(tokens.shape[1])[None, :]
-        cache_visible = attention_mask.bool() & ((canvas < first[:, None]) | (canvas >= high[:, None]))
-        fresh_visible = valid[:, None, :].expand(-1, length, -1)
+        positions = pattern.positions(attention_mask)
+        cache_visible, fresh_visible = pattern.window_visibility(attention_mask, first, high, length)
         window = cache.window(slot, torch.where(valid, column, -1), cache_visible, fresh_visible)
         inside = column.clamp(max=tokens.shape[1] - 1)
         raw = self.module.run_cached(tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window)
@@ -163,23 +161,17 @@ class ModelAdapter:
         rows, width = tokens.shape
         low = torch.as_tensor(low).expand(rows)
         real = attention_mask.bool()
-        positions = real_positions(real)
+        positions = pattern.positions(real)
         mirror = block_start[:, None] + torch.arange(block_length)[None, :]  # [R, B] canvas columns
         shadow_positions = positions.gather(1, mirror)
         shadow_tokens = torch.full((rows, block_length), self.mask_id)
-        canvas = torch.arange(width)
         if cache is not None:
             store, slot = cache
             length = int((width - low).max())
             column = low[:, None] + torch.arange(length)[None, :]
             valid = column < width
             inside = column.clamp(max=width - 1)
-            queries = length + block_length
-            fresh_visible = torch.zeros(rows, queries, queries, dtype=torch.bool)
-            fresh_visible[:, :length, :length] = valid[:, None, :]
-            fresh_visible[:, length:, :length] = valid[:, None, :] & (column[:, None, :] != mirror[:, :, None])
-            fresh_visible[:, length:, length:] = True
-            cache_visible = real & (canvas[None, :] < low[:, None])
+            cache_visible, fresh_visible = pattern.shadow_window_visibility(real, low, mirror, length)
             window = store.window(slot, torch.cat([torch.where(valid, column, -1), torch.full((rows, block_length), -1)], dim=1), cache_visible, fresh_visible)
             ids = torch.cat([tokens.gather(1, inside), shadow_tokens], dim=1).to(self.device)
             at = torch.cat([positions.gather(1, inside), shadow_positions], dim=1).to(self.device)
@@ -188,12 +180,9 @@ class ModelAdapter:
         start = int(low[0])
         if not bool((low == start).all()):
             raise ValueError("a shadow block without a cache needs one first column for all rows")
-        attention = torch.zeros(rows, width + block_length, width + block_length, dtype=torch.bool)
-        attention[:, :width, :width] = real[:, None, :]
-        attention[:, width:, :width] = real[:, None, :] & (canvas[None, None, :] != mirror[:, :, None])
-        attention[:, width:, width:] = True
+        attention, query_positions = pattern.shadow_layout(real, mirror)
         extended = torch.cat([tokens, shadow_tokens], dim=1).to(self.device)
-        query_positions = torch.cat([positions, shadow_positions], dim=1).to(self.device)
+        query_positions = query_positions.to(self.device)
         module = self.module
         if self.features.kv_cache:
             raw, fresh = module.run(extended, None, start, attention=attention.to(self.device), positions=query_positions)

@@ -14,6 +14,7 @@ import attrs
 import torch
 from torch import nn
 
+from dlmsearch.core import attention as pattern
 from dlmsearch.core.capabilities import ModuleFeatures
 
 
@@ -75,7 +76,7 @@ class BidirectionalDenoiser(nn.Module):
         if attention_mask is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         else:
-            positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+            positions = pattern.positions(attention_mask)
         hidden = self.token(input_ids) + self.position(positions)
         if self.config.grid_side:
             hidden = hidden + self.row(self.row_id) + self.col(self.col_id) + self.box(self.box_id)

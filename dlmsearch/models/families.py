@@ -1,8 +1,11 @@
-"""What distinguishes LLaDA from Dream: how ``config.json`` reads and what the weights are called.
+"""What distinguishes LLaDA from Dream: how ``config.json`` reads, what the weights are called,
+and what the special tokens are called in the tokenizer.
 
 Each family maps its checkpoint onto :class:`~dlmsearch.models.transformer.TransformerConfig`
 and the native parameter names. Anything the native transformer does not implement fails here
-with the offending key, instead of loading into a silently different model.
+with the offending key, instead of loading into a silently different model. The token names
+let :func:`dlmsearch.models.loading.checkpoint_ids` find the mask and stop ids in a tokenizer
+whose config files do not name them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ class Family:
     read_config: Callable[[dict[str, Any]], TransformerConfig]
     renames: tuple[tuple[str, str], ...]  # (regex on the checkpoint name, native replacement)
     shift_logits: bool  # AR-initialised: position i's logits predict token i + 1
+    mask_tokens: tuple[str, ...] = ()  # the mask token's name in the family's tokenizers
+    stop_tokens: tuple[str, ...] = ()  # tokens that end an answer (EOS, end of turn), in the family's tokenizers
 
     def native_name(self, name: str) -> str | None:
         """The native parameter name for a checkpoint name, or None where it has none."""
@@ -108,6 +113,8 @@ LLADA = Family(
         (_LLADA_BLOCK + r"ff_out\.weight", r"blocks.\1.down_proj.weight"),
     ),
     shift_logits=False,
+    mask_tokens=("<|mdm_mask|>",),
+    stop_tokens=("<|endoftext|>", "<|eot_id|>"),  # EOS (fills the tail), EOT (ends an Instruct turn)
 )
 
 _DREAM_LAYER = r"model\.layers\.(\d+)\."
@@ -125,6 +132,8 @@ DREAM = Family(
         (_DREAM_LAYER + r"post_attention_layernorm\.weight", r"blocks.\1.mlp_norm.weight"),
     ),
     shift_logits=True,
+    mask_tokens=("<|mask|>",),
+    stop_tokens=("<|endoftext|>", "<|im_end|>"),  # EOS (and pad), end of an Instruct turn
 )
 
 FAMILIES = {f.name: f for f in (LLADA, DREAM)}

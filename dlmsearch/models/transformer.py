@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dlmsearch.core import attention as pattern
 from dlmsearch.core.capabilities import ModuleFeatures
 from dlmsearch.models import token_ops
 from dlmsearch.models.token_ops import ACTIVATIONS, Bucketed, rms_norm
@@ -136,11 +137,6 @@ class Block(nn.Module):
         return out.view(rows, length, c.hidden_size), (k, v)
 
 
-def real_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Each column's position counted over real tokens only (left padding does not shift a row)."""
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-
-
 class BidirectionalTransformer(nn.Module):
     """Token ids ``[rows, length]`` (left-padded, with a padding mask) to logits ``[rows, length, vocab]``."""
 
@@ -193,9 +189,8 @@ class BidirectionalTransformer(nn.Module):
             positions = torch.arange(length, device=input_ids.device).expand(input_ids.shape[0], length)
             key_mask = None
         else:
-            attention_mask = attention_mask.bool()
-            positions = real_positions(attention_mask)
-            key_mask = attention_mask[:, None, None, :]  # callers pass a mask only where rows are padded
+            positions = pattern.positions(attention_mask)
+            key_mask = pattern.padding_mask(attention_mask)  # callers pass a mask only where rows are padded
         return self._layers(input_ids, positions, key_mask, None, logits_from)
 
     def run_cached(self, input_ids: torch.Tensor, positions: torch.Tensor, window: "CachedWindow") -> torch.Tensor:

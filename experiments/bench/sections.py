@@ -100,9 +100,11 @@ def section_lookahead(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any])
             window = (torch.full((rows,), prompt_len), torch.full((rows,), prompt_len + block)) if cache != "none" else None
             inputs[k] = (tokens, canvas.attention.repeat(rows, 1), torch.zeros(rows, dtype=torch.long), torch.arange(rows), window)
 
-        def call(k: int) -> None:
+        def call(k: int) -> int:
+            """One engine call of ``1 + k`` rows; the positions it computed."""
             tokens, attention, zeros, row_key, window = inputs[k]
-            engine.evaluate(tokens, attention, zeros, zeros, row_key, zeros, memory, sampling, frozenset(), prompt_len, window)
+            _, cost = engine.evaluate(tokens, attention, zeros, zeros, row_key, zeros, memory, sampling, frozenset(), prompt_len, window)
+            return int(cost.tokens.sum())
 
         memory, sampling = engine.memory(1), engine.sampling_over(Sampling())
         if cache != "none":  # the root's full forward fills the sample's cache for this window
@@ -111,9 +113,7 @@ def section_lookahead(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any])
         measured = bench.measure_many({k: (lambda k=k: [call(k) for _ in range(calls)]) for k in inputs})
         base = statistics.median(measured[0][0]) / calls
         for k, (walls, _, peak) in measured.items():
-            before = int(engine.token_forwards.sum())
-            call(k)
-            computed = int(engine.token_forwards.sum()) - before  # the block only, when the cache is hit
+            computed = call(k)  # the block only, when the cache is hit
             per_call = statistics.median(walls) / calls
             row = bench.add({"section": name, "label": f"1 root + {k} branch rows" if k else "plain round (1 row)", "prompt": prompt_len, "gen": gen,
                              "block": block, "cache": cache, "k": k, "rows": 1 + k, "calls_per_timing": calls, **summary(walls),

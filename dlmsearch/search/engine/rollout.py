@@ -31,6 +31,7 @@ from dlmsearch.search.engine.guidance import combine, unconditional
 from dlmsearch.search.engine.host_memory import keep_freed_memory
 from dlmsearch.search.engine.memory import auto_row_budget
 from dlmsearch.search.engine.profile import ForwardProfile
+from dlmsearch.search.engine import statistics as statistics_registry
 from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.engine.summaries import summarise_logits
 from dlmsearch.search.records.randomness import Stream, hashed_uniform
@@ -38,7 +39,6 @@ from dlmsearch.search.records.state import Evaluation
 from dlmsearch.search.records.usage import CallCost
 from dlmsearch.validation import check_choice, check_type, number
 
-STATISTICS = ("margin", "entropy", "kl", "verify", "uniform")
 
 
 @attrs.frozen
@@ -203,9 +203,7 @@ class RolloutEngine:
         logits (:mod:`~dlmsearch.search.engine.guidance`); the copies count as rows. Returns the
         summaries and what the call cost per row (the caller charges it to the samples).
         """
-        unknown = set(statistics) - set(STATISTICS)
-        if unknown:
-            raise ValueError(f"unknown statistics {sorted(unknown)}; available: {', '.join(STATISTICS)}")
+        statistics_registry.check(statistics)
         shadow_length = 0
         if "verify" in statistics:  # WINO: a shadow of the block being decoded, in the same forward (the plan checked the rest)
             assert window is not None, "the verify statistic needs the rows' windows"
@@ -453,7 +451,7 @@ class RolloutEngine:
                 logits = logits[where]
                 kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
             logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
-            summaries = summarise_logits(logits, sampling, temperature, draw, statistics - {"kl", "verify", "uniform"})
+            summaries = summarise_logits(logits, sampling, temperature, draw, statistics_registry.of_distribution(statistics))
             if verify is not None:
                 summaries["verify"] = verify
             if history is not None:  # (the slots' memory, the rows' slots, which rows are roots); the columns start at the generation region

@@ -22,6 +22,7 @@ import math
 import torch
 
 from dlmsearch.core.sampling import Sampling
+from dlmsearch.search.engine.statistics import Statistic
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -67,7 +68,7 @@ def summarise_logits(
     sampling: Sampling,
     temperature: torch.Tensor | None,
     draw: torch.Tensor,
-    statistics: frozenset[str],
+    statistics: list[Statistic],
 ) -> dict[str, torch.Tensor]:
     """Proposal (``token``), ``confidence`` and the requested statistics (``margin``: top-1
     minus top-2 probability; ``entropy``, Dream's definition) per position, from ``logits
@@ -84,9 +85,6 @@ def summarise_logits(
     read = probs if sampling.confidence == "sampling" else model_probs
     confidence = best if (read is probs and hot is None) else read.gather(-1, token[..., None]).squeeze(-1)
     out = {"token": token, "confidence": confidence, "nan": torch.isnan(model_probs[..., 0]).float()}  # NaN logits make the whole softmax NaN
-    if "margin" in statistics:
-        top2 = read.topk(2, dim=-1).values
-        out["margin"] = top2[..., 0] - top2[..., 1]
-    if "entropy" in statistics:
-        out["entropy"] = -(read * torch.log(read + 1e-10)).sum(dim=-1)  # Dream's definition
+    for statistic in statistics:  # the distribution's own statistics (margin, entropy: :mod:`statistics`)
+        out[statistic.name] = statistic.compute(read)
     return out

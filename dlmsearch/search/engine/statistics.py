@@ -1,0 +1,63 @@
+"""The per-position statistics a component may ask the engine for, each with its provider.
+
+A commit rule or a candidate generator declares the statistics it reads (``statistics``); the
+engine computes only those. Each statistic names what it is computed from:
+
+* ``distribution`` — the distribution the confidence is read from (``margin``, ``entropy``): a
+  function of it, evaluated inside the call while the vocabulary-sized tensors exist;
+* ``draws`` — the position's seeded uniform (``uniform``: random orders, ``alg_temp``);
+* ``history`` — the slot's previous step's distributions (``kl``: KLASS);
+* ``shadow`` — WINO's shadow block in the same forward (``verify``).
+
+A new statistic of the distribution is one function and one line in ``REGISTRY`` (and the field of
+:class:`~dlmsearch.search.records.state.Evaluation` that carries it).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+import torch
+
+
+def margin(read: torch.Tensor) -> torch.Tensor:
+    """Top-1 minus top-2 probability."""
+    top2 = read.topk(2, dim=-1).values
+    return top2[..., 0] - top2[..., 1]
+
+
+def entropy(read: torch.Tensor) -> torch.Tensor:
+    """``-sum p log(p + 1e-10)``: Dream's definition."""
+    return -(read * torch.log(read + 1e-10)).sum(dim=-1)
+
+
+@attrs.frozen
+class Statistic:
+    name: str
+    source: str = attrs.field(validator=attrs.validators.in_(("distribution", "draws", "history", "shadow")))
+    compute: Callable[[torch.Tensor], torch.Tensor] | None = None  # a distribution statistic: ``[R, T, V]`` probabilities to ``[R, T]``
+
+
+REGISTRY: dict[str, Statistic] = {
+    s.name: s
+    for s in (
+        Statistic("margin", "distribution", margin),
+        Statistic("entropy", "distribution", entropy),
+        Statistic("uniform", "draws"),
+        Statistic("kl", "history"),
+        Statistic("verify", "shadow"),
+    )
+}
+
+
+def check(statistics: frozenset[str]) -> None:
+    """Fail on a statistic no provider computes."""
+    unknown = set(statistics) - set(REGISTRY)
+    if unknown:
+        raise ValueError(f"unknown statistics {sorted(unknown)}; available: {', '.join(REGISTRY)}")
+
+
+def of_distribution(statistics: frozenset[str]) -> list[Statistic]:
+    """The requested statistics computed from the distribution, in the registry's order."""
+    return [s for name, s in REGISTRY.items() if name in statistics and s.source == "distribution"]
