@@ -1,12 +1,16 @@
-"""Held-out measurements taken at each training checkpoint, with the model still in memory."""
+"""What the training scripts share: checkpoints and resuming, the learning-rate schedule, and the
+held-out measurements taken at each checkpoint with the model still in memory."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
+import attrs
+import numpy as np
 import torch
 
 from dlmsearch.config import build, compose
@@ -65,7 +69,87 @@ def learning_rate(step: int, done: float, lr: float, min_lr: float, warmup_steps
 
 
 def trim_log(path: Path, step: int) -> None:
-    """Drop records past the checkpoint being resumed, so no step is logged twice."""
+    """Drop records past the checkpoint being resumed, so no step is logged twice (and a last
+    line cut short by the kill); the log is replaced atomically, as checkpoints are."""
     if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in lines))
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record["step"] <= step:
+                kept.append(line)
+        partial = path.with_name(path.name + ".tmp")
+        partial.write_text("".join(line + "\n" for line in kept))
+        os.replace(partial, path)
+
+
+CHECKPOINT = "checkpoint.pt"
+"""The one checkpoint file of a training run's ``out_dir`` (each save replaces it)."""
+
+
+@attrs.define(eq=False)
+class Checkpointer:
+    """Saving and resuming a training run in ``out_dir``: the weights, the optimiser's state, the
+    step, and every random state the run draws from (``generator`` for the masks, ``rng`` for
+    the data, and torch's global generator), so that a resumed run takes the very steps an
+    uninterrupted one would have taken.
+
+    A save is written to ``checkpoint.pt.tmp`` in the same directory, flushed to disk, then
+    renamed over ``checkpoint.pt`` (``os.replace``: atomic), so a run killed mid-save leaves the
+    previous checkpoint whole, and a stray ``.tmp`` is never read. Extra entries (the training
+    seconds so far) are stored beside the state and returned by :meth:`resume`.
+    """
+
+    out_dir: Path = attrs.field(converter=Path)
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    rng: np.random.Generator
+
+    @property
+    def path(self) -> Path:
+        return self.out_dir / CHECKPOINT
+
+    def latest(self) -> Path | None:
+        """The checkpoint to resume from (the last one saved), or None for a fresh run."""
+        return self.path if self.path.is_file() else None
+
+    def save(self, step: int, **extra: Any) -> Path:
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": step,
+            "generator": self.generator.get_state(),
+            "numpy_rng": self.rng.bit_generator.state,
+            "torch_rng": torch.get_rng_state(),
+            **extra,
+        }
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(self.path.name + ".tmp")
+        with partial.open("wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, self.path)
+        return self.path
+
+    def resume(self, logs: tuple[str, ...] = ("loss.jsonl", "eval.jsonl")) -> dict[str, Any] | None:
+        """Load the latest checkpoint into the model, optimiser and random generators, and drop
+        the records of ``logs`` (files in ``out_dir``) past its step, which the resumed run
+        writes again. Returns the checkpoint (``step`` and the extra entries), or None if
+        there is none."""
+        path = self.latest()
+        if path is None:
+            return None
+        state = torch.load(path, weights_only=False, map_location="cpu")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.rng.bit_generator.state = state["numpy_rng"]
+        if "torch_rng" in state:  # checkpoints written before it was saved
+            torch.set_rng_state(state["torch_rng"])
+        for name in logs:
+            trim_log(self.out_dir / name, state["step"])
+        return state

@@ -33,7 +33,7 @@ from dlmsearch.models.tokenizer_build import LLADA_CHAT_TEMPLATE, byte_level_bpe
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.tasks.countdown import TIERS, CountdownTask, load_countdown, shipped_countdown_path
 from dlmsearch.tasks.countdown_problems import CountdownProblem, draw_worked
-from dlmsearch.training import checkpoint_accuracy, learning_rate, progress, trim_log
+from dlmsearch.training import Checkpointer, checkpoint_accuracy, learning_rate, progress
 
 # LLaDA's special tokens, at small ids just above the byte vocabulary and the whole numbers.
 SPECIALS = {"<|startoftext|>": 1400, "<|endoftext|>": 1401, "<|mdm_mask|>": 1402, "<|start_header_id|>": 1403, "<|end_header_id|>": 1404, "<|eot_id|>": 1405}
@@ -129,18 +129,12 @@ def main(cfg: DictConfig) -> None:
             torch.nn.init.normal_(parameter, std=0.02)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     generator = torch.Generator().manual_seed(cfg.seed)
+    checkpoints = Checkpointer(out, model, optimizer, generator, rng)
     step, elapsed_before = 0, 0.0
-    checkpoint = out / "checkpoint.pt"
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
-        rng.bit_generator.state = state["numpy_rng"]
-        step, elapsed_before = state["step"], state["train_seconds"]
-        print(f"resumed from {checkpoint} at step {step}")
-        trim_log(out / "loss.jsonl", step)
-        trim_log(out / "eval.jsonl", step)
+    resumed = checkpoints.resume()
+    if resumed is not None:
+        step, elapsed_before = resumed["step"], resumed["train_seconds"]
+        print(f"resumed from {checkpoints.path} at step {step}")
     started = time.monotonic()
     eval_seconds = 0.0  # checkpoint evaluation does not count as training time
 
@@ -150,10 +144,7 @@ def main(cfg: DictConfig) -> None:
     def save(step: int) -> None:
         nonlocal eval_seconds
         seconds = train_seconds()
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                 "numpy_rng": rng.bit_generator.state, "step": step, "train_seconds": seconds}
-        torch.save(state, out / "checkpoint.tmp")
-        (out / "checkpoint.tmp").replace(checkpoint)
+        checkpoints.save(step, train_seconds=seconds)
         save_llada(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
         tick = time.monotonic()
         adapter = ModelAdapter(module=model, mask_id=MASK_ID, vocab_size=VOCAB_SIZE, max_length=m.max_sequence_length)

@@ -25,7 +25,7 @@ from dlmsearch.models.denoiser import BidirectionalDenoiser, DenoiserConfig
 from dlmsearch.tasks.sudoku import SUDOKU_MASK_ID, SUDOKU_VOCAB, grids_to_tokens
 from dlmsearch.tasks.sudoku_files import load_puzzles, tier_path
 from dlmsearch.tasks.sudoku_grids import random_solved_grid, transform_grids
-from dlmsearch.training import checkpoint_solve_rate, learning_rate, progress, trim_log
+from dlmsearch.training import Checkpointer, checkpoint_solve_rate, learning_rate, progress
 
 
 class GridSampler:
@@ -68,17 +68,12 @@ def main(cfg: DictConfig) -> None:
     model = BidirectionalDenoiser(DenoiserConfig(vocab_size=SUDOKU_VOCAB, max_len=81, grid_side=9, **cfg.model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
+    checkpoints = Checkpointer(out, model, optimizer, generator, rng)
     step, elapsed_before = 0, 0.0
-    checkpoint = out / "checkpoint.pt"
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
-        rng.bit_generator.state = state["numpy_rng"]
-        step, elapsed_before = state["step"], state["train_seconds"]
-        print(f"resumed from {checkpoint} at step {step}")
-        trim_log(out / "loss.jsonl", step)
+    resumed = checkpoints.resume()
+    if resumed is not None:
+        step, elapsed_before = resumed["step"], resumed["train_seconds"]
+        print(f"resumed from {checkpoints.path} at step {step}")
     started = time.monotonic()
     eval_seconds = 0.0  # checkpoint evaluation does not count as training time
 
@@ -88,10 +83,7 @@ def main(cfg: DictConfig) -> None:
     def save(step: int) -> None:
         nonlocal eval_seconds
         seconds = train_seconds()
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                 "numpy_rng": rng.bit_generator.state, "step": step, "train_seconds": seconds}
-        torch.save(state, out / "checkpoint.tmp")
-        (out / "checkpoint.tmp").replace(checkpoint)
+        checkpoints.save(step, train_seconds=seconds)
         model.save(out / "model")
         tick = time.monotonic()
         model.eval()

@@ -19,7 +19,6 @@ from dlmsearch.tasks.arithmetic import extract_equation
 from dlmsearch.tasks.countdown import CountdownProblem, check_equation, load_countdown, shipped_countdown_path
 
 torch.set_num_threads(1)
-SHIPPED = Path(compose(["model=countdown"]).model.path)
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [p for _, p in load_countdown(shipped_countdown_path("small"))]
 
@@ -37,23 +36,29 @@ def model() -> Model:
     return Model.load("countdown", device="cpu")
 
 
-def test_checkpoint_is_in_llada_format() -> None:
-    config = json.loads((SHIPPED / "config.json").read_text())
+@pytest.fixture(scope="module")
+def shipped() -> Path:
+    """The shipped model's directory, as ``model=countdown`` composes it."""
+    return Path(compose(["model=countdown"]).model.path)
+
+
+def test_checkpoint_is_in_llada_format(shipped: Path) -> None:
+    config = json.loads((shipped / "config.json").read_text())
     assert config["model_type"] == "llada" and config["architectures"] == ["LLaDAModelLM"]
     assert config["mask_token_id"] == 1402 and config["embedding_size"] == config["vocab_size"] == 1408
     from safetensors import safe_open
 
-    with safe_open(str(SHIPPED / "model.safetensors"), framework="pt") as weights:
+    with safe_open(str(shipped / "model.safetensors"), framework="pt") as weights:
         names = set(weights.keys())
     assert {"model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight",
             "model.transformer.blocks.0.ff_proj.weight", "model.transformer.blocks.0.attn_out.weight"} <= names
-    assert (SHIPPED / "model.safetensors").stat().st_size < 8_000_000  # small enough to ship
+    assert (shipped / "model.safetensors").stat().st_size < 8_000_000  # small enough to ship
 
 
-def test_tokenizer_and_chat_template_round_trip() -> None:
+def test_tokenizer_and_chat_template_round_trip(shipped: Path) -> None:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(SHIPPED), local_files_only=True)  # no remote code
+    tokenizer = AutoTokenizer.from_pretrained(str(shipped), local_files_only=True)  # no remote code
     assert tokenizer.mask_token_id == 1402 and tokenizer.eos_token_id == 1401 and tokenizer.convert_tokens_to_ids("<|eot_id|>") == 1405
     text = tokenizer.apply_chat_template([{"role": "user", "content": "Make 42 from 14, 6, 18."}], add_generation_prompt=True, tokenize=False)
     assert text == ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nMake 42 from 14, 6, 18.<|eot_id|>"

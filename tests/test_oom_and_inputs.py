@@ -83,23 +83,28 @@ def _outcome(results) -> list[tuple]:
     return [(r.tokens.tolist(), r.steps, r.row_forwards, r.token_forwards) for r in results]
 
 
-DENOISER = tiny_denoiser()
 REQUESTS = make_requests([3, 5, 1, 4, 2, 6], 16, seed=4)
 
 
-def _denoiser_engine(limit: RowLimit, **kwargs) -> RolloutEngine:
-    return RolloutEngine(adapter=ModelAdapter(module=LimitedDenoiser(DENOISER, limit), mask_id=MASK_ID, vocab_size=VOCAB), **kwargs)
+@pytest.fixture(scope="module")
+def denoiser() -> nn.Module:
+    """The tiny denoiser behind every row limit here (built once, when a test first asks)."""
+    return tiny_denoiser()
+
+
+def _denoiser_engine(denoiser: nn.Module, limit: RowLimit, **kwargs) -> RolloutEngine:
+    return RolloutEngine(adapter=ModelAdapter(module=LimitedDenoiser(denoiser, limit), mask_id=MASK_ID, vocab_size=VOCAB), **kwargs)
 
 
 @pytest.fixture(scope="module")
-def unconstrained() -> list[tuple]:
-    engine = _denoiser_engine(RowLimit(float("inf")), row_budget=64)
+def unconstrained(denoiser: nn.Module) -> list[tuple]:
+    engine = _denoiser_engine(denoiser, RowLimit(float("inf")), row_budget=64)
     return _outcome(text_decoder("adalook").decode(engine, REQUESTS, block_length=8))
 
 
-def test_oom_splits_and_lowers_the_budget_with_identical_results(unconstrained: list[tuple]) -> None:
+def test_oom_splits_and_lowers_the_budget_with_identical_results(denoiser: nn.Module, unconstrained: list[tuple]) -> None:
     limit = RowLimit(3)
-    engine = _denoiser_engine(limit, row_budget=64)
+    engine = _denoiser_engine(denoiser, limit, row_budget=64)
     engine.regrow_after = 10**9  # keep the lowered budget for this test
     assert _outcome(text_decoder("adalook").decode(engine, REQUESTS, block_length=8)) == unconstrained
     assert limit.failures > 0, "the batch never exceeded the limit: the test checks nothing"
@@ -109,9 +114,9 @@ def test_oom_splits_and_lowers_the_budget_with_identical_results(unconstrained: 
     assert not any(failed for _, failed in limit.calls[first_run:]), "a later decode still ran into the limit"
 
 
-def test_oom_budget_regrows_to_the_configured_budget(unconstrained: list[tuple]) -> None:
+def test_oom_budget_regrows_to_the_configured_budget(denoiser: nn.Module, unconstrained: list[tuple]) -> None:
     limit = RowLimit(3)
-    engine = _denoiser_engine(limit, row_budget=64)
+    engine = _denoiser_engine(denoiser, limit, row_budget=64)
     engine.regrow_after = 4
     assert _outcome(text_decoder("adalook").decode(engine, REQUESTS, block_length=8)) == unconstrained
     assert limit.failures > 1  # the budget grew back, hit the limit again and halved again
@@ -121,8 +126,8 @@ def test_oom_budget_regrows_to_the_configured_budget(unconstrained: list[tuple])
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError, torch.cuda.OutOfMemoryError, RuntimeError], ids=["torch", "cuda", "runtime"])
-def test_a_single_row_out_of_memory_fails_naming_the_sample(error: type[Exception]) -> None:
-    engine = _denoiser_engine(RowLimit(0, error), row_budget=64)
+def test_a_single_row_out_of_memory_fails_naming_the_sample(denoiser: nn.Module, error: type[Exception]) -> None:
+    engine = _denoiser_engine(denoiser, RowLimit(0, error), row_budget=64)
     with pytest.raises(torch.OutOfMemoryError, match=r"single row of sample uid\(s\) \[0\] \(split from a forward of 3 row\(s\); row_budget=64\)"):
         text_decoder("llada").decode(engine, make_requests([2, 2, 2], 16), block_length=8)
 

@@ -4,6 +4,8 @@ and with a model that ignores the padding mask (the engine then never pads it)."
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +17,7 @@ from dlmsearch.config import decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 VOCAB, MASK_ID, GEN, BLOCK = 64, 63, 16, 8
@@ -55,8 +58,16 @@ def adapter_for(family: str, honours_padding: bool) -> ModelAdapter:
     return ModelAdapter(module=module, mask_id=MASK_ID, vocab_size=VOCAB, shift_logits=family == "dream", honours_padding=honours_padding)
 
 
-ADAPTERS = {(f, h): adapter_for(f, h) for f in ("llada", "dream") for h in (True, False)}
-DECODERS = {p: text_decoder(p, gen_length=GEN) for p in decoder_presets()}
+@pytest.fixture(scope="module")
+def adapters() -> dict[tuple[str, bool], ModelAdapter]:
+    """``(family, honours_padding)`` -> the family's tiny model (built once, when a test first asks)."""
+    return {(f, h): adapter_for(f, h) for f in ("llada", "dream") for h in (True, False)}
+
+
+@functools.cache
+def decoder_for(preset: str):
+    """The preset composed for text of GEN tokens (once per preset, when first used)."""
+    return text_decoder(preset, gen_length=GEN)
 
 
 def requests_for(lengths: list[int], seed: int) -> list[DecodeRequest]:
@@ -72,23 +83,23 @@ def requests_for(lengths: list[int], seed: int) -> list[DecodeRequest]:
 @pytest.mark.parametrize("preset", decoder_presets())
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=4), seed=st.integers(0, 1000))
-def test_batched_equals_alone(preset: str, family: str, honours_padding: bool, lengths: list[int], seed: int) -> None:
-    assert_batched_equals_alone(RolloutEngine(adapter=ADAPTERS[family, honours_padding], row_budget=3), preset, requests_for(lengths, seed))
+def test_batched_equals_alone(adapters, preset: str, family: str, honours_padding: bool, lengths: list[int], seed: int) -> None:
+    assert_batched_equals_alone(RolloutEngine(adapter=adapters[family, honours_padding], row_budget=3), preset, requests_for(lengths, seed))
 
 
 def refusal(engine: RolloutEngine, preset: str) -> str | None:
     """The one error a preset gives where its decoder cannot run with this model or cache (None: it runs)."""
-    if preset == "klass" and engine.cache != "none":
-        return "needs engine.cache=none"
-    if preset == "wino" and engine.cache == "dual":
-        return "needs engine.cache=none or prefix"
-    if preset == "wino" and not engine.adapter.lays_out_rows:
-        return "cannot run a shadow block"
+    if preset == "klass" and engine.cache.stores:
+        return "needs cache=none"
+    if preset == "wino" and engine.cache.name == "dual":
+        return "needs cache=none or prefix"
+    if preset == "wino" and not engine.capabilities.shadow:
+        return "needs a model that takes an explicit attention mask"
     return None
 
 
 def assert_batched_equals_alone(engine: RolloutEngine, preset: str, requests: list[DecodeRequest]) -> None:
-    decoder, verifier = DECODERS[preset], NoRepeatVerifier()  # a rule for the presets that prune by a task verifier
+    decoder, verifier = decoder_for(preset), NoRepeatVerifier()  # a rule for the presets that prune by a task verifier
     refused = refusal(engine, preset)
     if refused is not None:
         with pytest.raises(ValueError, match=refused):
@@ -101,9 +112,9 @@ def assert_batched_equals_alone(engine: RolloutEngine, preset: str, requests: li
         assert (together.steps, together.row_forwards, together.token_forwards) == (alone.steps, alone.row_forwards, alone.token_forwards)
 
 
-def test_a_model_that_ignores_padding_never_sees_padding() -> None:
+def test_a_model_that_ignores_padding_never_sees_padding(adapters) -> None:
     seen: list[int] = []
-    adapter = ADAPTERS["llada", False]
+    adapter = adapters["llada", False]
     handle = adapter.module.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
     try:
         text_decoder("fast_dllm", gen_length=GEN).decode(RolloutEngine(adapter=adapter), requests_for([3, 9, 3], 0), BLOCK)
@@ -114,19 +125,19 @@ def test_a_model_that_ignores_padding_never_sees_padding() -> None:
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
 @pytest.mark.parametrize("preset", ["fast_dllm", "adalook", "dream"])
-def test_sampling_is_seeded_and_batch_invariant(family: str, preset: str) -> None:
+def test_sampling_is_seeded_and_batch_invariant(adapters, family: str, preset: str) -> None:
     """Temperature > 0 draws from counter-based noise: same seed, same tokens, alone or batched."""
-    decoder = DECODERS[preset]
+    decoder = decoder_for(preset)
     requests = requests_for([4, 9, 2], seed=5)
 
     def decode(batch: list[DecodeRequest], seed: int) -> list[torch.Tensor]:
-        engine = RolloutEngine(adapter=ADAPTERS[family, True], temperature=1.5, seed=seed)
+        engine = RolloutEngine(adapter=adapters[family, True], temperature=1.5, seed=seed)
         return [r.tokens for r in decoder.decode(engine, batch, BLOCK)]
 
     batched = decode(requests, seed=3)
     alone = [decode([r], seed=3)[0] for r in requests]
     assert all(torch.equal(a, b) for a, b in zip(batched, alone))
-    greedy = [r.tokens for r in decoder.decode(RolloutEngine(adapter=ADAPTERS[family, True]), requests, BLOCK)]
+    greedy = [r.tokens for r in decoder.decode(RolloutEngine(adapter=adapters[family, True]), requests, BLOCK)]
     assert any(not torch.equal(a, b) for a, b in zip(batched, greedy)), "temperature 1.5 changed nothing"
     assert any(not torch.equal(a, b) for a, b in zip(batched, decode(requests, seed=4))), "the seed changed nothing"
 
@@ -154,8 +165,7 @@ def test_llada_end_of_text_switches() -> None:
 
     def evaluate(**switches):
         engine = RolloutEngine(adapter=ModelAdapter(module=FixedLogits(logits), mask_id=MASK_ID, vocab_size=VOCAB, **switches))
-        engine.reset(1)
-        return engine.evaluate(tokens, attention, one, one, one)
+        return engine.evaluate(tokens, attention, one, one, one, one, engine.memory(1), engine.sampling_over(Sampling()))[0]
 
     plain = evaluate()
     assert (plain.token[0, 2:5] == eos).all() and (plain.token[0, 5:8] == eot).all()
@@ -171,25 +181,25 @@ def test_llada_end_of_text_switches() -> None:
 @pytest.mark.parametrize("preset", decoder_presets())
 @settings(max_examples=3, deadline=None)
 @given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=4), seed=st.integers(0, 1000))
-def test_cached_decoding_is_batch_invariant(preset: str, family: str, cache: str, lengths: list[int], seed: int) -> None:
+def test_cached_decoding_is_batch_invariant(adapters, preset: str, family: str, cache: str, lengths: list[int], seed: int) -> None:
     """Lookahead branches share their sample's cache, rows of other samples keep their own."""
-    assert_batched_equals_alone(RolloutEngine(adapter=ADAPTERS[family, True], row_budget=3, cache=cache), preset, requests_for(lengths, seed))
+    assert_batched_equals_alone(RolloutEngine(adapter=adapters[family, True], row_budget=3, cache=cache), preset, requests_for(lengths, seed))
 
 
 @pytest.mark.parametrize("preset", ["fast_dllm", "adalook"])
-def test_caches_compute_fewer_positions(preset: str) -> None:
+def test_caches_compute_fewer_positions(adapters, preset: str) -> None:
     """token_forwards: every position of a full forward, only the window with a cache (branches included)."""
     requests = requests_for([12, 9], seed=2)
     counted = {}
     for cache in ("none", "prefix", "dual"):
-        engine = RolloutEngine(adapter=ADAPTERS["llada", True], cache=cache)
-        results = DECODERS[preset].decode(engine, requests, BLOCK)
+        engine = RolloutEngine(adapter=adapters["llada", True], cache=cache)
+        results = decoder_for(preset).decode(engine, requests, BLOCK)
         counted[cache] = [r.token_forwards for r in results]
         if cache == "none":
             assert all(r.token_forwards == r.row_forwards * (len(q.prompt) + GEN) for r, q in zip(results, requests))
     assert all(n > p > d for n, p, d in zip(counted["none"], counted["prefix"], counted["dual"]))
 
 
-def test_a_cache_needs_a_model_that_can_cache() -> None:
-    with pytest.raises(ValueError, match="engine.cache=prefix needs a model that can cache"):
-        RolloutEngine(adapter=ADAPTERS["llada", False], cache="prefix")
+def test_a_cache_needs_a_model_that_can_cache(adapters) -> None:
+    with pytest.raises(ValueError, match="cache=prefix needs a model that can cache"):
+        RolloutEngine(adapter=adapters["llada", False], cache="prefix")

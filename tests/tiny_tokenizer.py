@@ -6,14 +6,17 @@ tokens sit at the families' real ids (LLaDA-8B-Instruct's and Dream-v0-Instruct-
 tokens, far above the small vocabulary), and the chat templates follow the real ones: a
 Llama-3-style one for LLaDA and Qwen2.5's for Dream. Saved with ``save_pretrained``, they load
 with ``AutoTokenizer.from_pretrained(dir, local_files_only=True)`` and no remote code.
+
+The merges and the saving are the package's (:mod:`dlmsearch.models.tokenizer_build`, which
+builds the shipped Countdown model's tokenizer too); only the families' ids, words and the
+Dream template are defined here.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, processors
-from tokenizers.pre_tokenizers import ByteLevel
+from dlmsearch.models.tokenizer_build import LLADA_CHAT_TEMPLATE, byte_level_bpe, save_tokenizer
 
 LLADA_VOCAB = 126464
 DREAM_VOCAB = 152064
@@ -34,12 +37,7 @@ DREAM_SPECIALS = {
     "<|beginoftext|>": 151665,
     "<|mask|>": 151666,
 }
-LLADA_TEMPLATE = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' %}"
-    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
-)
+LLADA_TEMPLATE = LLADA_CHAT_TEMPLATE
 DREAM_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
     "{%- else %}{{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{%- endif %}"
@@ -60,50 +58,23 @@ WORDS = (
 ).split()
 
 
-def _byte_level_bpe(specials: dict[str, int]) -> Tokenizer:
-    """Byte-level BPE: 256 byte symbols, merges spelling out WORDS (also with a leading space)."""
-    vocab = {symbol: i for i, symbol in enumerate(sorted(ByteLevel.alphabet()))}
-    merges: list[tuple[str, str]] = []
-    # Words after a space first ("\u0120" is byte-level's space), so their merges take precedence.
-    for spelled in ["\u0120" + word for word in WORDS] + WORDS:
-        current = spelled[0]
-        for char in spelled[1:]:
-            if current + char not in vocab:
-                vocab[current + char] = len(vocab)
-                merges.append((current, char))
-            current += char
-    vocab.update(specials)
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tokenizer.pre_tokenizer = ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    return tokenizer
-
-
 def write_tokenizer(directory: Path, family: str, chat_template: bool = True, add_bos: bool = False, extra: dict[str, int] | None = None) -> None:
     """Save a tiny ``family`` ("llada" or "dream") tokenizer in ``directory``.
 
     ``add_bos``: the tokenizer prepends its BOS to every encoding (to test the single-BOS rule);
     ``extra``: more special tokens ``{content: id}``.
     """
-    from transformers import PreTrainedTokenizerFast
-
     spec = FAMILIES[family]
-    specials = {**spec["specials"], **(extra or {})}
-    tokenizer = _byte_level_bpe(specials)
-    if add_bos:
-        bos = (spec["bos"], specials[spec["bos"]])
-        tokenizer.post_processor = processors.TemplateProcessing(single=f"{bos[0]} $A", pair=f"{bos[0]} $A $B", special_tokens=[bos])
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=spec["bos"],
-        eos_token=spec["eos"],
-        pad_token=spec["pad"],
-        mask_token=spec["mask"],
+    save_tokenizer(
+        directory,
+        byte_level_bpe({**spec["specials"], **(extra or {})}, WORDS),
+        bos=spec["bos"],
+        eos=spec["eos"],
+        pad=spec["pad"],
+        mask=spec["mask"],
         chat_template=spec["template"] if chat_template else None,
+        prepend_bos=add_bos,
     )
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    wrapped.save_pretrained(str(directory))
 
 
 def write_oversized_tokenizer(directory: Path, vocab_size: int, family: str = "llada") -> int:
