@@ -92,12 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="bench_engine.py --repeats")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sections", default="1,2,3,4", help="bench_engine.py --sections (1b on CPU: 2)")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the engine.compile run (eager before and after only)")
     args = parser.parse_args(argv)
     runs_dir = ROOT / "runs" / "bench_before_after"
     runs_dir.mkdir(parents=True, exist_ok=True)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip())
     variants = {f"before ({args.before})": None, f"after ({head}{'+' if dirty else ''})": False, f"after, engine.compile": True}
+    if args.no_compile:
+        variants.pop("after, engine.compile")
     found: dict[str, list[dict[str, float | None]]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory() as scratch:
         before_tree = export(args.before, Path(scratch))
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     out = ROOT / "experiments" / "results" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     command = (f"python experiments/bench_before_after.py --before {args.before} --size {args.size} --rounds {args.rounds} --repeats {args.repeats}"
-               + (f" --sections {args.sections}" if args.sections != "1,2,3,4" else ""))
+               + (f" --sections {args.sections}" if args.sections != "1,2,3,4" else "") + (" --no-compile" if args.no_compile else ""))
     (out / f"before_after_{args.size}.md").write_text(f"{table}\n\nMeasured by `{command}`.\n")
     (out / f"before_after_{args.size}.json").write_text(json.dumps({"command": command, "rounds": found, "median": medians}, indent=1) + "\n")
     print("\n" + table)

@@ -277,4 +277,4 @@ def test_pruning_needs_a_verifier_of_partial_outputs() -> None:
 
     with pytest.raises(ValueError, match="set decoder.population.prune_conflicts=auto"):
         Population(size=2, prune_conflicts=True).for_verifier(AnswerVerifier(lambda row: ""))
-    Population(size=2, stop_when_accepted=True).check(AnswerVerifier(lambda row: ""))
+    Population(size=2, stop_when_accepted=True).for_verifier(AnswerVerifier(lambda row: ""))

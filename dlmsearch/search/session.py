@@ -12,8 +12,6 @@ padding is invisible, and its rounds, deadline and population schedule are its o
 
 from __future__ import annotations
 
-import time
-
 import attrs
 import torch
 
@@ -119,8 +117,7 @@ class DecodeSession:
         clash = sorted(running & {r.uid for r in requests})
         if clash or len({r.uid for r in requests}) != len(requests):
             raise ValueError(f"sample uid(s) {clash or [r.uid for r in requests]} are already decoding: every sample of a session needs its own uid")
-        new = self.decoder.start(self.engine, requests, self.plan.block_length, self.verifier, self.plan)
-        new = attrs.evolve(new, started=torch.full((len(requests),), time.monotonic(), dtype=torch.float64))
+        new = self.decoder.start(self.engine, requests, self.plan.block_length, self.verifier, self.plan)  # their deadlines count from now
         self.state = new if self.state is None else join(self.state, new)
 
     def evict(self, uids: list[int]) -> None:

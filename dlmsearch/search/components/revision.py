@@ -16,7 +16,7 @@ budget * blocks`` rounds.
   authors' code) or the current block's; the last step of a block re-masks nothing.
 * :class:`LoopRemask` (ReMDM, Wang et al., NeurIPS 2025; the authors' LLaDA variant): in the
   loop window of each block, before each step, re-mask the ``k`` committed positions of the
-  block with the lowest confidence at commit.
+  block with the lowest confidence at commit (on a 2^-20 grid; ties: the earlier position).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class LoopRemask:
     with the lowest confidence at commit, ranked on
     :func:`~dlmsearch.search.components.commit.on_grid` (2^-20 relative; ties: the earlier
     position), as the schedule ranks them: commits a float32 ulp apart near 1 are common, and
-    their raw order is the CPU's rounding, not the model's."""
+    their raw order is the softmax's rounding, not the model's."""
 
     k: int = number(int, 1, default=1)
     loop_steps: int | None = number(int, 1, optional=True, default=None)  # None: as many as plain steps
