@@ -26,14 +26,15 @@ from dlmsearch.search.records.verifier import Verifier
 CANVAS_PADDING = {"commit_call": -1, "commit_depth": -1, "commit_branch": -1}
 
 
-def _evaluations(first: Evaluation, second: Evaluation) -> Evaluation:
-    """Rows of both; a statistic one of them never computed reads as zeros there (those rows are re-evaluated before use)."""
-    def zeros_for(record: Evaluation, like: torch.Tensor) -> torch.Tensor:
-        return like.new_zeros(len(record.token), like.shape[1])
+def _filled(record: Evaluation, other: Evaluation) -> Evaluation:
+    """``record`` with zeros for the statistics only ``other`` computed (those rows are re-evaluated before use)."""
+    missing = {f.name: getattr(other, f.name) for f in attrs.fields(Evaluation) if getattr(record, f.name) is None and getattr(other, f.name) is not None}
+    return attrs.evolve(record, **{name: like.new_zeros(len(record.token), like.shape[1]) for name, like in missing.items()})
 
-    missing_first = {f.name: zeros_for(first, getattr(second, f.name)) for f in attrs.fields(Evaluation) if getattr(first, f.name) is None and getattr(second, f.name) is not None}
-    missing_second = {f.name: zeros_for(second, getattr(first, f.name)) for f in attrs.fields(Evaluation) if getattr(second, f.name) is None and getattr(first, f.name) is not None}
-    return cat_rows(attrs.evolve(first, **missing_first), attrs.evolve(second, **missing_second))
+
+def _evaluations(first: Evaluation, second: Evaluation) -> Evaluation:
+    """Rows of both, a statistic one of them never computed reading as zeros there."""
+    return cat_rows(_filled(first, second), _filled(second, first))
 
 
 def join(state: DecodeState, other: DecodeState) -> DecodeState:
@@ -63,13 +64,13 @@ def join(state: DecodeState, other: DecodeState) -> DecodeState:
     )
 
 
-def keep(state: DecodeState, samples: torch.Tensor, memory: str = "move") -> DecodeState:
-    """The decode of only these samples (batch indices, in order). ``memory="move"`` narrows this
-    decode's stores to them (the others leave); ``"copy"`` gives the result its own copy and
-    leaves this decode's stores as they are (finished samples taken out to report them)."""
+def keep(state: DecodeState, samples: torch.Tensor, copy_stores: bool = False) -> DecodeState:
+    """The decode of only these samples (batch indices, in order). By default this decode's stores
+    narrow to them (the others leave); ``copy_stores`` gives the result its own copy and leaves
+    this decode's stores as they are (finished samples taken out to report them)."""
     slots, slot = state.slots.kept(samples)
-    stores = state.memory.split(slot) if memory == "copy" else state.memory
-    if memory == "move":
+    stores = state.memory.split(slot) if copy_stores else state.memory
+    if not copy_stores:
         stores.reorder(slot)
     return attrs.evolve(
         state,
@@ -143,7 +144,7 @@ class DecodeSession:
         done = ~decoding.view(state.slots.samples, state.slots.size).any(dim=1)
         if not bool(done.any()):
             return []
-        finished = keep(state, done.nonzero().squeeze(1), memory="copy")
+        finished = keep(state, done.nonzero().squeeze(1), copy_stores=True)
         results = self.decoder.finish(self.engine, finished, self.verifier)
         stay = (~done).nonzero().squeeze(1)
         self.state = None if len(stay) == 0 else keep(state, stay)
