@@ -28,6 +28,8 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from dlmsearch.models.token_ops import attend
+
 KeyValues = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -73,7 +75,7 @@ class CachedWindow:
         rows, heads, length, dim = queries.shape
         stacked = queries.new_zeros(keys.shape[0], heads, self.lanes * length, dim)
         self._stacked(stacked)[self.slot, :, self.lane] = queries
-        attended = F.scaled_dot_product_attention(stacked, keys, values, attn_mask=self.mask, enable_gqa=grouped)
+        attended = attend(stacked, keys, values, self.mask, grouped)
         return self._stacked(attended)[self.slot, :, self.lane]
 
 

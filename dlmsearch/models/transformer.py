@@ -125,7 +125,7 @@ class Block(nn.Module):
         q, k, v = (t.view(rows, length, -1, c.head_dim).transpose(1, 2) for t in (q, k, v))
         grouped = c.num_kv_heads != c.num_heads  # grouped-query attention without copying keys and values per head group
         if cached is None:
-            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=grouped)
+            attended = token_ops.attend(q, k, v, key_mask, grouped)
         else:
             window, layer = cached
             window.write(layer, k, v)
