@@ -8,7 +8,7 @@ import functools
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -181,9 +181,24 @@ def test_llada_end_of_text_switches() -> None:
 @pytest.mark.parametrize("preset", decoder_presets())
 @settings(max_examples=3, deadline=None)
 @given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=4), seed=st.integers(0, 1000))
+@example(lengths=[3, 3], seed=288)  # CI found it: fixed_depth's branch scores tied within 1e-6 and float32 attention decided them by lanes
 def test_cached_decoding_is_batch_invariant(adapters, preset: str, family: str, cache: str, lengths: list[int], seed: int) -> None:
     """Lookahead branches share their sample's cache, rows of other samples keep their own."""
     assert_batched_equals_alone(RolloutEngine(adapter=adapters[family, True], row_budget=3, cache=cache), preset, requests_for(lengths, seed))
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_a_rows_logits_do_not_move_with_its_batchs_padding(adapters, family: str) -> None:
+    """Bit for bit: a row alone, and left-padded beside a longer one (CPU attention sums in float64;
+    in float32 they differed by ~1e-7, enough to flip a near-tie batched and alone)."""
+    model = adapters[family, True].module
+    generator = torch.Generator().manual_seed(1)
+    short, long = torch.randint(0, MASK_ID, (1, 7), generator=generator), torch.randint(0, MASK_ID, (1, 19), generator=generator)
+    batch = torch.cat([torch.cat([torch.zeros(1, 12, dtype=torch.long), short], dim=1), long])
+    real = torch.ones_like(batch, dtype=torch.bool)
+    real[0, :12] = False
+    with torch.no_grad():
+        assert torch.equal(model(batch, real)[0, 12:], model(short)[0])
 
 
 @pytest.mark.parametrize("preset", ["fast_dllm", "adalook"])
