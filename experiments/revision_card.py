@@ -12,6 +12,7 @@ at equal steps from the curves (``revision_card.png``).
 
     python experiments/revision_card.py                          # all three tiers (~15 min on 2 cores)
     python experiments/revision_card.py --limit 16 --out /tmp/rev   # a quick look
+    python experiments/revision_card.py --only saber,rcr,wino       # some decoders (and fast_dllm, the baseline)
 """
 
 from __future__ import annotations
@@ -60,11 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, default=Path("runs/revision_card"))
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--only", default=None, help="comma-separated presets to run (fast_dllm is always run: the paired baseline)")
     args = parser.parse_args(argv)
+    only = None if args.only is None else {"fast_dllm", *args.only.split(",")}
     table = []
     for task, tier in TIERS:
         baseline = None
-        for label, preset, overrides in variants(task):
+        for label, preset, overrides in (v for v in variants(task) if only is None or v[1] in only):
             run_dir = args.runs / f"{task}_{tier}" / label.replace(" ", "_").replace("=", "").replace("τ", "tau").replace("γ", "gamma")
             row = measure(run_dir, tier, label, preset, overrides, SETTINGS[task], args.limit, args.batch_size,
                           extras=lambda found: {"mean_revisions": round(sum(r.get("revisions", 0) for r in found.values()) / max(len(found), 1), 2)})

@@ -52,7 +52,8 @@ def test_revising_decoders_terminate_keep_given_tokens_and_ignore_the_batch(
         assert int(result.revisions[given_cells].sum()) == 0 and bool((result.commit_call[given_cells] == -1).all())
         assert not bool((result.tokens == MASK_ID).any())
         plan = decoder.plan(RolloutEngine(adapter=adapter), 16, 8)
-        bound = 16 + 1 + (plan.block_budget or 0) * 2 + plan.revision.extra_rounds(Layout(gen_start=0, gen_length=16, block_length=8))
+        layout = Layout(gen_start=0, gen_length=16, block_length=plan.block_length)  # WINO: one block of the whole generation, as published
+        bound = 16 + 1 + (plan.block_budget or 0) * layout.num_blocks + plan.revision.extra_rounds(layout)
         assert result.steps <= bound == plan.max_rounds()  # the stated bound: gen_length + 1 + budget * blocks + the revision's extra rounds
         assert result.row_forwards == result.steps
         if preset not in REVISING:  # monotone: every position committed once
@@ -64,7 +65,7 @@ def test_rcr_keeps_the_schedule_after_every_step(adapter: ModelAdapter) -> None:
     RCR keeps LLaDA's count of commits, not its choice of which."""
     requests = make_requests([4], 16, seed=1)
     masked_after: list[int] = []
-    decoder = text_decoder("rcr", "decoder.commit.steps=8")  # S = 4 steps per block of 8
+    decoder = text_decoder("rcr", "decoder.commit.steps=8", "decoder.revision.pool=paper")  # S = 4 steps per block of 8; the paper's full schedule
     result = decode(decoder, adapter, requests, on_round=lambda canvas, source: masked_after.append(int(canvas.masked[0, 4:].sum())))[0]
     per_block = [8 - math.floor(8 * (1 - (t + 1) / 4)) for t in range(4)]  # K_t kept
     expected = [8 + 8 - k for k in per_block] + [8 - k for k in per_block]  # during the first block the second's 8 are masked too

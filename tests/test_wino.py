@@ -86,9 +86,19 @@ def test_wino_verifies_and_remasks_counting_rows_not_steps(adapter: ModelAdapter
     for request, result in zip(requests, results):
         assert not bool((result.tokens == MASK_ID).any())
         assert result.row_forwards == result.steps  # the shadow rides in its row: one row per step
-        assert result.token_forwards == result.steps * (len(request.prompt) + 16 + 8)  # canvas + the shadow of a block of 8
+        assert result.token_forwards == result.steps * (len(request.prompt) + 16 + 16)  # canvas + the shadow of its one block of 16
     alone = [decoder.decode(RolloutEngine(adapter=adapter), [r], 8)[0] for r in requests]
     assert all(torch.equal(a.tokens, b.tokens) and a.steps == b.steps for a, b in zip(alone, results))
+
+
+def test_wino_decodes_one_block_as_published_unless_told_the_tasks(adapter: ModelAdapter) -> None:
+    """The preset's block is the whole generation (every published config) and its tau1 the task's
+    (``decoding.wino_tau1``); ``decoder.block_length=null`` decodes the task's blocks of 8."""
+    requests = make_requests([3], 16, seed=2)
+    assert text_decoder("wino").commit.tau1 == 0.6 and text_decoder("wino", "decoding=countdown").commit.tau1 == 0.5
+    for override, shadow in (([], 16), (["decoder.block_length=null"], 8)):
+        [result] = text_decoder("wino", *override).decode(RolloutEngine(adapter=adapter), requests, 8)
+        assert result.token_forwards == result.steps * (3 + 16 + shadow)
 
 
 def test_wino_is_refused_where_no_shadow_can_run(adapter: ModelAdapter) -> None:

@@ -54,8 +54,10 @@ def statistics_for(ordering: str) -> frozenset[str]:
 
 
 def top_k_mask(scores: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``[R, T]`` mask of each row's ``k[row]`` best eligible positions (ties: lower column)."""
-    ranked = torch.where(eligible, scores, -math.inf)
+    """``[R, T]`` mask of each row's ``k[row]`` best eligible positions (ties: lower column).
+    An eligible score of -inf still ranks above every ineligible position (as the most negative
+    finite value), so a row gets its ``k`` whenever it has that many eligible positions."""
+    ranked = torch.where(eligible, torch.where(scores == -math.inf, torch.finfo(scores.dtype).min, scores), -math.inf)
     order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(order.shape[1]).expand_as(order).contiguous())
@@ -74,6 +76,7 @@ class CommitRule(Protocol):
     block_budget: int | None
     statistics: frozenset[str]
     holds_block: bool  # stay in a block for the whole budget even when it is full (rules paired with a revision)
+    whole_prefix: bool  # a block is full only when no mask is left before its end, earlier blocks' too (Saber)
 
     def bind(self, layout: Layout) -> "CommitRule":
         """The rule for this canvas layout (checked; a bound copy where it counts steps per block): the decode plan's, never written."""
@@ -93,6 +96,7 @@ class _FixedSteps:
     alg_temp: float = number(float, 0.0, default=0.0)
     block_budget: int | None = attrs.field(init=False, default=None)
     holds_block: ClassVar[bool] = False
+    whole_prefix: ClassVar[bool] = False
 
     @property
     def statistics(self) -> frozenset[str]:
@@ -137,6 +141,7 @@ class _UntilBlockFull:
     statistics: ClassVar[frozenset[str]] = frozenset()
     block_budget: ClassVar[None] = None
     holds_block: ClassVar[bool] = False
+    whole_prefix: ClassVar[bool] = False
 
     def bind(self, layout: Layout) -> "_UntilBlockFull":
         return self
@@ -182,6 +187,7 @@ class FastBlockRule:
     threshold: float = number(float, 0.0, 1.0, default=0.9)
     statistics: ClassVar[frozenset[str]] = frozenset()
     holds_block: ClassVar[bool] = False
+    whole_prefix: ClassVar[bool] = False
 
     @property
     def block_budget(self) -> int:
@@ -258,6 +264,7 @@ class FillBlock:
     steps: int = number(int, 1)
     statistics: ClassVar[frozenset[str]] = frozenset()
     holds_block: ClassVar[bool] = True
+    whole_prefix: ClassVar[bool] = False
     block_budget: int | None = attrs.field(init=False, default=None)
 
     def bind(self, layout: Layout) -> "FillBlock":
@@ -328,6 +335,7 @@ class ReMDMSchedule:
     loop_start_frac: float = number(float, 0.0, 1.0, default=0.875)
     statistics: ClassVar[frozenset[str]] = frozenset()
     holds_block: ClassVar[bool] = True
+    whole_prefix: ClassVar[bool] = False
     block_budget: int | None = attrs.field(init=False, default=None)
     plain: int = attrs.field(init=False, default=1)
 
@@ -355,9 +363,14 @@ class MeanConfidenceRule(_UntilBlockFull):
     """Saber's commit (Dong et al., arXiv 2510.18165; pairs with
     :class:`~dlmsearch.search.components.revision.ConfidenceDrop`): the threshold is the mean confidence at
     commit of every position committed so far (1 before the first); commit the masked positions
-    up to the block end above it, and at least the ``n`` most confident."""
+    up to the block end above it, and at least the ``n`` most confident (among those candidates:
+    the authors' ``topk`` can take a committed position and overwrite its token, a defect kept
+    out). A block is full only when no mask is left before its end (``whole_prefix``): positions
+    that backtracking re-masked in earlier blocks hold the decode in the block, as in the authors'
+    loop, which checks the whole prefix ``x[:, :block_end]``."""
 
     n: int = number(int, 1, default=2)
+    whole_prefix: ClassVar[bool] = True
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         ever = ((canvas.commit_call >= 0) | (canvas.revisions > 0)) & (torch.arange(canvas.tokens.shape[1]) >= layout.gen_start)[None, :]

@@ -13,7 +13,8 @@ budget * blocks`` rounds.
 * :class:`RunningConfidence` (RCR, He et al., arXiv 2508.13148): after step ``t`` of ``S``,
   keep ``K_t = N - floor(N * g((t + 1) / S))`` and re-mask the rest, lowest running confidence
   first (ties: the earlier position), over every generated position (``scope: generated``, as the
-  authors' code) or the current block's; the last step of a block re-masks nothing.
+  authors' code) or the current block's; the last step of a block re-masks nothing; ``pool``
+  (``authors`` | ``paper``) says whether confidences of exactly 1.0 may go back.
 * :class:`LoopRemask` (ReMDM, Wang et al., NeurIPS 2025; the authors' LLaDA variant): in the
   loop window of each block, before each step, re-mask the ``k`` committed positions of the
   block with the lowest confidence at commit (on a 2^-20 grid; ties: the earlier position).
@@ -77,12 +78,28 @@ def _needs_steps(name: str, block_budget: int | None) -> int:
 SCHEDULES = ("linear", "cosine")
 
 
+RCR_POOLS = ("authors", "paper")
+
+
 @attrs.define
 class RunningConfidence:
-    """RCR's re-masking back to the schedule (pairs with :class:`~dlmsearch.search.components.commit.FillBlock`)."""
+    """RCR's re-masking back to the schedule (pairs with :class:`~dlmsearch.search.components.commit.FillBlock`).
+
+    ``pool`` says which committed positions may go back:
+
+    * ``authors`` (the default; the loop that produced the published numbers): a position whose
+      running confidence is exactly 1.0 is never re-masked. With top-p at temperature 0 every
+      ``p1 > 0.95`` becomes exactly 1.0, the value the authors' loop also reads for the prompt and
+      the not-yet-filled positions; their ``topk`` over the whole row spends the schedule's
+      re-masks on those ties (mostly not-yet-filled positions: no-ops), so fewer positions than
+      scheduled go back.
+    * ``paper``: the full schedule over the generated positions, ties at 1.0 included (the
+      earlier position first).
+    """
 
     schedule: str = attrs.field(default="linear", validator=check_choice(*SCHEDULES))
     scope: str = attrs.field(default="generated", validator=check_choice("generated", "block"))
+    pool: str = attrs.field(default="authors", validator=check_choice(*RCR_POOLS))
     steps: int = attrs.field(init=False, default=1)
     revises: ClassVar[bool] = True
 
@@ -94,6 +111,13 @@ class RunningConfidence:
         g = 1 - progress if self.schedule == "linear" else torch.cos(math.pi * progress / 2)
         return g.clamp(1e-6, 1.0)
 
+    def masked_after(self, positions: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """``N - K_t = floor(N * g(done / S))`` as the authors compute it: ``g`` in float64, cast
+        to float32, then ``N * g`` and the floor in float32. (float32 throughout moves the floor by
+        one for many ``(N, S)`` with ``S`` not a power of two: N = 12, S = 3 keeps 7 masked, not 8.)"""
+        g = self.remaining(done.double() / self.steps).float()
+        return torch.floor(positions.float() * g).long()
+
     def extra_rounds(self, layout: Layout) -> int:
         return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
 
@@ -101,12 +125,14 @@ class RunningConfidence:
         done = before.block_step + 1  # the block's steps so far, this one included
         revising = done < self.steps  # the last step of a block re-masks nothing
         n = block_positions(before, layout)
-        masked_after = torch.floor(n * self.remaining(done.float() / self.steps)).long()  # N - K_t
-        count = torch.where(revising, masked_after, 0)
+        count = torch.where(revising, self.masked_after(n, done), 0)
         if not bool((count > 0).any()):
             return None
         scope = after.unlocked(layout) if self.scope == "generated" else after.in_current_block(layout)
-        return lowest(after.commit_confidence, scope & (after.commit_call >= 0), count)
+        eligible = scope & (after.commit_call >= 0)
+        if self.pool == "authors":
+            eligible = eligible & (after.commit_confidence < 1.0)
+        return lowest(after.commit_confidence, eligible, count)
 
 
 @attrs.define
@@ -150,10 +176,18 @@ class ConfidenceDrop:
     """Saber's backtracking (Dong et al., arXiv 2510.18165; pairs with
     :class:`~dlmsearch.search.components.commit.MeanConfidenceRule`): after a step that committed ``f``
     positions, re-mask the ``r = min(max(floor(n / 2), ceil(f / 8)), f - 1)`` committed positions
-    whose top-1 probability fell most since the previous step (``Δ = c - c_prev``; +inf for
-    positions the previous step did not see, so a new block backtracks into earlier ones, as the
-    authors' code does). Net progress is at least one position per step; a step that fills its
-    block does not backtrack."""
+    whose top-1 probability fell most since the previous step (``Δ = c - c_prev``, lowest first;
+    ties: the earlier position, where the authors' ``topk`` order is unspecified). Net progress is
+    at least one position per step. As the authors' loop runs it:
+
+    * ``c_prev`` starts at 0, not at "no previous step": the decode's first step already has a
+      finite ``Δ = c`` everywhere and backtracks its least confident new commit (it nets one
+      commit, not ``f``);
+    * positions the previous step did not score (a block entered this step) have ``Δ = +inf``,
+      so a new block backtracks into earlier ones first;
+    * a step after which no mask is left before the block's end (earlier blocks' re-masked
+      positions included) does not backtrack: the loop leaves the block there.
+    """
 
     n: int = number(int, 1, default=2)
     revises: ClassVar[bool] = True
@@ -166,14 +200,16 @@ class ConfidenceDrop:
 
     def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
         committed_now = (before.masked & ~after.masked).sum(dim=1)
-        block_full = ~(after.masked & before.in_current_block(layout)).any(dim=1)
+        prefix_full = ~(after.masked & before.unlocked(layout)).any(dim=1)
         count = torch.minimum(torch.maximum(torch.full_like(committed_now, self.n // 2), (committed_now + 7) // 8), committed_now - 1)
-        count = torch.where(block_full, 0, count.clamp(min=0))
+        count = torch.where(prefix_full, 0, count.clamp(min=0))
         if not bool((count > 0).any()):
             return None
-        seen = before.block_step[:, None] > 0  # the previous step decoded this block too
-        seen_before = before.unlocked(layout) & (seen | ~before.in_current_block(layout))
-        drop = torch.where(seen_before, evaluation.confidence - previous.confidence, math.inf)
+        first_step = ~((before.commit_call >= 0) | (before.revisions > 0)).any(dim=1)  # c_prev is still the record's initial 0
+        scored_before = before.block_step[:, None] > 0  # the previous step decoded this block too
+        seen = before.unlocked(layout) & (scored_before | ~before.in_current_block(layout) | first_step[:, None])
+        prior = torch.where(first_step[:, None], 0.0, previous.confidence)
+        drop = torch.where(seen, evaluation.confidence - prior, math.inf)
         drop = torch.where(torch.isfinite(drop), drop, math.inf)
         eligible = after.unlocked(layout) & (after.commit_call >= 0)
         return lowest(drop, eligible, count)

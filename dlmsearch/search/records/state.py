@@ -144,12 +144,14 @@ class Canvas:
         block_budget: int | None,
         hold: bool = False,
         advance: bool = True,
+        whole_prefix: bool = False,
     ) -> "Canvas":
         """Write ``proposal`` where ``chosen`` (masked positions only), then advance blocks.
 
         A row moves to its next block when its current block has no mask left, or when it has
         used ``block_budget`` commits there (fast block diffusion); the last block never moves.
-        With ``hold`` (rules that revise: RCR, ReMDM) a row moves only once the budget is spent.
+        With ``hold`` (rules that revise: RCR, ReMDM) a row moves only once the budget is spent;
+        with ``whole_prefix`` (Saber) a block is full only when no mask is left before its end.
         ``advance=False`` leaves the blocks for the caller (a revision acts first).
         """
         chosen = chosen & self.masked
@@ -167,7 +169,7 @@ class Canvas:
             commit_branch=torch.where(chosen, branch[:, None], self.commit_branch),
             revisions=self.revisions,
         )
-        return canvas.advance_blocks(layout, block_budget, hold) if advance else canvas
+        return canvas.advance_blocks(layout, block_budget, hold, whole_prefix) if advance else canvas
 
     def remask(self, positions: torch.Tensor, mask_id: int) -> "Canvas":
         """Return committed ``positions`` to the mask (a revision), counting it; blocks never move
@@ -183,12 +185,14 @@ class Canvas:
             revisions=self.revisions + positions.long(),
         )
 
-    def advance_blocks(self, layout: Layout, block_budget: int | None, hold: bool = False) -> "Canvas":
-        """Move rows past full blocks (and past spent budgets; with ``hold``, past spent budgets only)."""
+    def advance_blocks(self, layout: Layout, block_budget: int | None, hold: bool = False, whole_prefix: bool = False) -> "Canvas":
+        """Move rows past full blocks (and past spent budgets; with ``hold``, past spent budgets only).
+        ``whole_prefix``: a block is full when no mask is left in it or any block before it."""
         block, block_step = self.block, self.block_step
         blocks = layout.block_of_column(self.tokens.device)
         for _ in range(layout.num_blocks):
-            remaining = (self.masked & (blocks[None, :] == block[:, None])).sum(dim=1)
+            counted = (blocks[None, :] >= 0) & (blocks[None, :] <= block[:, None]) if whole_prefix else blocks[None, :] == block[:, None]
+            remaining = (self.masked & counted).sum(dim=1)
             spent = block_step >= block_budget if block_budget is not None else torch.zeros_like(remaining, dtype=torch.bool)
             full = (remaining == 0) & ~torch.tensor(hold and block_budget is not None)
             move = (full | spent) & (block < layout.num_blocks - 1)
