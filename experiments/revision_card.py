@@ -13,6 +13,7 @@ at equal steps from the curves (``revision_card.png``).
     python experiments/revision_card.py                          # all three tiers (~15 min on 2 cores)
     python experiments/revision_card.py --limit 16 --out /tmp/rev   # a quick look
     python experiments/revision_card.py --only saber,rcr,wino       # some decoders (and fast_dllm, the baseline)
+    python experiments/revision_card.py --only saber,rcr,wino --merge   # ... their rows replaced in the card in --out
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--only", default=None, help="comma-separated presets to run (fast_dllm is always run: the paired baseline)")
+    parser.add_argument("--merge", action="store_true", help="replace these rows in the card already in --out, keep its other rows")
     args = parser.parse_args(argv)
     only = None if args.only is None else {"fast_dllm", *args.only.split(",")}
     table = []
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{task}/{tier} {label}: {100 * row['accuracy']:.1f} % at {row['mean_steps']} steps, revisions {row['mean_revisions']}, "
                   f"vs fast_dllm +{only_new}/-{only_fast} p={p:.3g}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        table = merged(json.loads((args.out / "revision_card.json").read_text()), table)
     (args.out / "revision_card.json").write_text(json.dumps(table, indent=2) + "\n")
     lines = ["| tier | decoder | accuracy [95 % CI] | steps | row-forwards | revisions | vs fast_dllm: only new / only fast_dllm (p) |",
              "|---|---|---|---:|---:|---:|---|"]
@@ -93,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     plot(table, args.out / "revision_card.png")
     print("\n".join(lines))
     return 0
+
+
+def merged(card: list[dict], fresh: list[dict]) -> list[dict]:
+    """The card with its rows of the same tier and label replaced by the fresh ones (in place, in order)."""
+    key = lambda r: (r["task"], r["tier"], r["label"])  # noqa: E731
+    replacing = {key(r): r for r in fresh}
+    return [replacing.get(key(r), r) for r in card] + [r for r in fresh if key(r) not in {key(c) for c in card}]
 
 
 def plot(table: list[dict], path: Path) -> None:

@@ -95,6 +95,11 @@ class RunningConfidence:
       scheduled go back.
     * ``paper``: the full schedule over the generated positions, ties at 1.0 included (the
       earlier position first).
+
+    Calls: a block is held for its ``S`` steps, as in the authors' loop, but a decode ends once
+    nothing is masked. With ``pool=authors`` on a saturated model that can happen before the last
+    block's ``S`` steps; the authors' loop makes the remaining calls, which fill nothing and
+    re-mask nothing (every confidence left is 1.0), so the tokens are the same and the calls fewer.
     """
 
     schedule: str = attrs.field(default="linear", validator=check_choice(*SCHEDULES))
