@@ -44,15 +44,18 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, in_float32: bo
 def attention_inputs(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: torch.Tensor, eps: float,
     wq: torch.Tensor, bq: torch.Tensor | None, wk: torch.Tensor, bk: torch.Tensor | None, wv: torch.Tensor, bv: torch.Tensor | None,
-    heads: int, kv_heads: int, in_float32: bool,
+    heads: int, kv_heads: int, in_float32: bool, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``x [tokens, hidden]`` and its rotary ``cos, sin [tokens, 1, head_dim]`` to rotated
-    queries and keys and the values, ``[tokens, heads, head_dim]`` each."""
+    queries and keys and the values, ``[tokens, heads, head_dim]`` each. ``q_norm``/``k_norm``
+    (Qwen3-style models: SDAR, LLaDA2): an RMSNorm of each head's query and key before rotation."""
     tokens = x.shape[0]
     h = rms_norm(x, norm, eps)
     q = F.linear(h, wq, bq).view(tokens, heads, -1)
     k = F.linear(h, wk, bk).view(tokens, kv_heads, -1)
     v = F.linear(h, wv, bv).view(tokens, kv_heads, -1)
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
     return rotate(q, cos, sin, in_float32), rotate(k, cos, sin, in_float32), v
 
 

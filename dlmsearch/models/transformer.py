@@ -45,6 +45,7 @@ class TransformerConfig:
     activation: str = attrs.field(default="silu", validator=attrs.validators.in_(tuple(ACTIVATIONS)))
     tie_embeddings: bool = False
     rope_in_float32: bool = True  # LLaDA rotates in fp32 and casts back; Dream rotates in the model dtype
+    qk_norm: bool = False  # an RMSNorm of each head's query and key before rotation (Qwen3-style: SDAR, LLaDA2)
 
     @property
     def head_dim(self) -> int:
@@ -103,6 +104,8 @@ class Block(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.ops: EagerOps | CompiledOps = EagerOps()
 
     def forward(
@@ -121,6 +124,7 @@ class Block(nn.Module):
             flat, cos.transpose(1, 2).reshape(rows * length, 1, c.head_dim), sin.transpose(1, 2).reshape(rows * length, 1, c.head_dim),
             self.attn_norm.weight, self.attn_norm.eps, self.q_proj.weight, self.q_proj.bias, self.k_proj.weight, self.k_proj.bias,
             self.v_proj.weight, self.v_proj.bias, c.num_heads, c.num_kv_heads, c.rope_in_float32,
+            None if self.q_norm is None else self.q_norm.weight, None if self.k_norm is None else self.k_norm.weight,
         )
         q, k, v = (t.view(rows, length, -1, c.head_dim).transpose(1, 2) for t in (q, k, v))
         grouped = c.num_kv_heads != c.num_heads  # grouped-query attention without copying keys and values per head group

@@ -1,0 +1,182 @@
+"""Train a block-diffusion Countdown model (SDAR's architecture: Qwen3-style, q/k norm, GQA) with
+block-diffusion SFT, resumable.
+
+The rows are the LLaDA-format model's (``train_countdown.py``: the task's own prompt encoding,
+the worked answer, ``<|eot_id|>``, ``<|endoftext|>`` to the end), cut into blocks of
+``block_length`` by absolute position from the first prompt token, as SDAR's canvas is. Each
+row is forwarded once as ``[clean | noisy]``: the clean copy attends block-causally to itself,
+and every noisy block attends to itself (bidirectionally) and to the clean blocks before it,
+so that one forward trains every block against exactly the context decoding gives it (the
+finished blocks, clean). Each block of the response draws its own mask rate ``t ~ U(0, 1)``;
+the loss is the masked tokens' cross-entropy weighted by ``1/t``, over the response length.
+Prompt tokens are never masked. Checkpoints (weights, optimiser, step, RNG; ``Checkpointer``)
+every ``checkpoint_every`` steps, with the held-out masked cross-entropy; the same ``out_dir``
+resumes. Decoding accuracy at checkpoints comes with the engine's block-causal decoding.
+
+    python experiments/train_countdown_block.py                          # resumable
+    python experiments/train_countdown_block.py max_minutes=30           # stop after 30 minutes, resume later
+    python experiments/train_countdown_block.py steps=20 out_dir=/tmp/cdb model.n_layers=1 checkpoint_every=10
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from dlmsearch.core import attention as pattern
+from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
+from dlmsearch.tasks.countdown import load_countdown, shipped_countdown_path
+from dlmsearch.tasks.countdown_problems import CountdownProblem, solutions
+from dlmsearch.training import Checkpointer, learning_rate, progress
+from train_countdown import MASK_ID, VOCAB_SIZE, ProblemSampler, countdown_task, encode_batch, held_out_triples, write_countdown_tokenizer
+
+
+def block_ids(attention: torch.Tensor, block_length: int) -> torch.Tensor:
+    """``[rows, width]`` each real token's block (its absolute position from the first prompt token
+    over ``block_length``, SDAR's canvas), ``-1`` on padding."""
+    return torch.where(attention, pattern.positions(attention) // block_length, -1)
+
+
+def clean_noisy_layout(attention: torch.Tensor, block_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``[rows, 2W, 2W]`` attention (query may attend to key) and ``[rows, 2W]`` positions of a
+    ``[clean | noisy]`` row: clean attends to clean blocks up to its own, noisy to its own noisy block
+    and the clean blocks before it; padding is never attended (a padded query sees itself only)."""
+    blocks = block_ids(attention, block_length)
+    real = attention[:, None, :]
+    query, key = blocks[:, :, None], blocks[:, None, :]
+    clean_clean = real & (key <= query)
+    noisy_noisy = real & (key == query)
+    noisy_clean = real & (key < query)
+    nothing = torch.zeros_like(clean_clean)
+    layout = torch.cat([torch.cat([clean_clean, nothing], dim=2), torch.cat([noisy_clean, noisy_noisy], dim=2)], dim=1)
+    layout = layout | torch.eye(layout.shape[1], dtype=torch.bool)[None]
+    positions = pattern.positions(attention)
+    return layout, torch.cat([positions, positions], dim=1)
+
+
+def block_sft_loss(
+    model: BidirectionalTransformer, tokens: torch.Tensor, attention: torch.Tensor, start: int, block_length: int, generator: torch.Generator,
+    rate: torch.Tensor | None = None, mask_id: int = MASK_ID,
+) -> tuple[torch.Tensor, float]:
+    """Block-diffusion SFT on the response columns ``start:``: the ``1/t``-weighted loss and the plain
+    masked-token cross-entropy. ``rate`` ``[rows, width]`` fixes the mask rates (held-out evaluation)."""
+    rows, width = tokens.shape
+    eps = 1e-3
+    blocks = block_ids(attention, block_length)
+    if rate is None:
+        per_block = (1 - eps) * torch.rand(rows, int(blocks.max()) + 1, generator=generator) + eps
+        rate = per_block.gather(1, blocks.clamp(min=0))
+    masked = (torch.rand(rows, width, generator=generator) < rate) & (torch.arange(width) >= start)[None, :]
+    layout, positions = clean_noisy_layout(attention, block_length)
+    noisy = torch.where(masked, mask_id, tokens)
+    logits, _ = model.run(torch.cat([tokens, noisy], dim=1), None, width + start, attention=layout, positions=positions)
+    chosen = masked[:, start:]
+    losses = torch.nn.functional.cross_entropy(logits[chosen], tokens[:, start:][chosen], reduction="none")
+    weights = (1.0 / rate[:, start:])[chosen]
+    return (losses * weights).sum() / (rows * (width - start)), losses.mean().item() if chosen.any() else 0.0
+
+
+def held_out_rows(tier: str, count: int) -> list[tuple[CountdownProblem, str]]:
+    """The first ``count`` problems of a shipped tier (never trained on), each with its first worked answer."""
+    problems = [problem for _, problem in load_countdown(shipped_countdown_path(tier))][:count]
+    return [(problem, solutions(tuple(problem.numbers))[problem.target][0]) for problem in problems]
+
+
+def build_model(m: DictConfig) -> BidirectionalTransformer:
+    """SDAR's architecture at the configured size: q/k norm, grouped-query attention, untied head."""
+    return BidirectionalTransformer(TransformerConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=m.d_model, num_layers=m.n_layers, num_heads=m.n_heads, num_kv_heads=m.n_kv_heads,
+        intermediate_size=m.mlp_hidden_size, max_length=m.max_sequence_length, rope_theta=m.rope_theta, rms_norm_eps=1e-6,
+        qk_norm=True, tie_embeddings=False,
+    ))
+
+
+@hydra.main(version_base=None, config_path="conf/train", config_name="countdown_block")
+def main(cfg: DictConfig) -> None:
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out_dir)
+    model_dir = out / "model"
+    write_countdown_tokenizer(model_dir)
+    task = countdown_task(model_dir, cfg, cfg.eval_tier, cfg.block_length)
+    held_out = held_out_rows(cfg.eval_tier, cfg.eval_items)
+    rng = np.random.default_rng(cfg.seed)
+    sampler = ProblemSampler(cfg.curriculum, rng, held_out_triples())
+    model = build_model(cfg.model)
+    for name, parameter in model.named_parameters():
+        if parameter.dim() == 2:
+            torch.nn.init.normal_(parameter, std=0.02)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    generator = torch.Generator().manual_seed(cfg.seed)
+    checkpoints = Checkpointer(out, model, optimizer, generator, rng)
+    step, elapsed_before = 0, 0.0
+    resumed = checkpoints.resume()
+    if resumed is not None:
+        step, elapsed_before = resumed["step"], resumed["train_seconds"]
+        print(f"resumed from {checkpoints.path} at step {step}")
+    started = time.monotonic()
+    eval_seconds = 0.0
+
+    def train_seconds() -> float:
+        return elapsed_before + time.monotonic() - started - eval_seconds
+
+    def held_out_ce() -> float:
+        """The masked cross-entropy of the held-out rows at mask rates 0.1, 0.3, ..., 0.9 (fixed draws)."""
+        model.eval()
+        tokens, attention, start = encode_batch(task, held_out, cfg.gen_length)
+        with torch.no_grad():
+            values = [block_sft_loss(model, tokens, attention, start, cfg.block_length, torch.Generator().manual_seed(7), torch.full(tokens.shape, r))[1]
+                      for r in (0.1, 0.3, 0.5, 0.7, 0.9)]
+        model.train()
+        return float(np.mean(values))
+
+    def save(step: int) -> None:
+        nonlocal eval_seconds
+        seconds = train_seconds()
+        checkpoints.save(step, train_seconds=seconds)
+        tick = time.monotonic()
+        record = {"step": step, "train_seconds": round(seconds, 1), "numbers_up_to": sampler.high(progress(step, cfg.steps, seconds, cfg.budget_minutes)),
+                  "held_out_masked_ce": round(held_out_ce(), 5)}
+        eval_seconds += time.monotonic() - tick
+        with (out / "eval.jsonl").open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        tqdm.write(f"checkpoint step {step}: held-out masked CE {record['held_out_masked_ce']:.4f}")
+
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
+    with (out / "loss.jsonl").open("a") as log:
+        while True:
+            done = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes)
+            if done >= 1.0:
+                break
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, done, cfg.lr, cfg.min_lr, cfg.warmup_steps)
+            tokens, attention, start = encode_batch(task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length)
+            loss, plain = block_sft_loss(model, tokens, attention, start, cfg.block_length, generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.4f}", ce=f"{plain:.4f}")
+            log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "masked_ce": round(plain, 5), "lr": optimizer.param_groups[0]["lr"],
+                                  "seconds": round(train_seconds(), 1)}) + "\n")
+            log.flush()
+            finished = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes) >= 1.0
+            out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes
+            if step % cfg.checkpoint_every == 0 or finished or out_of_time:
+                save(step)
+            if out_of_time:
+                break
+    bar.close()
+
+
+if __name__ == "__main__":
+    main()
