@@ -78,9 +78,10 @@ def attend(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask
     branch scores then decided differently batched and alone. Summed in float64, those orders
     differ below float32's rounding, so a row's values do not depend on what it is batched with
     (measured: 0 of 31-43 evaluations differ, against 13-19 in float32, tests/test_text_batching.py).
-    On CUDA the fused float32/bfloat16 kernels run as they are.
+    On CUDA the fused float32/bfloat16 kernels run as they are, and so does training (gradients
+    on): batch invariance is a property of decoding, and float64 would slow the backward pass.
     """
-    if queries.device.type != "cpu" or queries.dtype == torch.float64:
+    if queries.device.type != "cpu" or queries.dtype == torch.float64 or torch.is_grad_enabled():
         return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=grouped)
     wide = F.scaled_dot_product_attention(queries.double(), keys.double(), values.double(), attn_mask=mask, enable_gqa=grouped)
     return wide.to(queries.dtype)
