@@ -44,21 +44,25 @@ def block_ids(attention: torch.Tensor, block_length: int) -> torch.Tensor:
     return torch.where(attention, pattern.positions(attention) // block_length, -1)
 
 
-def clean_noisy_layout(attention: torch.Tensor, block_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``[rows, 2W, 2W]`` attention (query may attend to key) and ``[rows, 2W]`` positions of a
-    ``[clean | noisy]`` row: clean attends to clean blocks up to its own, noisy to its own noisy block
-    and the clean blocks before it; padding is never attended (a padded query sees itself only)."""
+def clean_noisy_layout(attention: torch.Tensor, block_length: int, noisy_from: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``[rows, W + N, W + N]`` attention (query may attend to key) and ``[rows, W + N]``
+    positions of a ``[clean | noisy]`` row whose noisy copy holds columns ``noisy_from:`` only
+    (``N = W - noisy_from``): clean attends to clean blocks up to its own, noisy to its own noisy
+    block and the clean blocks before it; padding is never attended (a padded query sees itself
+    only). Columns before ``noisy_from`` are never masked, and a noisy copy of a block wholly
+    before it would serve no loss, so leaving it out only saves work."""
     blocks = block_ids(attention, block_length)
     real = attention[:, None, :]
     query, key = blocks[:, :, None], blocks[:, None, :]
     clean_clean = real & (key <= query)
-    noisy_noisy = real & (key == query)
-    noisy_clean = real & (key < query)
-    nothing = torch.zeros_like(clean_clean)
+    noisy_query = query[:, noisy_from:]
+    noisy_noisy = real[:, :, noisy_from:] & (key[:, :, noisy_from:] == noisy_query)
+    noisy_clean = real & (key < noisy_query)
+    nothing = torch.zeros(clean_clean.shape[0], clean_clean.shape[1], noisy_noisy.shape[2], dtype=torch.bool)
     layout = torch.cat([torch.cat([clean_clean, nothing], dim=2), torch.cat([noisy_clean, noisy_noisy], dim=2)], dim=1)
     layout = layout | torch.eye(layout.shape[1], dtype=torch.bool)[None]
     positions = pattern.positions(attention)
-    return layout, torch.cat([positions, positions], dim=1)
+    return layout, torch.cat([positions, positions[:, noisy_from:]], dim=1)
 
 
 def block_sft_loss(
@@ -74,9 +78,10 @@ def block_sft_loss(
         per_block = (1 - eps) * torch.rand(rows, int(blocks.max()) + 1, generator=generator) + eps
         rate = per_block.gather(1, blocks.clamp(min=0))
     masked = (torch.rand(rows, width, generator=generator) < rate) & (torch.arange(width) >= start)[None, :]
-    layout, positions = clean_noisy_layout(attention, block_length)
-    noisy = torch.where(masked, mask_id, tokens)
-    logits, _ = model.run(torch.cat([tokens, noisy], dim=1), None, width + start, attention=layout, positions=positions)
+    noisy_from = max(0, start - block_length + 1)  # the earliest column of a block that holds a response token
+    layout, positions = clean_noisy_layout(attention, block_length, noisy_from)
+    noisy = torch.where(masked, mask_id, tokens)[:, noisy_from:]
+    logits, _ = model.run(torch.cat([tokens, noisy], dim=1), None, width + start - noisy_from, attention=layout, positions=positions)
     chosen = masked[:, start:]
     losses = torch.nn.functional.cross_entropy(logits[chosen], tokens[:, start:][chosen], reduction="none")
     weights = (1.0 / rate[:, start:])[chosen]

@@ -59,3 +59,19 @@ def test_the_loss_trains_response_tokens_only_and_qk_norm_has_weights() -> None:
     loss.backward()
     assert torch.isfinite(loss) and plain > 0
     assert model.blocks[0].q_norm.weight.grad is not None and bool(model.blocks[0].q_norm.weight.grad.abs().sum() > 0)
+
+
+def test_a_shorter_noisy_copy_gives_the_same_response_logits() -> None:
+    """Leaving the noisy copies of prompt-only blocks out changes no response column's logits."""
+    model, b = tiny(), 4
+    generator = torch.Generator().manual_seed(5)
+    clean = torch.randint(0, MASK, (2, 14), generator=generator)
+    attention = torch.ones(2, 14, dtype=torch.bool)
+    attention[1, :2] = False
+    noisy = torch.where(torch.rand(2, 14, generator=generator) < 0.5, MASK, clean)
+    start = 9
+    cut = start - b + 1
+    with torch.no_grad():
+        full, _ = model.run(torch.cat([clean, noisy], 1), None, 14 + start, *clean_noisy_layout(attention, b))
+        short, _ = model.run(torch.cat([clean, noisy[:, cut:]], 1), None, 14 + start - cut, *clean_noisy_layout(attention, b, cut))
+    assert torch.allclose(full, short, atol=1e-5)
