@@ -83,9 +83,10 @@ def test_cache_policies_by_group_and_by_the_older_name() -> None:
         cache_policy("prefx")
 
 
-def test_block_causal_attention_sees_its_block_and_the_blocks_before() -> None:
-    real = torch.tensor([[False, True, True, True, True, True, True]])  # one pad, a prompt of 2, two blocks of 2
-    mask = pattern.block_causal(real, gen_start=3, block_length=2)[0]
-    assert mask[3].tolist() == [False, True, True, True, True, False, False]  # block 0 sees the prompt and itself
-    assert mask[6].tolist() == [False, True, True, True, True, True, True]  # block 1 sees everything real
+def test_block_causal_attention_counts_blocks_from_the_first_real_token() -> None:
+    real = torch.tensor([[False, True, True, True, True, True, True]])  # one pad, then positions 0..5: blocks {0,1}, {2,3}, {4,5}
+    mask = pattern.block_causal(real, block_length=2)[0]
+    assert mask[1].tolist() == [False, True, True, False, False, False, False]  # block 0 sees itself
+    assert mask[3].tolist() == [False, True, True, True, True, False, False]  # block 1 sees block 0 and itself
+    assert mask[6].tolist() == [False, True, True, True, True, True, True]  # block 2 sees everything real
     assert not bool(mask[:, 0].any())  # the padding is seen by no one

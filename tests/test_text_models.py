@@ -96,7 +96,7 @@ def test_bad_checkpoints_fail_with_one_line(checkpoints, tmp_path: Path) -> None
     other = copy_checkpoint(spec.directory, tmp_path / "c")
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "model_type": "bert", "architectures": ["BertModel"]}))
-    with pytest.raises(UnsupportedCheckpoint, match="model_type='bert'.* is neither LLaDA nor Dream"):
+    with pytest.raises(UnsupportedCheckpoint, match="model_type='bert'.* is not a supported family; supported model_type values: llada, Dream, dream, sdar"):
         load_text_model(str(other), "llada", *ids, device="cpu")
     with pytest.raises(UnsupportedCheckpoint, match="holds a llada checkpoint; use model=llada"):
         load_text_model(str(spec.directory), "dream", *ids, device="cpu")

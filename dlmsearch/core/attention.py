@@ -10,8 +10,9 @@ counts real tokens only, so padding never shifts a row (:func:`positions`). From
 * :func:`shadow_layout` / :func:`shadow_window_visibility` — WINO's shadow block: mask tokens
   appended at the positions of the block's columns, each seeing everything but its mirror
   column, uncached or against a prefix cache;
-* :func:`block_causal` — block diffusion (SDAR, LLaDA2.x): bidirectional inside a block, causal
-  across blocks, the prompt its own leading blocks.
+* :func:`block_causal` / :func:`block_window_visibility` — block diffusion (SDAR, LLaDA2.x):
+  bidirectional inside a block, causal across blocks, blocks counted from each row's first real
+  token; uncached, or against a slot's exact block cache.
 
 Masks are ``True`` where a query may attend to a key. Nothing here knows a model or a search.
 """
@@ -77,10 +78,23 @@ def shadow_window_visibility(real: torch.Tensor, low: torch.Tensor, mirror: torc
     return stored, fresh
 
 
-def block_causal(real: torch.Tensor, gen_start: int, block_length: int) -> torch.Tensor:
-    """``[rows, width, width]`` block diffusion's attention: column ``c`` sees real key ``k`` when
-    ``block(k) <= block(c)``, blocks counted from the generation's start (``gen_start``) in
-    ``block_length`` columns and the prompt before it as earlier blocks (SDAR, LLaDA2.x)."""
-    width = real.shape[1]
-    block = torch.div(torch.arange(width) - gen_start, block_length, rounding_mode="floor")
-    return real.bool()[:, None, :] & (block[None, None, :] <= block[None, :, None])
+def block_causal(real: torch.Tensor, block_length: int) -> torch.Tensor:
+    """``[rows, width, width]`` block diffusion's attention (SDAR, LLaDA2.x): query column ``q``
+    sees real key ``k`` when ``block(k) <= block(q)``, a column's block being its position (counted
+    from the row's first real token, :func:`positions`) over ``block_length``: bidirectional inside
+    a block, causal across blocks, the prompt's first tokens its own leading blocks."""
+    block = positions(real) // block_length
+    return real.bool()[:, None, :] & (block[:, None, :] <= block[:, :, None])
+
+
+def block_window_visibility(real: torch.Tensor, first: torch.Tensor, high: torch.Tensor, length: int, block_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block-diffusion row forwarding its columns ``first[r]:high[r]`` against its slot's exact
+    block cache: ``[rows, width]`` the stored columns it reads (the real ones before ``first``:
+    every later column is a later block or its own) and ``[rows, length, length]`` which of its own
+    queries each sees (block-causally, the real ones)."""
+    column = first[:, None] + torch.arange(length)[None, :]
+    inside = column.clamp(max=real.shape[1] - 1)
+    valid = (column < high[:, None]) & real.bool().gather(1, inside)
+    block = positions(real).gather(1, inside) // block_length
+    stored = real.bool() & (torch.arange(real.shape[1])[None, :] < first[:, None])
+    return stored, valid[:, None, :] & (block[:, None, :] <= block[:, :, None])

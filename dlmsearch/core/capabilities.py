@@ -38,6 +38,7 @@ class ModelCapabilities:
     shift_logits: bool  # logits at column i predict token i + 1 (AR-initialised: Dream)
     honours_padding: bool  # False: rows are forwarded unpadded, grouped by prompt length
     compiles: bool  # engine.compile=true
+    attention_block: int | None = None  # block diffusion (SDAR, LLaDA2.x): block-causal attention over blocks of this size
 
     def check_length(self, length: int, what: str) -> None:
         """Fail before decoding when a canvas cannot fit the model."""

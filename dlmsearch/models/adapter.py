@@ -22,7 +22,8 @@ from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.kv_storage import KVStorage
 from dlmsearch.validation import check_choice, check_type
 
-CACHE_POLICIES = ("none", "prefix", "dual")  # what a module that keeps keys and values can run
+CACHE_POLICIES = ("none", "prefix", "dual")  # what a full-attention module that keeps keys and values can run
+BLOCK_CACHE_POLICIES = ("none", "block")  # a block-diffusion module: its finished blocks' keys and values are exact
 
 
 @attrs.define(eq=False)
@@ -41,6 +42,7 @@ class ModelAdapter:
     deferred_ids: list[int] = attrs.field(factory=list)  # proposed with confidence 0, so committed last (confidence_eos_eot_inf)
     stop_ids: list[int] = attrs.field(factory=list)  # tokens that end an answer (EOS first: the tail is filled with it)
     generation_defaults: Sampling = attrs.field(factory=Sampling)  # the checkpoint's generation_config.json (temperature, top-p, top-k)
+    attention_block: int | None = attrs.field(default=None, validator=check_type(int, optional=True))  # block diffusion: the model's block size
     features: ModuleFeatures = attrs.field(init=False, default=NO_FEATURES)  # what the module declares (its ``features``)
     capabilities: ModelCapabilities = attrs.field(init=False)
 
@@ -62,12 +64,21 @@ class ModelAdapter:
             mask_id=self.mask_id,
             stop_ids=tuple(self.stop_ids),
             max_length=self.max_length,
-            cache_policies=CACHE_POLICIES if self.features.kv_cache else ("none",),
-            shadow=self.features.explicit_attention and not self.shift_logits,
+            cache_policies=("none",) if not self.features.kv_cache else BLOCK_CACHE_POLICIES if self.attention_block else CACHE_POLICIES,
+            shadow=self.features.explicit_attention and not self.shift_logits and self.attention_block is None,
             shift_logits=self.shift_logits,
             honours_padding=self.honours_padding,
             compiles=self.features.compiles,
+            attention_block=self.attention_block,
         )
+
+    def empty_kv(self, slots: int, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Zeroed keys and values ``[slots, kv_heads, width, head_dim]`` per layer, for a store that
+        is filled by cached forwards alone (the exact block cache)."""
+        config = self.module.config
+        shape = (slots, config.num_kv_heads, width, config.head_dim)
+        make = lambda: torch.zeros(shape, dtype=getattr(torch, self.dtype), device=self.device)  # noqa: E731
+        return [(make(), make()) for _ in range(config.num_layers)]
 
     @property
     def never_proposed(self) -> list[int]:
@@ -132,7 +143,10 @@ class ModelAdapter:
         column = first[:, None] + offset[None, :]
         valid = column < high[:, None]
         positions = pattern.positions(attention_mask)
-        cache_visible, fresh_visible = pattern.window_visibility(attention_mask, first, high, length)
+        if self.attention_block is None:
+            cache_visible, fresh_visible = pattern.window_visibility(attention_mask, first, high, length)
+        else:  # the exact block cache: only the columns before the forwarded ones are read from it
+            cache_visible, fresh_visible = pattern.block_window_visibility(attention_mask, first, high, length, self.attention_block)
         window = cache.window(slot, torch.where(valid, column, -1), cache_visible, fresh_visible)
         inside = column.clamp(max=tokens.shape[1] - 1)
         raw = self.module.run_cached(tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window)

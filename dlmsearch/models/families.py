@@ -1,4 +1,4 @@
-"""What distinguishes LLaDA from Dream: how ``config.json`` reads, what the weights are called,
+"""What distinguishes LLaDA, Dream and SDAR: how ``config.json`` reads, what the weights are called,
 and what the special tokens are called in the tokenizer.
 
 Each family maps its checkpoint onto :class:`~dlmsearch.models.transformer.TransformerConfig`
@@ -33,6 +33,7 @@ class Family:
     shift_logits: bool  # AR-initialised: position i's logits predict token i + 1
     mask_tokens: tuple[str, ...] = ()  # the mask token's name in the family's tokenizers
     stop_tokens: tuple[str, ...] = ()  # tokens that end an answer (EOS, end of turn), in the family's tokenizers
+    block_diffusion: bool = False  # trained block-causally: decodes block by block against an exact block cache
 
     def native_name(self, name: str) -> str | None:
         """The native parameter name for a checkpoint name, or None where it has none."""
@@ -96,6 +97,39 @@ def _dream_config(config: dict[str, Any]) -> TransformerConfig:
     )
 
 
+SDAR_DEFAULT_BLOCK = 4  # SDAR's and TraDo's published block size, where config.json names none
+
+
+def _sdar_config(config: dict[str, Any]) -> TransformerConfig:
+    """SDAR / TraDo (Qwen3's architecture, trained block-causally): GQA, q/k RMSNorm over each head,
+    an explicit ``head_dim``, no biases, untied head unless ``tie_word_embeddings``. The block size is
+    config.json's ``block_size`` (dlmsearch's own checkpoints write it), else SDAR's 4."""
+    _require(config, "SDAR", {
+        "rope_scaling": (None,), "hidden_act": ("silu",), "attention_bias": (False,), "use_sliding_window": (False,),
+    })
+    heads = config["num_attention_heads"]
+    block = config.get("block_size") or SDAR_DEFAULT_BLOCK
+    if not isinstance(block, int) or block < 1:
+        raise UnsupportedCheckpoint(f"SDAR config.json has block_size={block!r}; it must be a positive integer")
+    return TransformerConfig(
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads") or heads,
+        intermediate_size=config["intermediate_size"],
+        max_length=config.get("max_position_embeddings", 32768),
+        rope_theta=float(config.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        activation="silu",
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        rope_in_float32=False,
+        qk_norm=True,
+        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        block_size=block,
+    )
+
+
 _LLADA_BLOCK = r"model\.transformer\.blocks\.(\d+)\."
 LLADA = Family(
     name="llada",
@@ -136,7 +170,20 @@ DREAM = Family(
     stop_tokens=("<|endoftext|>", "<|im_end|>"),  # EOS (and pad), end of an Instruct turn
 )
 
-FAMILIES = {f.name: f for f in (LLADA, DREAM)}
+SDAR = Family(
+    name="sdar",
+    model_types=("sdar",),
+    read_config=_sdar_config,
+    renames=DREAM.renames + (
+        (_DREAM_LAYER + r"self_attn\.(q_norm|k_norm)\.weight", r"blocks.\1.\2.weight"),
+    ),
+    shift_logits=False,
+    mask_tokens=("<|MASK|>",),
+    stop_tokens=("<|endoftext|>", "<|im_end|>"),  # EOS, end of an Instruct turn
+    block_diffusion=True,
+)
+
+FAMILIES = {f.name: f for f in (LLADA, DREAM, SDAR)}
 
 
 def family_of(config: dict[str, Any], where: str) -> Family:
@@ -146,5 +193,6 @@ def family_of(config: dict[str, Any], where: str) -> Family:
         if model_type in family.model_types:
             return family
     raise UnsupportedCheckpoint(
-        f"{where}: model_type={model_type!r} (architectures {config.get('architectures')}) is neither LLaDA nor Dream"
+        f"{where}: model_type={model_type!r} (architectures {config.get('architectures')}) is not a supported family; "
+        f"supported model_type values: {', '.join(t for f in FAMILIES.values() for t in f.model_types)}"
     )

@@ -134,6 +134,12 @@ class KVStorage:
             values[rows, :, first:width] = v
         self.window_of[slot] = query
 
+    def allocate(self, layers: list[KeyValues]) -> None:
+        """Take these zeroed ``[slots, kv_heads, width, head_dim]`` tensors as the storage (a store that
+        cached forwards fill, the exact block cache); nothing is marked stored."""
+        self.width = layers[0][0].shape[2]
+        self.layers = layers
+
     def _reserve(self, tail: int) -> None:
         """Grow the tail to at least ``tail`` scratch columns (rare: more branches or a longer window than before)."""
         have = self.layers[0][0].shape[2] - self.width
@@ -147,16 +153,21 @@ class KVStorage:
         ``column`` is each query's canvas column (-1: not a canvas column, such as WINO's shadow
         or the padding of a shorter window), ``cache_visible [rows, width]`` the cached columns
         each row reads (never its own forwarded ones), ``fresh_visible [rows, length, length]``
-        which of the row's own queries each query sees. Rows of one slot must forward the same
-        columns (a cache hit is the slot's own window), since the first writes them in place.
+        which of the row's own queries each query sees. A slot's first row writes its columns in
+        place, so no other row of the slot may read one of them from the cache (Fast-dLLM's
+        caches: the rows of a slot forward the same window; the block cache: every row reads only
+        columns before its slot's first row's).
         """
         rows, length = column.shape
         lane = lanes_of(slot)
         lanes = int(lane.max()) + 1
         low, high = int(slot.min()), int(slot.max()) + 1
         first_row = torch.zeros(high - low, dtype=torch.long).scatter_(0, slot[lane == 0] - low, (lane == 0).nonzero().squeeze(1))
-        if not bool((column == column[first_row[slot - low]]).all()):
-            raise ValueError("rows of one slot forward different columns against its cache")
+        overwritten = torch.zeros(high - low, self.width + 1, dtype=torch.bool)  # the last column collects the non-canvas queries
+        written = column[first_row]
+        overwritten.scatter_(1, torch.where(written >= 0, written, self.width), True)
+        if bool((cache_visible & overwritten[slot - low, : self.width]).any()):
+            raise ValueError("a row would read from its slot's cache a column that the slot's first row overwrites in the same forward")
         self._reserve(lanes * length)
         keys = self.width + lanes * length
         device = self.layers[0][0].device

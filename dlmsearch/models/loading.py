@@ -319,6 +319,8 @@ def load_text_model(
     directory = Path(path).expanduser()
     config = read_config(directory)
     checked = checkpoint_family(directory, config, family)
+    if checked.block_diffusion and impl != "native":
+        raise ValueError(f"model.impl={impl}: {family} is a block-diffusion model, which dlmsearch decodes with its native transformer only (block-causal attention, the exact block cache); use model.impl=native")
     mask_id, vocab_size, stop_ids = resolve_ids(directory, family, mask_id, vocab_size, stop_ids, fallback_ids)
     device, dtype = resolve_device(device, dtype)
     eos = stop_ids[:1]
@@ -343,6 +345,7 @@ def load_text_model(
         deferred_ids=list(stop_ids) if confidence_eos_eot_inf else [],
         stop_ids=list(stop_ids),
         generation_defaults=generation_defaults(directory),
+        attention_block=module.config.block_size if impl == "native" else None,
     )
 
 

@@ -46,10 +46,13 @@ class TransformerConfig:
     tie_embeddings: bool = False
     rope_in_float32: bool = True  # LLaDA rotates in fp32 and casts back; Dream rotates in the model dtype
     qk_norm: bool = False  # an RMSNorm of each head's query and key before rotation (Qwen3-style: SDAR, LLaDA2)
+    head_dim: int = attrs.field(default=attrs.Factory(lambda self: self.hidden_size // self.num_heads, takes_self=True))  # Qwen3/SDAR set it apart from hidden / heads
+    block_size: int | None = None  # block diffusion (SDAR, LLaDA2.x): attention is block-causal over blocks of this many positions
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def attention_width(self) -> int:
+        """Query (and output-projection input) width: heads times head_dim."""
+        return self.num_heads * self.head_dim
 
 
 @attrs.frozen
@@ -96,10 +99,10 @@ class Block(nn.Module):
         self.config = config
         kv = config.num_kv_heads * config.head_dim
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)
+        self.q_proj = nn.Linear(config.hidden_size, config.attention_width, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(config.attention_width, config.hidden_size, bias=False)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
@@ -135,7 +138,7 @@ class Block(nn.Module):
             window.write(layer, k, v)
             attended = window.attend(layer, q, grouped)
         out = self.ops.block_output(
-            flat, attended.transpose(1, 2).reshape(rows * length, c.hidden_size), self.o_proj.weight, self.mlp_norm.weight, self.mlp_norm.eps,
+            flat, attended.transpose(1, 2).reshape(rows * length, c.attention_width), self.o_proj.weight, self.mlp_norm.weight, self.mlp_norm.eps,
             self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, c.activation,
         )
         return out.view(rows, length, c.hidden_size), (k, v)
@@ -182,9 +185,14 @@ class BidirectionalTransformer(nn.Module):
 
         ``attention`` (``[rows, length, length]`` bool: query may attend to key) with
         ``positions`` (``[rows, length]``) replaces the padding mask for rows laid out by the
-        caller (WINO's shadow block, appended after the canvas's last column).
+        caller (WINO's shadow block, appended after the canvas's last column). A block-diffusion
+        model (``config.block_size``) attends block-causally over the real tokens, its blocks
+        counted from each row's first real token (:func:`~dlmsearch.core.attention.block_causal`).
         """
         length = input_ids.shape[1]
+        if attention is None and self.config.block_size is not None:
+            real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+            attention, positions = pattern.block_causal(real, self.config.block_size), pattern.positions(real)
         if attention is not None:
             if positions is None:
                 raise ValueError("an explicit attention mask needs explicit positions")

@@ -46,7 +46,7 @@ from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.plan import DecodePlan, make_plan
 from dlmsearch.search.records.slots import Slots
-from dlmsearch.search.records.state import Canvas, Evaluation, Layout, initial_canvas
+from dlmsearch.search.records.state import Canvas, Evaluation, Layout, block_aligned, initial_canvas
 from dlmsearch.search.records.usage import Usage
 from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.search.width.population_hook import PopulationHook, PopulationOutcome, SinglePath
@@ -192,12 +192,19 @@ class SearchDecoder:
         gen_length = len(requests[0].generation)
         plan = plan or self.plan(engine, gen_length, block_length, verifier)
         self._check_requests(engine, plan, requests)
-        layout = plan.layout(max(len(r.prompt) for r in requests))
         size = plan.population.size
         mask_id = engine.mask_id
-        canvas = initial_canvas([r.prompt for r in requests for _ in range(size)], [r.generation for r in requests for _ in range(size)], layout, mask_id, pad_id=mask_id)
+        if plan.attention_block is None:
+            prompts, templates = [r.prompt for r in requests], [r.generation for r in requests]
+            region = torch.tensor([[0, gen_length]] * len(requests), dtype=torch.long)
+        else:  # block diffusion: every row's blocks start at the same column (``block_aligned``)
+            laid = [block_aligned(r.prompt, r.generation, plan.attention_block, mask_id) for r in requests]
+            prompts, templates = [head for head, _, _ in laid], [template for _, template, _ in laid]
+            region = torch.tensor([list(columns) for _, _, columns in laid], dtype=torch.long)
+        layout = plan.layout(max(len(p) for p in prompts))
+        canvas = initial_canvas([p for p in prompts for _ in range(size)], [t for t in templates for _ in range(size)], layout, mask_id, pad_id=mask_id)
         slots = len(requests) * size
-        slots_table = Slots.start(torch.tensor([r.uid for r in requests], dtype=torch.long), size, engine.seed)
+        slots_table = Slots.start(torch.tensor([r.uid for r in requests], dtype=torch.long), size, engine.seed, region)
         return DecodeState(
             plan=plan,
             layout=layout,
@@ -219,7 +226,10 @@ class SearchDecoder:
         if any(len(r.generation) != plan.gen_length for r in requests):
             raise ValueError(f"all requests of a decode must share the plan's generation length ({plan.gen_length})")
         longest = max(requests, key=lambda r: len(r.prompt))
-        engine.capabilities.check_length(len(longest.prompt) + plan.gen_length, f"the canvas of sample uid {longest.uid} (prompt {len(longest.prompt)} + generation {plan.gen_length})")
+        canvas = len(longest.prompt) + plan.gen_length
+        if plan.attention_block is not None:  # the reference canvas runs to the end of the last block
+            canvas = -(-canvas // plan.attention_block) * plan.attention_block
+        engine.capabilities.check_length(canvas, f"the canvas of sample uid {longest.uid} (prompt {len(longest.prompt)} + generation {plan.gen_length})")
         bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= plan.vocab_size)).any())]
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {plan.vocab_size}) in sample uid(s) {bad}")
@@ -279,7 +289,7 @@ class SearchDecoder:
             canvas = canvas.put(base, committed)
             fresh[base] = False
         if plan.stop_ids:
-            canvas = fill_after_end(canvas, layout, torch.tensor(plan.stop_ids))
+            canvas = fill_after_end(canvas, layout, torch.tensor(plan.stop_ids), slots.region[:, 0], whole_block=plan.attention_block is not None)
         population, source = plan.population.after_round(canvas, slots, population, layout, state.rounds, verifier)
         if source is not None:
             canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
@@ -424,7 +434,8 @@ class SearchDecoder:
         return attrs.evolve(look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth), usage
 
     def _result(self, canvas: Canvas, usage: Usage, slots: Slots, outcome: PopulationOutcome, slot: int, sample: int, layout: Layout, late: bool) -> DecodeResult:
-        gen = slice(layout.gen_start, layout.width)
+        first, end = (layout.gen_start + int(c) for c in slots.region[slot])
+        gen = slice(first, end)  # the sample's output (a block-aligned row: after its prompt, to the end of its last block)
         call = canvas.commit_call[slot, gen]
         return DecodeResult(
             uid=int(slots.uid[slot]),

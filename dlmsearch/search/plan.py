@@ -19,7 +19,7 @@ import attrs
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.components.commit import CommitRule
 from dlmsearch.search.components.revision import Revision
-from dlmsearch.search.records.state import Layout
+from dlmsearch.search.records.state import Layout, aligned_generation_length
 from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.search.width.population_hook import PopulationHook
 
@@ -44,28 +44,42 @@ class DecodePlan:
     stop_ids: tuple[int, ...]  # empty unless the decoder stops at the end of the answer
     vocab_size: int
     mask_id: int
+    attention_block: int | None = None  # a block-diffusion model's block size: canvases are block-aligned (``block_aligned``)
 
     @property
     def block_budget(self) -> int | None:
         return self.commit.block_budget
 
+    @property
+    def canvas_gen_length(self) -> int:
+        """Generation columns of the canvas: the generation, or a block-aligned canvas's longest region."""
+        return self.gen_length if self.attention_block is None else aligned_generation_length(self.gen_length, self.attention_block)
+
     def layout(self, gen_start: int) -> Layout:
-        """The canvas layout of a batch whose longest prompt ends at ``gen_start``."""
-        return Layout(gen_start=gen_start, gen_length=self.gen_length, block_length=self.block_length)
+        """The canvas layout of a batch whose longest prompt (its whole blocks, on a block-aligned canvas) ends at ``gen_start``."""
+        return Layout(gen_start=gen_start, gen_length=self.canvas_gen_length, block_length=self.block_length)
 
     def max_rounds(self) -> int:
         """A bound on a sample's rounds: every round commits at least one position per decoding
         slot, except the steps a fixed schedule may leave empty (Dream's first steps: at most its
         budget per block) and the rounds a revision may add."""
         layout = self.layout(0)
-        return self.gen_length + 1 + (self.block_budget or 0) * layout.num_blocks + self.revision.extra_rounds(layout)
+        return layout.gen_length + 1 + (self.block_budget or 0) * layout.num_blocks + self.revision.extra_rounds(layout)
 
 
 def make_plan(decoder: "SearchDecoder", engine: "RolloutEngine", gen_length: int, block_length: int, verifier: Verifier | None) -> DecodePlan:
     """Check the decoder against the engine, the model, the layout and the verifier; bind what the layout fixes."""
     able = engine.capabilities
     cache = engine.cache.name
-    block_length = decoder.block_length or block_length
+    if able.attention_block is not None:  # a block-diffusion model decodes its own attention blocks
+        if decoder.block_length is not None and decoder.block_length != able.attention_block:
+            raise ValueError(
+                f"decoder {decoder.name!r} decodes blocks of {decoder.block_length}, but this block-diffusion model attends in blocks of "
+                f"{able.attention_block}: its blocks are the model's (decoder.block_length=null adopts them)"
+            )
+        block_length = able.attention_block
+    else:
+        block_length = decoder.block_length or block_length
     statistics = decoder.statistics
     if decoder.guidance.active and engine.cache.stores:
         raise ValueError(
@@ -81,7 +95,8 @@ def make_plan(decoder: "SearchDecoder", engine: "RolloutEngine", gen_length: int
             raise ValueError(f"the verify statistic (WINO's shadow block) needs cache=none or prefix and no guidance; got cache={cache}")
         if not able.shadow:
             raise ValueError(f"the verify statistic (WINO's shadow block) needs a model that takes an explicit attention mask and unshifted logits; {able.name} does not")
-    layout = Layout(gen_start=0, gen_length=gen_length, block_length=block_length)  # checks the block length against the generation
+    aligned = gen_length if able.attention_block is None else aligned_generation_length(gen_length, block_length)
+    layout = Layout(gen_start=0, gen_length=aligned, block_length=block_length)  # checks the block length against the generation
     commit = decoder.commit.bind(layout)
     revision = decoder.revision.bind(layout, commit.block_budget)
     population = decoder.population.for_verifier(verifier)
@@ -99,4 +114,5 @@ def make_plan(decoder: "SearchDecoder", engine: "RolloutEngine", gen_length: int
         stop_ids=able.stop_ids if decoder.stop_at_eos else (),
         vocab_size=able.vocab_size,
         mask_id=able.mask_id,
+        attention_block=able.attention_block,
     )

@@ -1,19 +1,23 @@
 """Cache policies: which columns each row forwards against a slot's stored keys and values, and
 when the slot refreshes them (the Hydra group ``cache=``; one class and one YAML file each).
 
-The engine asks a policy three things per call, before any forward:
+The engine asks a policy four things per call, before any forward:
 
 * :meth:`~CachePolicy.columns` — the ``[rows, 2]`` canvas columns a cached row computes, given
-  the window it is decoding (the blocks with masks left);
+  the window it is decoding (the blocks with masks left), its first real column and its slot's storage;
 * :meth:`~CachePolicy.hits` — which rows may run against their slot's stored keys and values
   (the rest get a full forward);
 * :meth:`~CachePolicy.refreshes` — which rows of a full forward write their keys and values
-  into their slot's storage.
+  into their slot's storage;
+* :meth:`~CachePolicy.settled` — for rows of a cached forward that refresh, up to which column
+  their slot's storage is exact afterwards (only the block cache fills its storage that way).
 
 The storage itself and the attention that reads it in place live with the models
 (:class:`~dlmsearch.models.kv_storage.KVStorage`). Fast-dLLM's two caches are approximate: a
 slot refreshes when the window it decodes moves (a block completed), and between refreshes the
-columns outside the window keep the keys and values of that refresh.
+columns outside the window keep the keys and values of that refresh. The block cache of
+block-diffusion models is exact: nothing before a block attends to it, so a finished block's keys
+and values never change and are written once.
 """
 
 from __future__ import annotations
@@ -30,14 +34,18 @@ class CachePolicy(Protocol):
     name: ClassVar[str]
     stores: ClassVar[bool]  # whether it keeps keys and values at all (False: every forward is full)
 
-    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tensor:
-        """``[rows, 2]`` first and end column a cached row computes, for windows ``start:end``."""
+    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
+        """``[rows, 2]`` first and end column a cached row computes, for windows ``start:end``
+        (``first``: each row's first real column; ``slot``: its slot in ``storage``)."""
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """``[rows]`` rows that run against their slot's stored keys and values."""
 
     def refreshes(self, hit: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
-        """``[rows]`` rows whose full forward refreshes their slot's storage (``root``: the slot's own canvas)."""
+        """``[rows]`` rows whose forward refreshes their slot's storage (``root``: the slot's own canvas)."""
+
+    def settled(self, start: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """``[rows]`` for refreshing rows of a cached forward: the column before which their slot's storage is exact afterwards."""
 
 
 @attrs.frozen
@@ -47,7 +55,7 @@ class NoCache:
     name: ClassVar[str] = "none"
     stores: ClassVar[bool] = False
 
-    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tensor:
+    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
         return torch.zeros(len(start), 2, dtype=torch.long)
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
@@ -55,6 +63,9 @@ class NoCache:
 
     def refreshes(self, hit: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(hit)
+
+    def settled(self, start: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("no cached forward without a cache")
 
 
 @attrs.frozen
@@ -67,6 +78,9 @@ class _WindowRefresh:
     def refreshes(self, hit: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
         return ~hit & root
 
+    def settled(self, start: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("Fast-dLLM's caches refresh from full forwards only")
+
 
 @attrs.frozen
 class PrefixCache(_WindowRefresh):
@@ -76,7 +90,7 @@ class PrefixCache(_WindowRefresh):
     name: ClassVar[str] = "prefix"
     stores: ClassVar[bool] = True
 
-    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tensor:
+    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
         return torch.stack([start, torch.full_like(end, width)], dim=1)
 
 
@@ -88,11 +102,59 @@ class DualCache(_WindowRefresh):
     name: ClassVar[str] = "dual"
     stores: ClassVar[bool] = True
 
-    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tensor:
+    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
         return torch.stack([start, end], dim=1)
 
 
-POLICIES: dict[str, type] = {policy.name: policy for policy in (NoCache, PrefixCache, DualCache)}
+@attrs.frozen
+class BlockCache:
+    """The exact block cache of block-diffusion models (SDAR's ``store_kv``, LLaDA2.x): a slot
+    stores the keys and values of every column before its earliest block with a mask left, each
+    written once; every row forwards only the columns after its slot's stored ones up to the end
+    of its current block, against the stored ones (block-causal, so this is exact).
+
+    A lookahead branch or a particle forwards only its own block(s) against the shared stored
+    prefix (a branch that finished a block forwards that block too, and writes nothing); a root
+    row's forward writes the finished blocks it covers, and its slot's store then ends at its
+    earliest unfinished block. A revision that re-masks a stored column moves that end back.
+
+    ``fuse_write=false`` (the reference loops): a finished block is written by one more forward of
+    that block alone (and the prompt's whole blocks by a prefill), a model call of its own before
+    the next block's first denoising forward; ``fuse_write=true``: the root's next denoising forward
+    takes the finished block's columns as well and writes them on the way (one call fewer per
+    block, the same tokens). Either way the block's tokens are forwarded once more, counted in
+    row- and token-forwards; a separate write counts as a step (model call).
+    """
+
+    name: ClassVar[str] = "block"
+    stores: ClassVar[bool] = True
+    fuse_write: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+    @staticmethod
+    def stored_end(storage: KVStorage, slot: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """``[rows]`` the column where each row's slot's exact store ends (its first real column when nothing is stored)."""
+        end = storage.window_of[slot, 1]
+        return torch.where(end >= 0, end, first)
+
+    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
+        return torch.stack([torch.minimum(self.stored_end(storage, slot, first), start), end], dim=1)
+
+    def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        return torch.ones(len(slot), dtype=torch.bool)
+
+    def refreshes(self, hit: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+        return root.clone()
+
+    def settled(self, start: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(start, columns[:, 1])
+
+    def pending_writes(self, storage: KVStorage, slot: torch.Tensor, first: torch.Tensor, start: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+        """``[rows]`` root rows with finished columns their slot has not stored yet, which a
+        separate write forward stores first (``fuse_write=false``)."""
+        return root & ~torch.tensor(self.fuse_write) & (self.stored_end(storage, slot, first) < start)
+
+
+POLICIES: dict[str, type] = {policy.name: policy for policy in (NoCache, PrefixCache, DualCache, BlockCache)}
 
 
 def cache_policy(value: object) -> CachePolicy:
@@ -101,6 +163,6 @@ def cache_policy(value: object) -> CachePolicy:
         if value not in POLICIES:
             raise ValueError(f"unknown cache policy {value!r}; available: {', '.join(POLICIES)} (choose one with cache=NAME)")
         return POLICIES[value]()
-    if not all(hasattr(value, name) for name in ("name", "stores", "columns", "hits", "refreshes")):
-        raise TypeError(f"cache must be a cache policy (cache=none|prefix|dual) or its name; got {type(value).__name__}")
+    if not all(hasattr(value, name) for name in ("name", "stores", "columns", "hits", "refreshes", "settled")):
+        raise TypeError(f"cache must be a cache policy (cache=none|prefix|dual|block) or its name; got {type(value).__name__}")
     return value  # type: ignore[return-value]

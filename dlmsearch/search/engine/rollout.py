@@ -26,7 +26,7 @@ from dlmsearch.core.capabilities import ModelCapabilities
 from dlmsearch.core.sampling import CONFIDENCE_SOURCES, Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.kv_storage import KVStorage
-from dlmsearch.search.engine.cache_policy import CachePolicy, NoCache, cache_policy
+from dlmsearch.search.engine.cache_policy import BlockCache, CachePolicy, NoCache, cache_policy
 from dlmsearch.search.engine.guidance import combine, unconditional
 from dlmsearch.search.engine.host_memory import keep_freed_memory
 from dlmsearch.search.engine.memory import auto_row_budget
@@ -54,6 +54,7 @@ class Forward:
     refresh: torch.Tensor
     query: torch.Tensor
     distinct: int | None = None  # rows to compute, where some rows repeat others (None: all of them)
+    settled: torch.Tensor | None = None  # [rows] a cached forward's refreshing rows: where their slot's exact store ends afterwards
 
 
 _OUT_OF_MEMORY = tuple({torch.OutOfMemoryError, getattr(torch.cuda, "OutOfMemoryError", torch.OutOfMemoryError)})
@@ -117,6 +118,13 @@ class RolloutEngine:
     def __attrs_post_init__(self) -> None:
         able = self.capabilities
         if self.cache.name not in able.cache_policies:
+            if able.attention_block is not None:
+                raise ValueError(
+                    f"cache={self.cache.name} is a full-attention model's cache; this block-diffusion model (blocks of "
+                    f"{able.attention_block}) has an exact one: use cache=block (or cache=none)"
+                )
+            if self.cache.name == "block":
+                raise ValueError(f"cache=block is the exact cache of block-diffusion models (model=sdar); {able.name} attends to the whole canvas: use cache=none, prefix or dual")
             raise ValueError(
                 f"cache={self.cache.name} needs a model that can cache keys and values (the native LLaDA and Dream "
                 f"models); {able.name} cannot: use cache=none"
@@ -184,6 +192,7 @@ class RolloutEngine:
         temperature: torch.Tensor | None = None,
         group: torch.Tensor | None = None,
         guidance: float = 0.0,
+        write_only: bool = False,
     ) -> tuple[Evaluation, CallCost]:
         """One model call for every row here: forward all rows, summarise per position.
 
@@ -202,8 +211,28 @@ class RolloutEngine:
         forwards each row's unconditional copy (prompt masked) in the same call and combines the
         logits (:mod:`~dlmsearch.search.engine.guidance`); the copies count as rows. Returns the
         summaries and what the call cost per row (the caller charges it to the samples).
+
+        With the block cache (``cache=block``, ``fuse_write=false``) a root row whose finished
+        blocks are not stored yet first takes a forward of its own that writes them (the
+        reference loops' prefill and ``store_kv`` forward; ``write_only``: that forward, whose
+        summaries nobody reads): two model calls for that row, its draws keyed by the second.
         """
         statistics_registry.check(statistics)
+        if isinstance(self.cache, BlockCache) and window is not None and not write_only:
+            writes = self.cache.pending_writes(memory.kv, sample, attention.long().argmax(dim=1), window[0], row_key == 0)
+            if bool(writes.any()):  # the reference loops' separate forward that writes a finished block (or the prompt's whole blocks)
+                at = writes.nonzero().squeeze(1)
+                start = window[0][at]
+                _, written = self.evaluate(
+                    tokens[at], attention[at], sample[at], sample_uid[at], row_key[at], call[at], memory, sampling, frozenset(), from_column,
+                    (start, start), None if temperature is None else temperature[at], None, 0.0, write_only=True,
+                )
+                evaluation, cost = self.evaluate(
+                    tokens, attention, sample, sample_uid, row_key, call + writes.long(), memory, sampling, statistics, from_column, window, temperature, group, guidance,
+                )
+                return evaluation, CallCost(
+                    rows=cost.rows.index_add(0, at, written.rows), tokens=cost.tokens.index_add(0, at, written.tokens), calls=cost.calls + writes.long(),
+                )
         shadow_length = 0
         if "verify" in statistics:  # WINO: a shadow of the block being decoded, in the same forward (the plan checked the rest)
             assert window is not None, "the verify statistic needs the rows' windows"
@@ -274,10 +303,12 @@ class RolloutEngine:
                     token_cost[counted] += copies * (high - low + (shifted & (low > 0)).long()) + shadow_length
                 else:  # a shadow block is part of its row: more token-forwards, not more rows
                     token_cost[counted] += copies * attention[counted].sum(dim=1) + shadow_length
-                if forward.refresh.any():
+                if forward.cached and forward.settled is not None:  # the exact block cache: written in place by the forward itself
+                    memory.kv.window_of[sample[index][forward.refresh], 1] = forward.settled[forward.refresh]
+                elif forward.refresh.any():
                     keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
                     memory.kv.store(sample[index][forward.refresh], forward.first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
-        return Evaluation(uniform=uniform, **out), CallCost(rows=row_cost, tokens=token_cost)
+        return Evaluation(uniform=uniform, **out), CallCost(rows=row_cost, tokens=token_cost, calls=torch.ones(rows, dtype=torch.long))
 
     def _forward(
         self,
@@ -331,7 +362,8 @@ class RolloutEngine:
     @staticmethod
     def _piece(forward: Forward, part: slice) -> Forward:
         """Some of a forward's rows, with their cache refreshes and windows; same first column and columns."""
-        return attrs.evolve(forward, rows=forward.rows[part], refresh=forward.refresh[part], query=forward.query[part], distinct=None)
+        settled = None if forward.settled is None else forward.settled[part]
+        return attrs.evolve(forward, rows=forward.rows[part], refresh=forward.refresh[part], query=forward.query[part], distinct=None, settled=settled)
 
     @staticmethod
     def _span(forward: Forward, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -393,7 +425,9 @@ class RolloutEngine:
         rows, width = attention.shape
         first = attention.long().argmax(dim=1)  # first real column of each row
         policy = self.cache if window is not None else NoCache()
-        query = policy.columns(window[0], window[1], width) if window is not None else torch.zeros(rows, 2, dtype=torch.long)
+        if isinstance(policy, BlockCache) and not storage.layers:  # filled by cached forwards alone
+            storage.allocate(self.adapter.empty_kv(len(storage.window_of), width))
+        query = policy.columns(window[0], window[1], width, first, storage, sample) if window is not None else torch.zeros(rows, 2, dtype=torch.long)
         hit = policy.hits(storage, sample, query)
         refreshes = policy.refreshes(hit, row_key == 0)
         groups: list[tuple[torch.Tensor, bool]] = []
@@ -410,7 +444,8 @@ class RolloutEngine:
                 refresh = refreshes[part]
                 distinct = None if cached or copy_of is None else len(torch.unique(copy_of[part]))
                 start = 0 if cached else int(first[part].min())  # a cached row reads its whole canvas from the cache
-                plan.append(Forward(part, start, (from_column, width), cached, refresh, query[part], distinct))
+                settled = policy.settled(window[0][part], query[part]) if cached and bool(refresh.any()) else None
+                plan.append(Forward(part, start, (from_column, width), cached, refresh, query[part], distinct, settled))
         return plan
 
     def _summarise(

@@ -17,16 +17,21 @@ from dlmsearch.search.records.state import Layout
 
 @attrs.frozen(eq=False)
 class Slots:
-    """Per slot: the sample's dataset-wide ``uid``, its index in the batch (``owner``) and the ``particle``."""
+    """Per slot: the sample's dataset-wide ``uid``, its index in the batch (``owner``), the
+    ``particle``, and the generation columns that are the sample's output (``region``: all of
+    them, except on a block-diffusion canvas, where the prompt's partial last block leads the
+    generation region and shorter rows end early)."""
 
     size: int  # particles per sample
     seed: int
     uid: torch.Tensor  # [slots]
     owner: torch.Tensor  # [slots]
     particle: torch.Tensor  # [slots]
+    region: torch.Tensor  # [slots, 2] first and end generation column of the sample's output
 
     @classmethod
-    def start(cls, uid: torch.Tensor, size: int, seed: int) -> "Slots":
+    def start(cls, uid: torch.Tensor, size: int, seed: int, region: torch.Tensor) -> "Slots":
+        """``region [samples, 2]``: each sample's output columns within the generation region."""
         samples = len(uid)
         return cls(
             size=size,
@@ -34,6 +39,7 @@ class Slots:
             uid=uid.repeat_interleave(size),
             owner=torch.arange(samples).repeat_interleave(size),
             particle=torch.arange(size).repeat(samples),
+            region=region.repeat_interleave(size, dim=0),
         )
 
     def joined(self, other: "Slots") -> "Slots":
@@ -41,13 +47,15 @@ class Slots:
         if (other.size, other.seed) != (self.size, self.seed):
             raise ValueError(f"cannot join slot tables of sizes/seeds {(self.size, self.seed)} and {(other.size, other.seed)}")
         cat = lambda a, b: torch.cat([a, b])  # noqa: E731
-        return Slots(self.size, self.seed, cat(self.uid, other.uid), cat(self.owner, other.owner + self.samples), cat(self.particle, other.particle))
+        return Slots(
+            self.size, self.seed, cat(self.uid, other.uid), cat(self.owner, other.owner + self.samples), cat(self.particle, other.particle), cat(self.region, other.region),
+        )
 
     def kept(self, samples: torch.Tensor) -> tuple["Slots", torch.Tensor]:
         """The table of only these samples (renumbered in order), and the slots they keep."""
         slot = (samples[:, None] * self.size + torch.arange(self.size)[None, :]).flatten()
         owner = torch.arange(len(samples)).repeat_interleave(self.size)
-        return Slots(self.size, self.seed, self.uid[slot], owner, self.particle[slot]), slot
+        return Slots(self.size, self.seed, self.uid[slot], owner, self.particle[slot], self.region[slot]), slot
 
     @property
     def samples(self) -> int:

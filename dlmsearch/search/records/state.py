@@ -3,6 +3,13 @@
 A row is one canvas: a sample's root state or one hypothesis of a lookahead. Prompts are
 left-padded so that the generation region starts at the same column in every row, and block
 arithmetic is the same for all rows. Updates return new objects; nothing is written in place.
+
+A block-diffusion model's blocks are counted from each row's first prompt token, so rows with
+prompts of different lengths would not share block boundaries. :func:`block_aligned` lays such
+a row out so that they do: the prompt's partial last block moves to the front of the generation
+region (given tokens, never masked: the reference loops decode it in place), the region runs to
+the end of the row's last block (the reference canvas is ``ceil((P + n) / b) * b`` long), and a
+shorter region is right-padded with columns that are no token at all (:data:`ABSENT`).
 """
 
 from __future__ import annotations
@@ -203,11 +210,37 @@ class Canvas:
         return attrs.evolve(self, block=block, block_step=block_step)
 
 
+ABSENT = -1  # in a generation template: no column (the right padding of a shorter block-aligned row)
+
+
+def aligned_generation_length(gen_length: int, block: int) -> int:
+    """The generation columns of a block-aligned canvas: the longest region a prompt of any length
+    needs (a partial last prompt block of ``block - 1`` tokens plus ``gen_length``, rounded up to
+    whole blocks), so the layout does not depend on the batch."""
+    return -(-(block - 1 + gen_length) // block) * block
+
+
+def block_aligned(prompt: torch.Tensor, generation: torch.Tensor, block: int, mask_id: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    """A request laid out on block-diffusion blocks: the prompt's whole blocks; the generation
+    template (the partial last block's prompt tokens, then ``generation``, then masks to the end of
+    the last block, then :data:`ABSENT` up to :func:`aligned_generation_length`); and the columns of
+    that template that are the sample's output (after the prompt's tokens, to the end of its last block)."""
+    tail = len(prompt) % block
+    region = -(-(tail + len(generation)) // block) * block
+    width = aligned_generation_length(len(generation), block)
+    template = torch.cat([
+        prompt[len(prompt) - tail :], generation,
+        torch.full((region - tail - len(generation),), mask_id, dtype=torch.long), torch.full((width - region,), ABSENT, dtype=torch.long),
+    ])
+    return prompt[: len(prompt) - tail], template, (tail, region)
+
+
 def initial_canvas(prompts: list[torch.Tensor], generation: list[torch.Tensor], layout: Layout, mask_id: int, pad_id: int) -> Canvas:
     """Left-pad prompts to ``layout.gen_start`` and append each row's generation region.
 
     ``generation`` rows hold ``mask_id`` where the decoder must fill in and fixed tokens
-    elsewhere (Sudoku clues); fixed tokens are never changed.
+    elsewhere (Sudoku clues, a block-aligned prompt's last tokens); fixed tokens are never
+    changed; :data:`ABSENT` columns are padding (no token).
     """
     rows = len(prompts)
     tokens = torch.full((rows, layout.width), pad_id, dtype=torch.long)
@@ -217,8 +250,10 @@ def initial_canvas(prompts: list[torch.Tensor], generation: list[torch.Tensor], 
         tokens[row, start : layout.gen_start] = prompt
         tokens[row, layout.gen_start :] = gen
         attention[row, start:] = True
+    absent = tokens == ABSENT
+    tokens, attention = torch.where(absent, pad_id, tokens), attention & ~absent
     masked = torch.zeros_like(attention)
-    masked[:, layout.gen_start :] = tokens[:, layout.gen_start :] == mask_id
+    masked[:, layout.gen_start :] = (tokens[:, layout.gen_start :] == mask_id) & attention[:, layout.gen_start :]
     zeros = torch.zeros(rows, dtype=torch.long)
     canvas = Canvas(
         tokens=tokens,

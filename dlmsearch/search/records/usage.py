@@ -21,6 +21,7 @@ class CallCost:
 
     rows: torch.Tensor  # [R] long
     tokens: torch.Tensor  # [R] long
+    calls: torch.Tensor | None = None  # [R] long: sequential model calls the row took (None: one; the block cache's separate write: two)
 
 
 @attrs.frozen(eq=False)
@@ -36,9 +37,10 @@ class Usage:
         return cls(*(torch.zeros(samples, dtype=torch.long) for _ in range(3)))
 
     def charge(self, owner: torch.Tensor, cost: CallCost) -> "Usage":
-        """After one call of rows owned by samples ``owner [R]``: one more step for each of them, and the rows' cost."""
-        steps = self.steps.clone()
-        steps[torch.unique(owner)] += 1
+        """After one engine call of rows owned by samples ``owner [R]``: one more step for each of them
+        (more where a row took several sequential model calls: the most of its rows), and the rows' cost."""
+        calls = torch.ones_like(owner) if cost.calls is None else cost.calls
+        steps = self.steps.scatter_reduce(0, owner, self.steps.index_select(0, owner) + calls, "amax")
         return Usage(steps, self.row_forwards.index_add(0, owner, cost.rows), self.token_forwards.index_add(0, owner, cost.tokens))
 
     def take(self, index: torch.Tensor) -> "Usage":
