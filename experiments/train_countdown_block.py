@@ -11,7 +11,8 @@ finished blocks, clean). Each block of the response draws its own mask rate ``t 
 the loss is the masked tokens' cross-entropy weighted by ``1/t``, over the response length.
 Prompt tokens are never masked. Checkpoints (weights, optimiser, step, RNG; ``Checkpointer``)
 every ``checkpoint_every`` steps, with the held-out masked cross-entropy; the same ``out_dir``
-resumes. Decoding accuracy at checkpoints comes with the engine's block-causal decoding.
+resumes; the model directory (``out_dir/model``) is an SDAR checkpoint (``save_sdar``), written at
+each checkpoint and when the run ends (running a finished run again only writes it).
 
     python experiments/train_countdown_block.py                          # resumable
     python experiments/train_countdown_block.py max_minutes=30           # stop after 30 minutes, resume later
@@ -35,7 +36,8 @@ from dlmsearch.models.transformer import BidirectionalTransformer, TransformerCo
 from dlmsearch.tasks.countdown import load_countdown, shipped_countdown_path
 from dlmsearch.tasks.countdown_problems import CountdownProblem, solutions
 from dlmsearch.training import Checkpointer, learning_rate, progress
-from train_countdown import MASK_ID, VOCAB_SIZE, ProblemSampler, countdown_task, encode_batch, held_out_triples, write_countdown_tokenizer
+from dlmsearch.models.sdar_checkpoint import save_sdar
+from train_countdown import EOS_ID, EOT_ID, MASK_ID, VOCAB_SIZE, ProblemSampler, countdown_task, encode_batch, held_out_triples, write_countdown_tokenizer
 
 
 def block_ids(attention: torch.Tensor, block_length: int) -> torch.Tensor:
@@ -94,12 +96,13 @@ def held_out_rows(tier: str, count: int) -> list[tuple[CountdownProblem, str]]:
     return [(problem, solutions(tuple(problem.numbers))[problem.target][0]) for problem in problems]
 
 
-def build_model(m: DictConfig) -> BidirectionalTransformer:
-    """SDAR's architecture at the configured size: q/k norm, grouped-query attention, untied head."""
+def build_model(m: DictConfig, block_length: int) -> BidirectionalTransformer:
+    """SDAR's architecture at the configured size: q/k norm, grouped-query attention, untied head,
+    block-causal attention over ``block_length`` (training passes its own ``[clean | noisy]`` layout)."""
     return BidirectionalTransformer(TransformerConfig(
         vocab_size=VOCAB_SIZE, hidden_size=m.d_model, num_layers=m.n_layers, num_heads=m.n_heads, num_kv_heads=m.n_kv_heads,
         intermediate_size=m.mlp_hidden_size, max_length=m.max_sequence_length, rope_theta=m.rope_theta, rms_norm_eps=1e-6,
-        qk_norm=True, tie_embeddings=False,
+        qk_norm=True, tie_embeddings=False, block_size=block_length,
     ))
 
 
@@ -113,7 +116,7 @@ def main(cfg: DictConfig) -> None:
     held_out = held_out_rows(cfg.eval_tier, cfg.eval_items)
     rng = np.random.default_rng(cfg.seed)
     sampler = ProblemSampler(cfg.curriculum, rng, held_out_triples())
-    model = build_model(cfg.model)
+    model = build_model(cfg.model, cfg.block_length)
     for name, parameter in model.named_parameters():
         if parameter.dim() == 2:
             torch.nn.init.normal_(parameter, std=0.02)
@@ -145,6 +148,7 @@ def main(cfg: DictConfig) -> None:
         nonlocal eval_seconds
         seconds = train_seconds()
         checkpoints.save(step, train_seconds=seconds)
+        save_sdar(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
         tick = time.monotonic()
         record = {"step": step, "train_seconds": round(seconds, 1), "numbers_up_to": sampler.high(progress(step, cfg.steps, seconds, cfg.budget_minutes)),
                   "held_out_masked_ce": round(held_out_ce(), 5)}
@@ -181,6 +185,7 @@ def main(cfg: DictConfig) -> None:
             if out_of_time:
                 break
     bar.close()
+    save_sdar(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)  # the weights reached (a finished run exports them again)
 
 
 if __name__ == "__main__":

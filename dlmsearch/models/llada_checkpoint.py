@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dlmsearch.models.families import LLADA
+from dlmsearch.models.families import LLADA, Family
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 
 # native name pattern -> LLaDA name (checked against the family's renames on every save)
@@ -34,15 +34,34 @@ _TO_LLADA = (
 )
 
 
-def llada_name(native: str) -> str:
-    """LLaDA's name for a native parameter (the family's renames map it back)."""
-    for pattern, replacement in _TO_LLADA:
+def family_name(native: str, table: tuple[tuple[str, str], ...], family: Family) -> str:
+    """A checkpoint format's name for a native parameter, by ``table`` (checked: the family's renames map it back)."""
+    for pattern, replacement in table:
         if re.fullmatch(pattern, native):
             name = re.sub(pattern, replacement, native)
-            if LLADA.native_name(name) != native:
-                raise AssertionError(f"{native} -> {name} does not map back through the LLaDA family")
+            if family.native_name(name) != native:
+                raise AssertionError(f"{native} -> {name} does not map back through the {family.name} family")
             return name
-    raise ValueError(f"the LLaDA format has no place for the native parameter {native}")
+    raise ValueError(f"the {family.name} format has no place for the native parameter {native}")
+
+
+def llada_name(native: str) -> str:
+    """LLaDA's name for a native parameter (the family's renames map it back)."""
+    return family_name(native, _TO_LLADA, LLADA)
+
+
+def write_checkpoint(directory: Path, state: dict[str, torch.Tensor], files: dict[str, str]) -> None:
+    """``model.safetensors`` (float32) and the given text files into ``directory``, each replaced atomically."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.detach().to("cpu", torch.float32).contiguous() for name, tensor in state.items()}
+    save_file(state, str(directory / "model.safetensors.tmp"), metadata={"format": "pt"})
+    (directory / "model.safetensors.tmp").replace(directory / "model.safetensors")
+    for name, text in files.items():
+        (directory / f"{name}.tmp").write_text(text)
+        (directory / f"{name}.tmp").replace(directory / name)
 
 
 def llada_config(config: TransformerConfig, *, mask_id: int, eos_id: int, pad_id: int) -> dict[str, Any]:
@@ -101,17 +120,7 @@ def llada_config(config: TransformerConfig, *, mask_id: int, eos_id: int, pad_id
 
 def save_llada(directory: Path, module: BidirectionalTransformer, *, mask_id: int, eos_id: int, eot_id: int) -> None:
     """Write ``module`` (float32) as a LLaDA checkpoint into ``directory`` (files replaced atomically)."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {llada_name(name): tensor.detach().to("cpu", torch.float32).contiguous() for name, tensor in module.state_dict().items()}
-    files = {
+    write_checkpoint(directory, {llada_name(name): tensor for name, tensor in module.state_dict().items()}, {
         "config.json": json.dumps(llada_config(module.config, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id), indent=2) + "\n",
         "generation_config.json": json.dumps({"eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id}, indent=2) + "\n",
-    }
-    save_file(state, str(directory / "model.safetensors.tmp"), metadata={"format": "pt"})
-    (directory / "model.safetensors.tmp").replace(directory / "model.safetensors")
-    for name, text in files.items():
-        (directory / f"{name}.tmp").write_text(text)
-        (directory / f"{name}.tmp").replace(directory / name)
+    })

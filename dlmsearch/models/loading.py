@@ -59,7 +59,7 @@ def resolve_device(device: str, dtype: str) -> tuple[str, str]:
 # Token ids a checkpoint names
 # ---------------------------------------------------------------------------------------------
 
-ID_KEYS = ("mask_id", "vocab_size", "stop_ids")
+ID_KEYS = ("mask_id", "vocab_size", "stop_ids", "block_size")
 _ID_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
 
 
@@ -82,9 +82,10 @@ class CheckpointIds:
     mask_source: tuple[str, str] | None = None
     vocab_source: tuple[str, str] | None = None
     stop_source: str | None = None
+    block_size: int | None = None  # a block-diffusion checkpoint's attention block (config.json's block_size)
 
     def value(self, key: str) -> Any:
-        """``mask_id``, ``vocab_size`` or ``stop_ids`` (a list), None where the files name none."""
+        """``mask_id``, ``vocab_size``, ``stop_ids`` (a list) or ``block_size``, None where the files name none."""
         if key == "stop_ids":
             return list(self.stop_ids) or None
         return getattr(self, key)
@@ -205,6 +206,7 @@ def _checkpoint_ids(directory_name: str, family: str, stamp: tuple[Any, ...]) ->
     return CheckpointIds(
         mask_id=mask_id, vocab_size=vocab_size, stop_ids=tuple(stop), eos_ids=tuple(eos),
         mask_source=mask_source, vocab_source=vocab_source, stop_source=", ".join(said) or None,
+        block_size=_token_id(config.get("block_size"), f"{directory / 'config.json'}: block_size"),
     )
 
 
@@ -267,7 +269,7 @@ def resolve_ids(
                 + hint.format(key="stop_ids") + f", {list(named.stop_ids)}"
             )
     resolved: dict[str, Any] = {}
-    for key in ID_KEYS:
+    for key in ("mask_id", "vocab_size", "stop_ids"):  # (a block size is the model's, checked where it loads)
         value = given[key]
         if value is None:
             value = named.value(key)
@@ -292,6 +294,7 @@ def load_text_model(
     logits_eos_inf: bool = False,
     confidence_eos_eot_inf: bool = False,
     fallback_ids: dict[str, Any] | None = None,
+    block_length: int | None = None,
 ) -> ModelAdapter:
     """A LLaDA or Dream checkpoint from a local directory (the Hub is never contacted).
 
@@ -319,6 +322,13 @@ def load_text_model(
     directory = Path(path).expanduser()
     config = read_config(directory)
     checked = checkpoint_family(directory, config, family)
+    if block_length is not None:
+        if not checked.block_diffusion:
+            raise ValueError(f"model.block_length is the attention block of block-diffusion models; {family} attends to the whole canvas (its decoding blocks are task.block_length)")
+        named = config.get("block_size")
+        if named is not None and named != block_length:
+            raise ValueError(f"model.block_length={block_length} but {directory / 'config.json'} has block_size={named}: the model attends in blocks of {named}")
+        config = {**config, "block_size": block_length}
     if checked.block_diffusion and impl != "native":
         raise ValueError(f"model.impl={impl}: {family} is a block-diffusion model, which dlmsearch decodes with its native transformer only (block-causal attention, the exact block cache); use model.impl=native")
     mask_id, vocab_size, stop_ids = resolve_ids(directory, family, mask_id, vocab_size, stop_ids, fallback_ids)

@@ -1,0 +1,74 @@
+"""Writing a native transformer as an SDAR checkpoint directory (the project's block-diffusion models ship so).
+
+``config.json`` with SDAR's ``SDARConfig`` fields and ``model_type: "sdar"`` (plus ``block_size``, which
+SDAR's own config does not carry, and ``mask_token_id``), ``generation_config.json`` with the stop
+ids, and ``model.safetensors`` with SDAR's (Qwen3's) parameter names, the inverse of
+:data:`dlmsearch.models.families.SDAR`'s renames. It loads through ``model=sdar model.path=DIR``;
+SDAR's modeling code is not shipped (``model.impl=native``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dlmsearch.models.families import SDAR
+from dlmsearch.models.llada_checkpoint import family_name, write_checkpoint
+from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
+
+_LAYER = r"blocks\.(\d+)\."
+_TO_SDAR = (
+    (r"embed\.weight", "model.embed_tokens.weight"),
+    (r"norm\.weight", "model.norm.weight"),
+    (r"head\.weight", "lm_head.weight"),
+    (_LAYER + r"(q_proj|k_proj|v_proj|o_proj)\.weight", r"model.layers.\1.self_attn.\2.weight"),
+    (_LAYER + r"(q_norm|k_norm)\.weight", r"model.layers.\1.self_attn.\2.weight"),
+    (_LAYER + r"(gate_proj|up_proj|down_proj)\.weight", r"model.layers.\1.mlp.\2.weight"),
+    (_LAYER + r"attn_norm\.weight", r"model.layers.\1.input_layernorm.weight"),
+    (_LAYER + r"mlp_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
+)
+
+
+def sdar_config(config: TransformerConfig, *, mask_id: int, eos_id: int, pad_id: int) -> dict[str, Any]:
+    """``SDARConfig``'s fields for ``config`` (which must be SDAR's architecture: q/k norm, no biases, a block size)."""
+    if config.qkv_bias or not config.qk_norm or config.block_size is None or config.activation != "silu":
+        raise ValueError("an SDAR checkpoint needs q/k norm, no q/k/v bias, SiLU and a block size")
+    return {
+        "model_type": "sdar",
+        "architectures": ["SDARForCausalLM"],
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_length,
+        "initializer_range": 0.02,
+        "rms_norm_eps": config.rms_norm_eps,
+        "use_cache": True,
+        "tie_word_embeddings": config.tie_embeddings,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": config.num_layers,
+        "attention_dropout": 0.0,
+        "fuse_cross_entropy": False,
+        "block_size": config.block_size,
+        "mask_token_id": mask_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "torch_dtype": "float32",
+    }
+
+
+def save_sdar(directory: Path, module: BidirectionalTransformer, *, mask_id: int, eos_id: int, eot_id: int) -> None:
+    """Write ``module`` (float32) as an SDAR checkpoint into ``directory`` (files replaced atomically)."""
+    write_checkpoint(directory, {family_name(name, _TO_SDAR, SDAR): tensor for name, tensor in module.state_dict().items()}, {
+        "config.json": json.dumps(sdar_config(module.config, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id), indent=2) + "\n",
+        "generation_config.json": json.dumps({"eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id}, indent=2) + "\n",
+    })
