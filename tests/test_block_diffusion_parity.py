@@ -1,0 +1,151 @@
+"""Parity with SDAR's ``block_diffusion_generate`` (``../shared/upstream/sdar``), batched.
+
+A tiny SDAR checkpoint is built by SDAR's own classes (in the transformers its modeling file
+needs, in a subprocess: ``tests/sdar_reference.py``) and decoded there one prompt at a time, with
+dlmsearch's counter-based draws put in place of its multinomial. dlmsearch loads the same
+directory natively and decodes all prompts in one batch (mixed lengths, so they align to blocks
+differently) with ``cache=block``: tokens must be identical, and the reference makes exactly one
+model call more per sample (it writes the last block's keys and values too, which nothing reads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlmsearch.core.sampling import Sampling
+from dlmsearch.models.loading import load_text_model
+from dlmsearch.search.components.commit import BlockDiffusionSchedule
+from dlmsearch.search.driver import DecodeRequest, SearchDecoder
+from dlmsearch.search.engine.cache_policy import BlockCache
+from dlmsearch.search.engine.rollout import RolloutEngine
+from sdar_reference import REFERENCE_TRANSFORMERS, missing_reason
+
+pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=missing_reason() or "")
+
+SEED, MASK, EOS, BLOCK = 11, 999, 998, 4
+PROMPT_LENGTHS = [5, 11, 8, 6]  # prompt tails of 1, 3, 0 and 2 tokens in their last block
+TINY_SDAR = {
+    "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 24, "max_position_embeddings": 256, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "block_size": BLOCK, "seed": 3, "sharpness": 8.0, "mask_id": MASK, "eos_id": EOS,
+}
+WHOLE_BLOCK_PROMPTS = [8, 4, 12]  # no prompt tokens in the first decoded block
+# (strategy, denoising steps, sampling, generation length, prompt lengths): SDAR's three strategies, sampled as
+# its loop always samples, with top-p and top-k. Fewer steps than the block (k_t > 1) only where the reference
+# never meets a step with fewer masks left than k_t: there its topk takes given or committed positions too and
+# writes fresh draws over them (dynamic after a step that committed more than k_t; any rule in a block that
+# holds prompt tokens); dlmsearch commits masked positions only, so those settings are left out.
+CASES = [
+    ("low_confidence_dynamic", 4, {"temperature": 1.0}, 12, PROMPT_LENGTHS),
+    ("low_confidence_dynamic", 4, {"temperature": 0.7, "top_p": 0.9}, 12, PROMPT_LENGTHS),
+    ("low_confidence_dynamic", 4, {"temperature": 1.0, "top_k": 5}, 8, PROMPT_LENGTHS),
+    ("low_confidence_static", 4, {"temperature": 1.0}, 12, PROMPT_LENGTHS),
+    ("low_confidence_static", 4, {"temperature": 0.7, "top_p": 0.9}, 8, PROMPT_LENGTHS),
+    ("low_confidence_static", 2, {"temperature": 1.0, "top_k": 5}, 12, WHOLE_BLOCK_PROMPTS),
+    ("sequential", 4, {"temperature": 1.0}, 12, PROMPT_LENGTHS),
+    ("sequential", 2, {"temperature": 1.0, "top_k": 5}, 8, WHOLE_BLOCK_PROMPTS),
+]
+THRESHOLD = 0.9
+
+
+def prompts(lengths: list[int], case: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(100 + case)
+    return [torch.randint(0, 990, (n,), generator=generator).tolist() for n in lengths]
+
+
+def reference_requests(stop: list[int] | None = None) -> list[dict]:
+    """Every case's prompts as requests to the reference loop (uid = case * 10 + prompt)."""
+    requests = []
+    for case, (strategy, steps, sampling, gen_length, lengths) in enumerate(CASES):
+        for index, prompt in enumerate(prompts(lengths, case)):
+            requests.append({
+                "uid": case * 10 + index, "prompt": prompt, "mask_id": MASK, "gen_length": gen_length, "block_length": BLOCK, "steps": steps,
+                "remasking": strategy, "threshold": THRESHOLD, **sampling, **({"stop": stop} if stop else {}),
+            })
+    return requests
+
+
+def run_reference(directory: Path, requests: list[dict], build: bool, scratch: Path) -> dict[int, dict]:
+    spec, answer = scratch / "spec.json", scratch / "answer.json"
+    spec.write_text(json.dumps({"directory": str(directory), "seed": SEED, "build": TINY_SDAR if build else None, "requests": requests}))
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REFERENCE_TRANSFORMERS), str(Path(__file__).parent)])}
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("sdar_reference.py")), str(spec), str(answer)], env=environment,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(answer.read_text())
+    assert record["transformers"] == "4.52.4"
+    return {r["uid"]: r for r in record["results"]}
+
+
+@pytest.fixture(scope="module")
+def sdar(tmp_path_factory):
+    """The tiny SDAR directory and the reference loop's results for every case."""
+    scratch = tmp_path_factory.mktemp("sdar_reference")
+    directory = scratch / "tiny_sdar"
+    return directory, run_reference(directory, reference_requests(), build=True, scratch=scratch), scratch
+
+
+def decode(directory: Path, case: int, stop_ids: list[int] | None = None, fuse_write: bool = False):
+    strategy, steps, sampling, gen_length, lengths = CASES[case]
+    adapter = load_text_model(str(directory), "sdar", stop_ids=stop_ids, device="cpu", dtype="float32")
+    engine = RolloutEngine(adapter=adapter, seed=SEED, cache=BlockCache(fuse_write=fuse_write))
+    decoder = SearchDecoder(
+        commit=BlockDiffusionSchedule(steps=steps, remasking=strategy, threshold=THRESHOLD), name="sdar",
+        sampling=Sampling(temperature=sampling["temperature"], top_p=sampling.get("top_p"), top_k=sampling.get("top_k"), confidence="sampling"),
+        stop_at_eos=stop_ids is not None,
+    )
+    requests = [DecodeRequest(uid=case * 10 + i, prompt=torch.tensor(p), generation=torch.full((gen_length,), MASK)) for i, p in enumerate(prompts(lengths, case))]
+    return decoder.decode(engine, requests, BLOCK)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{s}-steps{n}-{'-'.join(f'{k}{v}' for k, v in o.items())}" for s, n, o, _, _ in CASES])
+def test_batched_decode_is_sdars_loop_for_each_prompt(sdar, case: int) -> None:
+    directory, reference, _ = sdar
+    for result in decode(directory, case):
+        expected = reference[result.uid]
+        assert result.tokens.tolist() == expected["tokens"], result.uid
+        assert result.steps + 1 == expected["calls"], (result.uid, result.steps, expected["calls"])  # + its write of the last block
+
+
+def test_stop_at_eos_ends_after_the_block_that_holds_the_end(sdar) -> None:
+    """``decoder.stop_at_eos``: no block after the one where a stop token appears (SDAR's
+    ``stopping_criteria_idx``); the reference leaves those blocks masked, dlmsearch fills them with EOS."""
+    directory, unstopped, scratch = sdar
+    case = 0
+    written = torch.tensor([t for uid, r in unstopped.items() if uid // 10 == case for t in r["tokens"]])
+    values, counts = torch.unique(written, return_counts=True)
+    stops = [EOS, *values[torch.argsort(counts, descending=True, stable=True)[:3]].tolist()]  # tokens the model writes often stand in for end tokens
+    reference = run_reference(directory, [r for r in reference_requests(stops) if r["uid"] // 10 == case], build=False, scratch=scratch)
+    stopped_early = 0
+    for result in decode(directory, case, stop_ids=stops):
+        expected = reference[result.uid]["tokens"]
+        tokens = result.tokens.tolist()
+        decoded = [t != MASK for t in expected]
+        end = decoded.index(False) if False in decoded else len(expected)
+        assert tokens[:end] == expected[:end], result.uid
+        assert all(t == EOS for t in tokens[end:]) and result.steps + 1 == reference[result.uid]["calls"], result.uid
+        stopped_early += end < len(expected)
+    assert stopped_early >= 2  # the rule was exercised
+
+
+def test_fusing_the_write_into_the_next_forward_saves_one_call_per_block(sdar) -> None:
+    """``cache.fuse_write=true`` at temperature 0: the same tokens as the reference-style cache, fewer calls, the same row count minus the writes."""
+    directory, _, _ = sdar
+    adapter = load_text_model(str(directory), "sdar", device="cpu", dtype="float32")
+    decoder = SearchDecoder(commit=BlockDiffusionSchedule(), name="sdar_greedy")
+    requests = [DecodeRequest(uid=i, prompt=torch.tensor(p), generation=torch.full((12,), MASK)) for i, p in enumerate(prompts(PROMPT_LENGTHS, 0))]
+    separate = decoder.decode(RolloutEngine(adapter=adapter, cache=BlockCache()), requests, BLOCK)
+    fused = decoder.decode(RolloutEngine(adapter=adapter, cache=BlockCache(fuse_write=True)), requests, BLOCK)
+    for a, b, length in zip(separate, fused, PROMPT_LENGTHS):
+        assert a.tokens.tolist() == b.tokens.tolist()
+        decoded_blocks = -(-(length + 12) // BLOCK) - length // BLOCK
+        writes = (length >= BLOCK) + decoded_blocks - 1  # the prompt's whole blocks (if any) and every decoded block but the last
+        assert a.steps - b.steps == writes, (length, a.steps, b.steps)
+        assert a.token_forwards == b.token_forwards  # the same columns, forwarded in fewer calls
