@@ -147,32 +147,34 @@ class KVStorage:
             return
         self.layers = [tuple(F.pad(t[:, :, : self.width], (0, 0, 0, tail)) for t in pair) for pair in self.layers]
 
-    def window(self, slot: torch.Tensor, column: torch.Tensor, cache_visible: torch.Tensor, fresh_visible: torch.Tensor) -> CachedWindow:
+    def window(
+        self, slot: torch.Tensor, column: torch.Tensor, cache_visible: torch.Tensor, fresh_visible: torch.Tensor, in_place: torch.Tensor | None = None,
+    ) -> CachedWindow:
         """The forward of ``[rows, length]`` queries against their slots' caches.
 
         ``column`` is each query's canvas column (-1: not a canvas column, such as WINO's shadow
         or the padding of a shorter window), ``cache_visible [rows, width]`` the cached columns
         each row reads (never its own forwarded ones), ``fresh_visible [rows, length, length]``
         which of the row's own queries each query sees. A slot's first row writes its columns in
-        place, so no other row of the slot may read one of them from the cache (Fast-dLLM's
-        caches: the rows of a slot forward the same window; the block cache: every row reads only
-        columns before its slot's first row's).
+        place (``in_place [rows]``: only where it is set; the exact block cache lets only a slot's
+        own canvas write), so no other row of the slot may read one of them from the cache
+        (Fast-dLLM's caches: the rows of a slot forward the same window).
         """
         rows, length = column.shape
         lane = lanes_of(slot)
         lanes = int(lane.max()) + 1
         low, high = int(slot.min()), int(slot.max()) + 1
-        first_row = torch.zeros(high - low, dtype=torch.long).scatter_(0, slot[lane == 0] - low, (lane == 0).nonzero().squeeze(1))
-        overwritten = torch.zeros(high - low, self.width + 1, dtype=torch.bool)  # the last column collects the non-canvas queries
-        written = column[first_row]
-        overwritten.scatter_(1, torch.where(written >= 0, written, self.width), True)
+        writer = (lane == 0) if in_place is None else (lane == 0) & in_place
+        overwritten = torch.zeros(high - low, self.width + 1, dtype=torch.bool)  # the last column collects what is not written in place
+        written = torch.where(writer[:, None] & (column >= 0), column, self.width)
+        overwritten[(slot - low)[:, None].expand_as(written), written] = True
         if bool((cache_visible & overwritten[slot - low, : self.width]).any()):
             raise ValueError("a row would read from its slot's cache a column that the slot's first row overwrites in the same forward")
         self._reserve(lanes * length)
         keys = self.width + lanes * length
         device = self.layers[0][0].device
         scratch = self.width + lane[:, None] * length + torch.arange(length)[None, :]
-        destination = torch.where((lane[:, None] == 0) & (column >= 0), column, scratch)
+        destination = torch.where(writer[:, None] & (column >= 0), column, scratch)
         # Every stacked query sees the whole canvas by default: unused lanes give finite, discarded outputs.
         mask = torch.zeros(high - low, lanes, length, keys, dtype=torch.bool)
         mask[..., : self.width] = True

@@ -88,6 +88,11 @@ def make_plan(decoder: "SearchDecoder", engine: "RolloutEngine", gen_length: int
         )
     if decoder.stop_at_eos and not able.stop_ids:
         raise ValueError("decoder.stop_at_eos needs the model's stop tokens (model.stop_ids); this model has none")
+    if cache == "block" and decoder.commit.whole_prefix:
+        raise ValueError(
+            f"decoder {decoder.name!r} re-reads every committed position of the generation (Saber's whole-prefix rule), but the block "
+            "cache computes the blocks being decoded only: use cache=none"
+        )
     if "kl" in statistics and engine.cache.stores:
         raise ValueError(f"the kl statistic (KLASS) compares full distributions step to step and needs cache=none; got cache={cache}")
     if "verify" in statistics:

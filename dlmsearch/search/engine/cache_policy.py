@@ -33,6 +33,7 @@ from dlmsearch.models.kv_storage import KVStorage
 class CachePolicy(Protocol):
     name: ClassVar[str]
     stores: ClassVar[bool]  # whether it keeps keys and values at all (False: every forward is full)
+    exact: ClassVar[bool]  # its store holds exact keys and values: only refreshing rows write into it, never a branch
 
     def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
         """``[rows, 2]`` first and end column a cached row computes, for windows ``start:end``
@@ -54,6 +55,7 @@ class NoCache:
 
     name: ClassVar[str] = "none"
     stores: ClassVar[bool] = False
+    exact: ClassVar[bool] = False
 
     def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
         return torch.zeros(len(start), 2, dtype=torch.long)
@@ -71,6 +73,8 @@ class NoCache:
 @attrs.frozen
 class _WindowRefresh:
     """Fast-dLLM's refresh rule: a slot's root refreshes when its window differs from the stored one."""
+
+    exact: ClassVar[bool] = False  # a slot's first row of a cached forward writes its window over the stale one
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         return storage.holds(slot, columns)
@@ -128,6 +132,7 @@ class BlockCache:
 
     name: ClassVar[str] = "block"
     stores: ClassVar[bool] = True
+    exact: ClassVar[bool] = True
     fuse_write: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @staticmethod
@@ -163,6 +168,6 @@ def cache_policy(value: object) -> CachePolicy:
         if value not in POLICIES:
             raise ValueError(f"unknown cache policy {value!r}; available: {', '.join(POLICIES)} (choose one with cache=NAME)")
         return POLICIES[value]()
-    if not all(hasattr(value, name) for name in ("name", "stores", "columns", "hits", "refreshes", "settled")):
+    if not all(hasattr(value, name) for name in ("name", "stores", "exact", "columns", "hits", "refreshes", "settled")):
         raise TypeError(f"cache must be a cache policy (cache=none|prefix|dual|block) or its name; got {type(value).__name__}")
     return value  # type: ignore[return-value]

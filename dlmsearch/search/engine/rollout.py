@@ -270,7 +270,7 @@ class RolloutEngine:
                 sample_uid[index],
                 low - first,
                 high - first,
-                (memory.kv, sample[index]) if forward.cached else None,
+                (memory.kv, sample[index], forward.refresh if self.cache.exact else None) if forward.cached else None,
                 sampling,
                 None if temperature is None else temperature[index],
                 None if bool(computed.all()) else source,
