@@ -50,11 +50,15 @@ if [ "$mode" = demo ]; then
     python -m pip install --quiet -e .
 else
     python -m pip install --quiet -e ".[dev]"
-    # SDAR's reference modeling file needs transformers 4.52 (4.57+ dropped LossKwargs): a private copy for the
-    # parity tests' subprocess (tests/sdar_reference.py), beside the venv's own transformers, never imported by dlmsearch
-    reference=.venv/reference/transformers-4.52.4
-    if [ ! -d "$reference/transformers" ]; then
-        python -m pip install --quiet --no-deps --target "$reference" "transformers==4.52.4" "tokenizers>=0.21,<0.22" "huggingface-hub>=0.30,<1.0"
-    fi
+    # The block-diffusion families' reference modeling files need older transformers (SDAR: 4.52, whose LossKwargs 4.57+
+    # dropped; LLaDA2.0: 4.57): private copies for the parity tests' subprocess (tests/block_reference.py), beside the
+    # venv's own transformers, never imported by dlmsearch
+    for pinned in "4.52.4 tokenizers>=0.21,<0.22" "4.57.6 tokenizers>=0.22,<0.23"; do
+        read -r version tokenizers <<< "$pinned"
+        reference=.venv/reference/transformers-$version
+        if [ ! -d "$reference/transformers" ]; then
+            python -m pip install --quiet --no-deps --target "$reference" "transformers==$version" "$tokenizers" "huggingface-hub>=0.34,<1.0"
+        fi
+    done
 fi
 python -c "import torch; print(f'setup.sh: .venv has torch {torch.__version__} (CUDA {torch.version.cuda or \"none\"})')"

@@ -1,11 +1,15 @@
-"""Parity with SDAR's ``block_diffusion_generate`` (``../shared/upstream/sdar``), batched.
+"""Parity with the block-diffusion families' reference loops, batched: SDAR's
+``block_diffusion_generate`` (``../shared/upstream/sdar``) and LLaDA2.0's
+``LLaDA2MoeModelLM.generate`` (``../shared/upstream/llada2``).
 
-A tiny SDAR checkpoint is built by SDAR's own classes (in the transformers its modeling file
-needs, in a subprocess: ``tests/sdar_reference.py``) and decoded there one prompt at a time, with
-dlmsearch's counter-based draws put in place of its multinomial. dlmsearch loads the same
+A tiny checkpoint of each is built by the family's own classes (in the transformers its modeling
+file needs, in a subprocess: ``tests/block_reference.py``) and decoded there one prompt at a time,
+with dlmsearch's counter-based draws put in place of its multinomial. dlmsearch loads the same
 directory natively and decodes all prompts in one batch (mixed lengths, so they align to blocks
-differently) with ``cache=block``: tokens must be identical, and the reference makes exactly one
-model call more per sample (it writes the last block's keys and values too, which nothing reads).
+differently) with ``cache=block``: tokens must be identical. SDAR's loop makes exactly one model
+call more per sample (it writes the last block's keys and values too, which nothing reads);
+LLaDA2's loop has no cache (each step forwards the canvas up to the block's end), so it makes
+exactly the calls of ``cache=block`` with ``fuse_write=true``.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from dlmsearch.search.components.commit import BlockDiffusionSchedule
 from dlmsearch.search.driver import DecodeRequest, SearchDecoder
 from dlmsearch.search.engine.cache_policy import BlockCache
 from dlmsearch.search.engine.rollout import RolloutEngine
-from sdar_reference import REFERENCE_TRANSFORMERS, missing_reason
+from block_reference import TRANSFORMERS, VERSIONS, missing_reason
 
-pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=missing_reason() or "")
+needs_sdar = pytest.mark.skipif(missing_reason("sdar") is not None, reason=missing_reason("sdar") or "")
+needs_llada2 = pytest.mark.skipif(missing_reason("llada2") is not None, reason=missing_reason("llada2") or "")
 
 SEED, MASK, EOS, BLOCK = 11, 999, 998, 4
 PROMPT_LENGTHS = [5, 11, 8, 6]  # prompt tails of 1, 3, 0 and 2 tokens in their last block
@@ -72,15 +77,15 @@ def reference_requests(stop: list[int] | None = None) -> list[dict]:
     return requests
 
 
-def run_reference(directory: Path, requests: list[dict], build: bool, scratch: Path) -> dict[int, dict]:
+def run_reference(directory: Path, requests: list[dict], build: dict | None, scratch: Path, family: str = "sdar") -> dict[int, dict]:
     spec, answer = scratch / "spec.json", scratch / "answer.json"
-    spec.write_text(json.dumps({"directory": str(directory), "seed": SEED, "build": TINY_SDAR if build else None, "requests": requests}))
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REFERENCE_TRANSFORMERS), str(Path(__file__).parent)])}
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("sdar_reference.py")), str(spec), str(answer)], env=environment,
+    spec.write_text(json.dumps({"family": family, "directory": str(directory), "seed": SEED, "build": build, "requests": requests}))
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRANSFORMERS[family]), str(Path(__file__).parent)])}
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("block_reference.py")), str(spec), str(answer)], env=environment,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(answer.read_text())
-    assert record["transformers"] == "4.52.4"
+    assert record["transformers"] == VERSIONS[family]
     return {r["uid"]: r for r in record["results"]}
 
 
@@ -89,7 +94,7 @@ def sdar(tmp_path_factory):
     """The tiny SDAR directory and the reference loop's results for every case."""
     scratch = tmp_path_factory.mktemp("sdar_reference")
     directory = scratch / "tiny_sdar"
-    return directory, run_reference(directory, reference_requests(), build=True, scratch=scratch), scratch
+    return directory, run_reference(directory, reference_requests(), TINY_SDAR, scratch), scratch
 
 
 def decode(directory: Path, case: int, stop_ids: list[int] | None = None, fuse_write: bool = False):
@@ -105,6 +110,7 @@ def decode(directory: Path, case: int, stop_ids: list[int] | None = None, fuse_w
     return decoder.decode(engine, requests, BLOCK)
 
 
+@needs_sdar
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{s}-steps{n}-{'-'.join(f'{k}{v}' for k, v in o.items())}" for s, n, o, _, _ in CASES])
 def test_batched_decode_is_sdars_loop_for_each_prompt(sdar, case: int) -> None:
     directory, reference, _ = sdar
@@ -114,6 +120,7 @@ def test_batched_decode_is_sdars_loop_for_each_prompt(sdar, case: int) -> None:
         assert result.steps + 1 == expected["calls"], (result.uid, result.steps, expected["calls"])  # + its write of the last block
 
 
+@needs_sdar
 def test_stop_at_eos_ends_after_the_block_that_holds_the_end(sdar) -> None:
     """``decoder.stop_at_eos``: no block after the one where a stop token appears (SDAR's
     ``stopping_criteria_idx``); the reference leaves those blocks masked, dlmsearch fills them with EOS."""
@@ -122,7 +129,7 @@ def test_stop_at_eos_ends_after_the_block_that_holds_the_end(sdar) -> None:
     written = torch.tensor([t for uid, r in unstopped.items() if uid // 10 == case for t in r["tokens"]])
     values, counts = torch.unique(written, return_counts=True)
     stops = [EOS, *values[torch.argsort(counts, descending=True, stable=True)[:3]].tolist()]  # tokens the model writes often stand in for end tokens
-    reference = run_reference(directory, [r for r in reference_requests(stops) if r["uid"] // 10 == case], build=False, scratch=scratch)
+    reference = run_reference(directory, [r for r in reference_requests(stops) if r["uid"] // 10 == case], None, scratch)
     stopped_early = 0
     for result in decode(directory, case, stop_ids=stops):
         expected = reference[result.uid]["tokens"]
@@ -135,6 +142,7 @@ def test_stop_at_eos_ends_after_the_block_that_holds_the_end(sdar) -> None:
     assert stopped_early >= 2  # the rule was exercised
 
 
+@needs_sdar
 def test_fusing_the_write_into_the_next_forward_saves_one_call_per_block(sdar) -> None:
     """``cache.fuse_write=true`` at temperature 0: the same tokens as the reference-style cache, fewer calls, the same row count minus the writes."""
     directory, _, _ = sdar
@@ -149,3 +157,52 @@ def test_fusing_the_write_into_the_next_forward_saves_one_call_per_block(sdar) -
         writes = (length >= BLOCK) + decoded_blocks - 1  # the prompt's whole blocks (if any) and every decoded block but the last
         assert a.steps - b.steps == writes, (length, a.steps, b.steps)
         assert a.token_forwards == b.token_forwards  # the same columns, forwarded in fewer calls
+
+
+# LLaDA2.0: a tiny MoE (8 routed experts in 4 groups, top-2 of the best 2 groups, one shared expert, the first
+# layer dense, partial rotary, q/k norm), blocks of 8; its generate stops after the block holding an EOS
+# (always) and returns the generation cut at gen_length and after the first EOS
+TINY_LLADA2 = {
+    "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "use_bias": False, "use_qkv_bias": False, "use_qk_norm": True, "num_experts": 8, "num_shared_experts": 1, "num_experts_per_tok": 2,
+    "n_group": 4, "topk_group": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+    "partial_rotary_factor": 0.5, "embedding_dropout": 0.0, "attention_dropout": 0.0, "output_dropout": 0.0,
+    "block_size": 8, "seed": 5, "sharpness": 5.0, "mask_id": MASK, "eos_id": EOS,
+}
+LLADA2_PROMPTS = [5, 13, 8, 11]  # prompt tails of 5, 5, 0 and 3 tokens in their last block of 8
+LLADA2_CASES = [  # (sampling, steps per block, threshold)
+    ({"temperature": 0.0}, 8, 0.95), ({"temperature": 0.0}, 4, 0.95), ({"temperature": 1.0}, 8, 0.95),
+    ({"temperature": 0.7, "top_p": 0.9}, 8, 0.8), ({"temperature": 1.0, "top_k": 5}, 8, 0.95),
+]
+
+
+@pytest.fixture(scope="module")
+def llada2(tmp_path_factory):
+    scratch = tmp_path_factory.mktemp("llada2_reference")
+    directory = scratch / "tiny_llada2"
+    requests = [
+        {"uid": case * 10 + i, "prompt": prompt, "mask_id": MASK, "eos_id": EOS, "gen_length": 16, "block_length": 8, "steps": steps, "threshold": threshold, **sampling}
+        for case, (sampling, steps, threshold) in enumerate(LLADA2_CASES) for i, prompt in enumerate(prompts(LLADA2_PROMPTS, 50 + case))
+    ]
+    return directory, run_reference(directory, requests, TINY_LLADA2, scratch, family="llada2")
+
+
+@needs_llada2
+@pytest.mark.parametrize("case", range(len(LLADA2_CASES)), ids=[f"steps{n}-tau{t}-{'-'.join(f'{k}{v}' for k, v in o.items())}" for o, n, t in LLADA2_CASES])
+def test_batched_decode_is_llada2s_generate_for_each_prompt(llada2, case: int) -> None:
+    directory, reference = llada2
+    sampling, steps, threshold = LLADA2_CASES[case]
+    adapter = load_text_model(str(directory), "llada2", device="cpu", dtype="float32")
+    engine = RolloutEngine(adapter=adapter, seed=SEED, cache=BlockCache(fuse_write=True))
+    decoder = SearchDecoder(
+        commit=BlockDiffusionSchedule(steps=steps, threshold=threshold), name="llada2", stop_at_eos=True,
+        sampling=Sampling(temperature=sampling["temperature"], top_p=sampling.get("top_p"), top_k=sampling.get("top_k"), confidence="sampling"),
+    )
+    requests = [DecodeRequest(uid=case * 10 + i, prompt=torch.tensor(p), generation=torch.full((16,), MASK)) for i, p in enumerate(prompts(LLADA2_PROMPTS, 50 + case))]
+    assert len({t for r in requests for t in reference[r.uid]["tokens"]}) >= 4  # the model's choices vary (a collapsed one would prove little)
+    for result in decoder.decode(engine, requests, 8):
+        expected = reference[result.uid]
+        tokens = result.tokens.tolist()
+        assert tokens[: len(expected["tokens"])] == expected["tokens"], result.uid  # the reference cuts at gen_length and after an EOS
+        assert result.steps == expected["calls"], result.uid

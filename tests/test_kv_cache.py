@@ -70,9 +70,9 @@ class WatchedStorage(KVStorage):
         self.forwards: list[int] = []
         self.storage: set[int] = set()
 
-    def window(self, slot, column, cache_visible, fresh_visible):
+    def window(self, slot, column, cache_visible, fresh_visible, in_place=None):
         self.forwards.append(len(torch.unique(column[:, 0])))
-        made = super().window(slot, column, cache_visible, fresh_visible)
+        made = super().window(slot, column, cache_visible, fresh_visible, in_place)
         self.storage.add(self.layers[0][0].data_ptr())
         return made
 

@@ -14,8 +14,9 @@ import re
 from typing import Any, Callable
 
 import attrs
+import torch
 
-from dlmsearch.models.transformer import TransformerConfig
+from dlmsearch.models.transformer import MixtureOfExperts, TransformerConfig
 
 
 class UnsupportedCheckpoint(ValueError):
@@ -34,6 +35,7 @@ class Family:
     mask_tokens: tuple[str, ...] = ()  # the mask token's name in the family's tokenizers
     stop_tokens: tuple[str, ...] = ()  # tokens that end an answer (EOS, end of turn), in the family's tokenizers
     block_diffusion: bool = False  # trained block-causally: decodes block by block against an exact block cache
+    regroup: Callable[[dict[str, torch.Tensor], TransformerConfig], dict[str, torch.Tensor]] | None = None  # after renaming: split fused, stack per-expert tensors
 
     def native_name(self, name: str) -> str | None:
         """The native parameter name for a checkpoint name, or None where it has none."""
@@ -183,7 +185,101 @@ SDAR = Family(
     block_diffusion=True,
 )
 
-FAMILIES = {f.name: f for f in (LLADA, DREAM, SDAR)}
+LLADA2_DEFAULT_BLOCK = 32  # LLaDA2.0 / 2.1's block (its generate's block_length), where config.json names none
+
+
+def _llada2_config(config: dict[str, Any]) -> TransformerConfig:
+    """LLaDA2.0 / 2.1 (``llada2_moe``, Ling's MoE trained block-causally): fused q/k/v, q/k RMSNorm,
+    partial rotary, grouped top-k routing over sigmoid-scored experts plus shared experts, the first
+    ``first_k_dense_replace`` layers dense."""
+    _require(config, "LLaDA2", {
+        "rope_scaling": (None,), "hidden_act": ("silu",), "use_qkv_bias": (False,), "use_bias": (False,), "norm_head": (False,),
+        "use_qk_norm": (True,), "use_sliding_window": (False,),
+    })
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    experts = config.get("num_experts")
+    moe = None
+    if experts:
+        needed = ("num_experts_per_tok", "n_group", "topk_group", "moe_intermediate_size")
+        missing = [key for key in needed if not config.get(key)]
+        if missing:
+            raise UnsupportedCheckpoint(f"LLaDA2 config.json has num_experts={experts} but no {', '.join(missing)}: the routed experts cannot be built")
+        if experts % config["n_group"]:
+            raise UnsupportedCheckpoint(f"LLaDA2 config.json: num_experts={experts} is not a multiple of n_group={config['n_group']}")
+        moe = MixtureOfExperts(
+            num_experts=experts, top_k=config["num_experts_per_tok"], groups=config["n_group"], top_groups=config["topk_group"],
+            scaling=float(config.get("routed_scaling_factor", 1.0)), intermediate_size=config["moe_intermediate_size"],
+            shared_experts=config.get("num_shared_experts") or 0, dense_layers=config.get("first_k_dense_replace", 0),
+        )
+    block = config.get("block_size") or LLADA2_DEFAULT_BLOCK
+    return TransformerConfig(
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads") or heads,
+        intermediate_size=config.get("intermediate_size") or 0,
+        max_length=config.get("max_position_embeddings", 32768),
+        rope_theta=float(config.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        rope_in_float32=False,
+        qk_norm=True,
+        head_dim=head_dim,
+        block_size=block,
+        rotary_dim=int(head_dim * float(config.get("partial_rotary_factor", 1.0))),
+        moe=moe,
+    )
+
+
+def _llada2_regroup(state: dict[str, torch.Tensor], config: TransformerConfig) -> dict[str, torch.Tensor]:
+    """Split each fused ``query_key_value`` into q/k/v and stack each MoE layer's experts."""
+    out = {name: t for name, t in state.items() if ".qkv." not in name and ".experts." not in name}
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    for name, tensor in state.items():
+        if ".qkv." in name:
+            prefix = name.split(".qkv.")[0]
+            out[f"{prefix}.q_proj.weight"], out[f"{prefix}.k_proj.weight"], out[f"{prefix}.v_proj.weight"] = tensor.split([q, kv, kv])
+    experts: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
+    for name, tensor in state.items():
+        match = re.fullmatch(r"(blocks\.\d+)\.experts\.(\d+)\.(gate|up|down)", name)
+        if match:
+            experts.setdefault((match[1], match[3]), {})[int(match[2])] = tensor
+    for (prefix, part), tensors in experts.items():
+        out[f"{prefix}.expert_{part}"] = torch.stack([tensors[i] for i in sorted(tensors)])
+    return out
+
+
+_LLADA2_LAYER = r"model\.layers\.(\d+)\."
+LLADA2 = Family(
+    name="llada2",
+    model_types=("llada2_moe",),
+    read_config=_llada2_config,
+    renames=(
+        (r"model\.word_embeddings\.weight", "embed.weight"),
+        (r"model\.norm\.weight", "norm.weight"),
+        (r"lm_head\.weight", "head.weight"),
+        (_LLADA2_LAYER + r"attention\.query_key_value\.weight", r"blocks.\1.qkv.weight"),
+        (_LLADA2_LAYER + r"attention\.dense\.weight", r"blocks.\1.o_proj.weight"),
+        (_LLADA2_LAYER + r"attention\.query_layernorm\.weight", r"blocks.\1.q_norm.weight"),
+        (_LLADA2_LAYER + r"attention\.key_layernorm\.weight", r"blocks.\1.k_norm.weight"),
+        (_LLADA2_LAYER + r"input_layernorm\.weight", r"blocks.\1.attn_norm.weight"),
+        (_LLADA2_LAYER + r"post_attention_layernorm\.weight", r"blocks.\1.mlp_norm.weight"),
+        (_LLADA2_LAYER + r"mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.\2.weight"),  # a dense layer
+        (_LLADA2_LAYER + r"mlp\.shared_experts\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.\2.weight"),
+        (_LLADA2_LAYER + r"mlp\.gate\.weight", r"blocks.\1.router"),
+        (_LLADA2_LAYER + r"mlp\.gate\.expert_bias", r"blocks.\1.expert_bias"),
+        (_LLADA2_LAYER + r"mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight", r"blocks.\1.experts.\2.\3"),
+    ),
+    shift_logits=False,
+    mask_tokens=("<|mask|>",),
+    stop_tokens=("<|endoftext|>", "<|role_end|>"),
+    block_diffusion=True,
+    regroup=_llada2_regroup,
+)
+
+FAMILIES = {f.name: f for f in (LLADA, DREAM, SDAR, LLADA2)}
 
 
 def family_of(config: dict[str, Any], where: str) -> Family:

@@ -74,6 +74,8 @@ def load_native(directory: Path, config: dict[str, Any], family: Family, device:
                 state[native] = handle.get_tensor(name).to(device=device, dtype=dtype)
     if unknown:
         raise UnsupportedCheckpoint(f"{directory}: weights the native {family.name} model has no place for: {', '.join(unknown[:5])}")
+    if family.regroup is not None:
+        state = family.regroup(state, module.config)
     expected = set(module.state_dict())
     missing = sorted(expected - set(state))
     if missing:

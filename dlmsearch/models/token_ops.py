@@ -11,6 +11,7 @@ no operation here mixes tokens. Attention stays eager (SDPA is already one fused
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -35,7 +36,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, in_float32: bool) -> torch.Tensor:
-    """Rotary embedding: LLaDA rotates in float32 and casts back, Dream in the model dtype."""
+    """Rotary embedding: LLaDA rotates in float32 and casts back, Dream in the model dtype. Tables
+    narrower than the head (partial rotary: LLaDA2) rotate its first dimensions and pass the rest."""
+    width = cos.shape[-1]
+    if width < x.shape[-1]:
+        return torch.cat([rotate(x[..., :width], cos, sin, in_float32), x[..., width:]], dim=-1)
     if in_float32:
         return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
     return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
@@ -67,6 +72,58 @@ def block_output(
     x = x + F.linear(attended, wo)
     h = rms_norm(x, norm, eps)
     return x + F.linear(ACTIVATIONS[activation](F.linear(h, gate)) * F.linear(h, up), down)
+
+
+def routed_experts(
+    h: torch.Tensor, router: torch.Tensor, expert_bias: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+    top_k: int, groups: int, top_groups: int, scaling: float, activation: str,
+) -> torch.Tensor:
+    """The routed experts' output for ``h [tokens, hidden]`` (LLaDA2.x / Ling MoE, DeepSeek-V3's
+    routing): sigmoid scores of ``router [E, hidden]`` in float32; the ``top_groups`` groups (of
+    ``E / groups`` experts) with the largest sum of their two best biased scores; in them the
+    ``top_k`` best biased scores pick the experts; the weights are their unbiased scores, normalised
+    (``top_k > 1``) and times ``scaling``. Experts (``gate``, ``up`` ``[E, I, hidden]``, ``down``
+    ``[E, hidden, I]``) run once each on the tokens routed to them (a loop over experts, none over
+    tokens); each token's ``top_k`` outputs are weighted and summed in routing order. Ties: the lower
+    expert (stable sorts), where the reference's ``topk`` order is unspecified."""
+    tokens = h.shape[0]
+    experts = router.shape[0]
+    scores = torch.sigmoid(F.linear(h.float(), router.float()))
+    biased = scores + expert_bias.float()
+    best_two = torch.sort(biased.view(tokens, groups, -1), dim=-1, descending=True, stable=True).values[..., :2].sum(dim=-1)
+    chosen_groups = torch.sort(best_two, dim=-1, descending=True, stable=True).indices[:, :top_groups]
+    allowed = torch.zeros(tokens, groups, dtype=torch.bool, device=h.device).scatter_(1, chosen_groups, True)
+    allowed = allowed[:, :, None].expand(tokens, groups, experts // groups).reshape(tokens, experts)
+    choice = torch.sort(biased.masked_fill(~allowed, -math.inf), dim=-1, descending=True, stable=True).indices[:, :top_k]
+    weight = scores.gather(1, choice)
+    if top_k > 1:
+        weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
+    weight = weight * scaling
+    flat = choice.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=experts).tolist()
+    out = h.new_empty(tokens * top_k, h.shape[1])
+    act = ACTIVATIONS[activation]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count:
+            rows = order[start : start + count]
+            x = h[rows // top_k]
+            out[rows] = F.linear(act(F.linear(x, gate[expert])) * F.linear(x, up[expert]), down[expert])
+            start += count
+    return (out.view(tokens, top_k, -1).to(weight.dtype) * weight[..., None]).sum(dim=1).to(h.dtype)
+
+
+def moe_block_output(
+    x: torch.Tensor, attended: torch.Tensor, wo: torch.Tensor, norm: torch.Tensor, eps: float,
+    shared_gate: torch.Tensor, shared_up: torch.Tensor, shared_down: torch.Tensor, activation: str, routed: dict,
+) -> torch.Tensor:
+    """:func:`block_output` of a mixture-of-experts block: the shared experts (a gated MLP, possibly
+    of width 0) plus the routed experts (:func:`routed_experts` with ``routed``'s weights and settings)."""
+    x = x + F.linear(attended, wo)
+    h = rms_norm(x, norm, eps)
+    shared = F.linear(ACTIVATIONS[activation](F.linear(h, shared_gate)) * F.linear(h, shared_up), shared_down)
+    return x + (routed_experts(h, activation=activation, **routed) + shared)  # the reference's order of additions
 
 
 def attend(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, grouped: bool) -> torch.Tensor:

@@ -29,6 +29,20 @@ KeyValues = tuple[torch.Tensor, torch.Tensor]  # [rows, kv_heads, columns, head_
 
 
 @attrs.frozen
+class MixtureOfExperts:
+    """Routed experts plus shared experts (LLaDA2.x / Ling): grouped top-k routing over sigmoid scores."""
+
+    num_experts: int
+    top_k: int
+    groups: int  # experts are routed within the best ``top_groups`` of ``groups`` groups
+    top_groups: int
+    scaling: float  # routed_scaling_factor
+    intermediate_size: int  # each expert's
+    shared_experts: int  # a shared gated MLP of ``shared_experts * intermediate_size`` (0: none)
+    dense_layers: int  # the first layers keep a dense MLP (first_k_dense_replace)
+
+
+@attrs.frozen
 class TransformerConfig:
     """The architecture, in family-neutral names (filled from a checkpoint's ``config.json``)."""
 
@@ -48,6 +62,11 @@ class TransformerConfig:
     qk_norm: bool = False  # an RMSNorm of each head's query and key before rotation (Qwen3-style: SDAR, LLaDA2)
     head_dim: int = attrs.field(default=attrs.Factory(lambda self: self.hidden_size // self.num_heads, takes_self=True))  # Qwen3/SDAR set it apart from hidden / heads
     block_size: int | None = None  # block diffusion (SDAR, LLaDA2.x): attention is block-causal over blocks of this many positions
+    rotary_dim: int | None = None  # partial rotary (LLaDA2.x): only the first rotary_dim dimensions of each head rotate; None: all
+    moe: MixtureOfExperts | None = None  # mixture-of-experts MLPs after ``moe.dense_layers`` dense ones
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe is not None and index >= self.moe.dense_layers
 
     @property
     def attention_width(self) -> int:
@@ -92,11 +111,14 @@ def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple
 
 
 class Block(nn.Module):
-    """Pre-norm attention and gated MLP with residuals."""
+    """Pre-norm attention and gated MLP with residuals; in a mixture-of-experts layer the gated MLP
+    is the shared experts' and the routed experts' weights are stacked ``[experts, ...]``."""
 
-    def __init__(self, config: TransformerConfig) -> None:
+    def __init__(self, config: TransformerConfig, index: int = 0) -> None:
         super().__init__()
         self.config = config
+        moe = config.moe if config.is_moe_layer(index) else None
+        mlp = config.intermediate_size if moe is None else moe.intermediate_size * moe.shared_experts
         kv = config.num_kv_heads * config.head_dim
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.q_proj = nn.Linear(config.hidden_size, config.attention_width, bias=config.qkv_bias)
@@ -104,9 +126,17 @@ class Block(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.attention_width, config.hidden_size, bias=False)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(config.hidden_size, mlp, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, mlp, bias=False)
+        self.down_proj = nn.Linear(mlp, config.hidden_size, bias=False)
+        self.moe = moe
+        if moe is not None:
+            experts, width = moe.num_experts, moe.intermediate_size
+            self.router = nn.Parameter(torch.empty(experts, config.hidden_size))
+            self.register_buffer("expert_bias", torch.zeros(experts))
+            self.expert_gate = nn.Parameter(torch.empty(experts, width, config.hidden_size))
+            self.expert_up = nn.Parameter(torch.empty(experts, width, config.hidden_size))
+            self.expert_down = nn.Parameter(torch.empty(experts, config.hidden_size, width))
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.ops: EagerOps | CompiledOps = EagerOps()
@@ -124,7 +154,7 @@ class Block(nn.Module):
         rows, length, _ = x.shape
         flat = x.reshape(rows * length, c.hidden_size)
         q, k, v = self.ops.attention_inputs(
-            flat, cos.transpose(1, 2).reshape(rows * length, 1, c.head_dim), sin.transpose(1, 2).reshape(rows * length, 1, c.head_dim),
+            flat, cos.transpose(1, 2).reshape(rows * length, 1, -1), sin.transpose(1, 2).reshape(rows * length, 1, -1),
             self.attn_norm.weight, self.attn_norm.eps, self.q_proj.weight, self.q_proj.bias, self.k_proj.weight, self.k_proj.bias,
             self.v_proj.weight, self.v_proj.bias, c.num_heads, c.num_kv_heads, c.rope_in_float32,
             None if self.q_norm is None else self.q_norm.weight, None if self.k_norm is None else self.k_norm.weight,
@@ -137,10 +167,18 @@ class Block(nn.Module):
             window, layer = cached
             window.write(layer, k, v)
             attended = window.attend(layer, q, grouped)
-        out = self.ops.block_output(
-            flat, attended.transpose(1, 2).reshape(rows * length, c.attention_width), self.o_proj.weight, self.mlp_norm.weight, self.mlp_norm.eps,
-            self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, c.activation,
-        )
+        mixed = attended.transpose(1, 2).reshape(rows * length, c.attention_width)
+        if self.moe is None:
+            out = self.ops.block_output(
+                flat, mixed, self.o_proj.weight, self.mlp_norm.weight, self.mlp_norm.eps, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, c.activation,
+            )
+        else:
+            routed = {"router": self.router, "expert_bias": self.expert_bias, "gate": self.expert_gate, "up": self.expert_up, "down": self.expert_down,
+                      "top_k": self.moe.top_k, "groups": self.moe.groups, "top_groups": self.moe.top_groups, "scaling": self.moe.scaling}
+            out = token_ops.moe_block_output(
+                flat, mixed, self.o_proj.weight, self.mlp_norm.weight, self.mlp_norm.eps, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
+                c.activation, routed,
+            )
         return out.view(rows, length, c.hidden_size), (k, v)
 
 
@@ -151,7 +189,7 @@ class BidirectionalTransformer(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(Block(config, index) for index in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
@@ -213,7 +251,7 @@ class BidirectionalTransformer(nn.Module):
     def _layers(
         self, input_ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor | None, window: "CachedWindow | None", logits_from: int
     ) -> tuple[torch.Tensor, list[KeyValues]]:
-        cos, sin = rotary_tables(positions, self.config.head_dim, self.config.rope_theta)
+        cos, sin = rotary_tables(positions, self.config.rotary_dim or self.config.head_dim, self.config.rope_theta)
         x = self.embed(input_ids)
         kv = []
         for index, block in enumerate(self.blocks):
