@@ -4,6 +4,8 @@ helper executed as a subprocess.
 * SDAR (``../shared/upstream/sdar``, Apache-2.0): ``block_diffusion_generate``; its modeling file needs
   transformers 4.52.x (4.57 and 5.x dropped ``LossKwargs``).
 * LLaDA2.0 (``../shared/upstream/llada2``, Apache-2.0): ``LLaDA2MoeModelLM.generate``; transformers 4.57.6.
+* LLaDA2.1 (the same repository): ``LLaDA21Sampler.sample`` (``llada21/sampler.py``, token-to-token
+  editing) over its own copy of the model (``llada21/models``); the checkpoint is LLaDA2.0's.
 
 dlmsearch's own environment has transformers 5, so the parity tests run this file with
 ``PYTHONPATH`` led by a directory holding the family's transformers (:data:`TRANSFORMERS`, installed
@@ -37,9 +39,14 @@ import types
 from pathlib import Path
 
 UPSTREAM = Path(os.environ.get("DLMSEARCH_BLOCK_UPSTREAM") or Path(__file__).resolve().parents[2] / "shared" / "upstream")
-REFERENCE = {"sdar": UPSTREAM / "sdar", "llada2": UPSTREAM / "llada2" / "dllm" / "pipelines" / "llada2"}
-NEEDED = {"sdar": ("generate.py", "model/modeling_sdar.py"), "llada2": ("models/modeling_llada2_moe.py", "models/configuration_llada2_moe.py")}
-VERSIONS = {"sdar": "4.52.4", "llada2": "4.57.6"}
+PIPELINES = UPSTREAM / "llada2" / "dllm" / "pipelines"
+REFERENCE = {"sdar": UPSTREAM / "sdar", "llada2": PIPELINES / "llada2", "llada21": PIPELINES / "llada21"}
+NEEDED = {
+    "sdar": ("generate.py", "model/modeling_sdar.py"),
+    "llada2": ("models/modeling_llada2_moe.py", "models/configuration_llada2_moe.py"),
+    "llada21": ("sampler.py", "models/modeling_llada21_moe.py", "../../core/samplers/base.py"),
+}
+VERSIONS = {"sdar": "4.52.4", "llada2": "4.57.6", "llada21": "4.57.6"}
 TRANSFORMERS = {family: Path(__file__).resolve().parents[1] / ".venv" / "reference" / f"transformers-{v}" for family, v in VERSIONS.items()}
 QK_NORM_GAIN = 2.0  # q/k RMSNorm weights: sharp, position-dependent attention (the projections' gain is normalised away)
 
@@ -106,7 +113,7 @@ def _model_class(family: str):
     if family == "sdar":
         package = _load("dlmsearch_upstream_sdar_model", REFERENCE["sdar"] / "model", package=True)
         return package.SDARConfig, package.SDARForCausalLM
-    package = _load("dlmsearch_upstream_llada2_models", REFERENCE["llada2"] / "models", package=True)
+    package = _load(f"dlmsearch_upstream_{family}_models", REFERENCE[family] / "models", package=True)
     return package.LLaDA2MoeConfig, package.LLaDA2MoeModelLM
 
 
@@ -132,7 +139,7 @@ def build(family: str, directory: Path, options: dict) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith("inv_freq")}
     save_file(state, str(directory / "model.safetensors"))
-    model_type, architecture = ("sdar", "SDARForCausalLM") if family == "sdar" else ("llada2_moe", "LLaDA2MoeModelLM")
+    model_type, architecture = ("sdar", "SDARForCausalLM") if family == "sdar" else ("llada2_moe", "LLaDA2MoeModelLM")  # LLaDA2.1: the same
     written = {**config.to_dict(), "model_type": model_type, "architectures": [architecture], "block_size": options["block_size"]}
     (directory / "config.json").write_text(json.dumps(written, indent=2))
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": options["eos_id"]}))
@@ -150,7 +157,8 @@ def run(family: str, directory: Path, requests: list[dict], seed: int) -> list[d
     config = config_class.from_pretrained(str(directory))
     config._attn_implementation = "sdpa"
     model = model_class(config).eval()
-    model.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
+    missing, unexpected = model.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
+    assert not unexpected and all(name.endswith("inv_freq") for name in missing), (missing[:5], unexpected[:5])
     generate = _load("dlmsearch_upstream_sdar_generate", REFERENCE["sdar"] / "generate.py") if family == "sdar" else None
     topk, multinomial_of_torch = torch.topk, torch.multinomial
 
@@ -192,6 +200,18 @@ def run(family: str, directory: Path, requests: list[dict], seed: int) -> list[d
                     denoising_steps=request["steps"], temperature=request["temperature"], top_k=request.get("top_k", 0), top_p=request.get("top_p", 1.0),
                     remasking_strategy=request["remasking"], confidence_threshold=request["threshold"], stopping_criteria_idx=request.get("stop"),
                 )[0, prompt.shape[1]:]
+            elif family == "llada21":
+                sys.path.insert(0, str(UPSTREAM / "llada2"))  # its sampler imports dllm.core.samplers
+                from dllm.pipelines.llada21.sampler import LLaDA21Sampler
+
+                model.forward = counted(model.forward)
+                sampler = LLaDA21Sampler(model=model, tokenizer=types.SimpleNamespace(mask_token_id=request["mask_id"], eos_token_id=request["eos_id"]))
+                out = sampler.sample(
+                    [prompt[0]], max_new_tokens=request["gen_length"], block_size=request["block_length"], temperature=request["temperature"],
+                    top_p=request.get("top_p"), top_k=request.get("top_k"), threshold=request["threshold"], editing_threshold=request["editing_threshold"],
+                    max_post_steps=request["max_post_steps"],
+                )[0, prompt.shape[1]:]
+                del model.forward
             else:
                 model.forward = counted(model.forward)
                 out = model.generate(

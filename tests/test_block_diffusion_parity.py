@@ -26,6 +26,7 @@ import torch
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.loading import load_text_model
 from dlmsearch.search.components.commit import BlockDiffusionSchedule
+from dlmsearch.search.components.revision import TokenEditing
 from dlmsearch.search.driver import DecodeRequest, SearchDecoder
 from dlmsearch.search.engine.cache_policy import BlockCache
 from dlmsearch.search.engine.rollout import RolloutEngine
@@ -206,3 +207,41 @@ def test_batched_decode_is_llada2s_generate_for_each_prompt(llada2, case: int) -
         tokens = result.tokens.tolist()
         assert tokens[: len(expected["tokens"])] == expected["tokens"], result.uid  # the reference cuts at gen_length and after an EOS
         assert result.steps == expected["calls"], result.uid
+
+
+needs_llada21 = pytest.mark.skipif(missing_reason("llada21") is not None, reason=missing_reason("llada21") or "")
+LLADA21_CASES = [  # (sampling, editing threshold, max post steps): the sampler's defaults, and edits made frequent
+    ({"temperature": 0.0}, 0.9, 16), ({"temperature": 0.0}, 0.5, 16), ({"temperature": 1.0}, 0.5, 3), ({"temperature": 0.7, "top_p": 0.9}, 0.6, 16),
+]
+
+
+@pytest.fixture(scope="module")
+def llada21(llada2, tmp_path_factory):
+    directory, _ = llada2
+    requests = [
+        {"uid": case * 10 + i, "prompt": prompt, "mask_id": MASK, "eos_id": EOS, "gen_length": 16, "block_length": 8, "threshold": 0.95,
+         "editing_threshold": editing, "max_post_steps": post, **sampling}
+        for case, (sampling, editing, post) in enumerate(LLADA21_CASES) for i, prompt in enumerate(prompts(LLADA2_PROMPTS, 70 + case))
+    ]
+    return directory, run_reference(directory, requests, None, tmp_path_factory.mktemp("llada21_reference"), family="llada21")
+
+
+@needs_llada21
+@pytest.mark.parametrize("case", range(len(LLADA21_CASES)), ids=[f"edit{e}-post{p}-{'-'.join(f'{k}{v}' for k, v in o.items())}" for o, e, p in LLADA21_CASES])
+def test_batched_decode_is_llada21s_editing_sampler_for_each_prompt(llada21, case: int) -> None:
+    """Token-to-token editing as a revision that writes tokens: identical tokens and calls, and edits happen."""
+    directory, reference = llada21
+    sampling, editing, post = LLADA21_CASES[case]
+    adapter = load_text_model(str(directory), "llada2", device="cpu", dtype="float32")
+    decoder = SearchDecoder(
+        commit=BlockDiffusionSchedule(steps=32, threshold=0.95), revision=TokenEditing(threshold=editing, max_post_steps=post), name="llada21",
+        sampling=Sampling(temperature=sampling["temperature"], top_p=sampling.get("top_p"), confidence="sampling"),
+    )
+    requests = [DecodeRequest(uid=case * 10 + i, prompt=torch.tensor(p), generation=torch.full((16,), MASK)) for i, p in enumerate(prompts(LLADA2_PROMPTS, 70 + case))]
+    results = decoder.decode(RolloutEngine(adapter=adapter, seed=SEED, cache=BlockCache(fuse_write=True)), requests, 8)
+    for result in results:
+        expected = reference[result.uid]
+        assert result.tokens.tolist() == expected["tokens"], result.uid
+        assert result.steps == expected["calls"], result.uid
+    if editing < 0.9:
+        assert sum(int(r.revisions.sum()) for r in results) > 0

@@ -247,7 +247,7 @@ class SearchDecoder:
         plan, layout, canvas, cache, slots, population = state.plan, state.layout, state.canvas, state.cache, state.slots, state.population
         commit, revision = plan.commit, plan.revision
         fresh, late, usage = state.fresh.clone(), state.late.clone(), state.usage
-        active = canvas.masked.any(dim=1) & plan.population.running(population, slots)
+        active = canvas.decoding & plan.population.running(population, slots)
         if not bool(active.any()):
             return attrs.evolve(state, finished=True)
         need = (active & ~fresh).nonzero().squeeze(1)
@@ -285,6 +285,8 @@ class SearchDecoder:
                 remask = revision.revise(sub, committed, layout, sub_eval, prior.take(base))
                 if remask is not None:
                     committed = committed.remask(remask, mask_id=engine.mask_id)
+                if revision.rewrites:
+                    committed = revision.rewrite(sub, committed, layout, sub_eval, call)
                 committed = committed.advance_blocks(layout, commit.block_budget, commit.holds_block, commit.whole_prefix)
             canvas = canvas.put(base, committed)
             fresh[base] = False

@@ -140,7 +140,7 @@ class DecodeSession:
     def _take_finished(self) -> list[DecodeResult]:
         assert self.state is not None
         state = self.state
-        decoding = state.canvas.masked.any(dim=1) & state.plan.population.running(state.population, state.slots)
+        decoding = state.canvas.decoding & state.plan.population.running(state.population, state.slots)
         done = ~decoding.view(state.slots.samples, state.slots.size).any(dim=1)
         if not bool(done.any()):
             return []

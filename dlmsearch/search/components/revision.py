@@ -15,6 +15,9 @@ budget * blocks`` rounds.
   first (ties: the earlier position), over every generated position (``scope: generated``, as the
   authors' code) or the current block's; the last step of a block re-masks nothing; ``pool``
   (``authors`` | ``paper``) says whether confidences of exactly 1.0 may go back.
+* :class:`TokenEditing` (LLaDA2.1): committed tokens of the current block are replaced by a new
+  proposal whose confidence passes the editing threshold; a block without masks is held while
+  its rounds still edit (at most ``max_post_steps`` such rounds).
 * :class:`LoopRemask` (ReMDM, Wang et al., NeurIPS 2025; the authors' LLaDA variant): in the
   loop window of each block, before each step, re-mask the ``k`` committed positions of the
   block with the lowest confidence at commit (on a 2^-20 grid; ties: the earlier position).
@@ -36,6 +39,7 @@ from dlmsearch.validation import check_choice, number
 
 class Revision(Protocol):
     revises: bool  # False: commits are final (the loop then skips nothing and checks nothing)
+    rewrites: bool  # True: it also writes tokens over committed ones (``rewrite``), beside what it re-masks
 
     def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
         """The revision for this layout and the commit rule's steps per block (checked; a bound copy where it counts steps): the decode plan's, never written."""
@@ -53,6 +57,7 @@ class NoRevision:
     """Commits are final (monotone decoding)."""
 
     revises: ClassVar[bool] = False
+    rewrites: ClassVar[bool] = False
 
     def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
         return self
@@ -107,6 +112,7 @@ class RunningConfidence:
     pool: str = attrs.field(default="authors", validator=check_choice(*RCR_POOLS))
     steps: int = attrs.field(init=False, default=1)
     revises: ClassVar[bool] = True
+    rewrites: ClassVar[bool] = False
 
     def bind(self, layout: Layout, block_budget: int | None) -> "RunningConfidence":
         return with_layout(self, steps=_needs_steps("RunningConfidence", block_budget))
@@ -155,6 +161,7 @@ class LoopRemask:
     plain: int = attrs.field(init=False, default=1)
     loop: int = attrs.field(init=False, default=1)
     revises: ClassVar[bool] = True
+    rewrites: ClassVar[bool] = False
 
     def bind(self, layout: Layout, block_budget: int | None) -> "LoopRemask":
         total = _needs_steps("LoopRemask", block_budget)
@@ -196,6 +203,7 @@ class ConfidenceDrop:
 
     n: int = number(int, 1, default=2)
     revises: ClassVar[bool] = True
+    rewrites: ClassVar[bool] = False
 
     def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
         return self
@@ -234,6 +242,7 @@ class NarrowOut:
     first_accept: int = number(int, 1, default=30)
     max_revising_steps: int = number(int, 1, default=64)
     revises: ClassVar[bool] = True
+    rewrites: ClassVar[bool] = False
 
     def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
         return self
@@ -256,3 +265,40 @@ class NarrowOut:
         if not bool((count > 0).any()):
             return None
         return lowest(evaluation.verify, failing, count)
+
+
+@attrs.define
+class TokenEditing:
+    """LLaDA2.1's token-to-token editing (``llada21/sampler.py`` of ZHZisZZ/dllm ``ca17675``,
+    Apache-2.0), beside the round's mask commits and from the same evaluation: every committed,
+    non-prompt position of the current block (committed before this round) whose proposal differs
+    from its token and whose confidence in it is ``> threshold`` (``editing_threshold``, 0.9) takes
+    the proposal. Once the block has no mask left it is held for more rounds ("post steps"): it moves
+    on after the first round without an edit, or after ``max_post_steps`` (16) such rounds. Nothing
+    is re-masked; every edit counts as a revision of its position."""
+
+    threshold: float = number(float, 0.0, 1.0, default=0.9)
+    max_post_steps: int = number(int, 0, default=16)
+    revises: ClassVar[bool] = True
+    rewrites: ClassVar[bool] = True
+
+    def bind(self, layout: Layout, block_budget: int | None) -> "TokenEditing":
+        return self
+
+    def extra_rounds(self, layout: Layout) -> int:
+        return self.max_post_steps * layout.num_blocks
+
+    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
+        return None
+
+    def rewrite(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, call: torch.Tensor) -> Canvas:
+        """``after`` (the round's commits made) with the edits of ``before``'s committed tokens, and its block hold."""
+        block = before.in_current_block(layout)
+        editable = block & ~before.masked & (before.commit_call >= 0)
+        edit = editable & (evaluation.confidence > self.threshold) & (evaluation.token != before.tokens)
+        had_masks = (before.masked & block).any(dim=1)
+        post_steps = before.post_steps + (~had_masks).long()
+        emptied = ~(after.masked & block).any(dim=1)
+        # held for another round: the block just emptied, or this round without masks still edited; not past the cap
+        review = emptied & (had_masks | edit.any(dim=1)) & (post_steps < self.max_post_steps)
+        return after.rewrite(edit, evaluation.token, evaluation.confidence, call, review, post_steps)

@@ -104,11 +104,18 @@ class Canvas:
     commit_confidence: torch.Tensor  # [R, T] float
     commit_depth: torch.Tensor  # [R, T] long
     commit_branch: torch.Tensor  # [R, T] long
-    revisions: torch.Tensor  # [R, T] long: times the position was returned to the mask by a revision
+    revisions: torch.Tensor  # [R, T] long: times the position was returned to the mask (or rewritten) by a revision
+    review: torch.Tensor  # [R] bool: the current block has no mask left but is held for another look (LLaDA2.1's editing)
+    post_steps: torch.Tensor  # [R] long: rounds the current block has had without a mask (its editing rounds)
 
     @property
     def rows(self) -> int:
         return self.tokens.shape[0]
+
+    @property
+    def decoding(self) -> torch.Tensor:
+        """``[R]`` rows with work left: a mask, or a block held for another look."""
+        return self.masked.any(dim=1) | self.review
 
     def take(self, index: torch.Tensor) -> "Canvas":
         """The rows at ``index`` (a long index or a bool mask)."""
@@ -175,6 +182,8 @@ class Canvas:
             commit_depth=torch.where(chosen, depth[:, None], self.commit_depth),
             commit_branch=torch.where(chosen, branch[:, None], self.commit_branch),
             revisions=self.revisions,
+            review=self.review,
+            post_steps=self.post_steps,
         )
         return canvas.advance_blocks(layout, block_budget, hold, whole_prefix) if advance else canvas
 
@@ -192,22 +201,38 @@ class Canvas:
             revisions=self.revisions + positions.long(),
         )
 
+    def rewrite(self, positions: torch.Tensor, proposal: torch.Tensor, confidence: torch.Tensor, call: torch.Tensor, review: torch.Tensor, post_steps: torch.Tensor) -> "Canvas":
+        """Replace committed ``positions`` by ``proposal`` (a revision that writes a token, not a mask:
+        LLaDA2.1's editing), counted as revisions and recorded as commits of ``call [R]``; given
+        tokens are never rewritten. ``review``, ``post_steps``: the rows' new block hold (:attr:`review`)."""
+        positions = positions & ~self.masked & (self.commit_call >= 0)
+        return attrs.evolve(
+            self,
+            tokens=torch.where(positions, proposal, self.tokens),
+            commit_call=torch.where(positions, call[:, None], self.commit_call),
+            commit_confidence=torch.where(positions, confidence, self.commit_confidence),
+            revisions=self.revisions + positions.long(),
+            review=review,
+            post_steps=post_steps,
+        )
+
     def advance_blocks(self, layout: Layout, block_budget: int | None, hold: bool = False, whole_prefix: bool = False) -> "Canvas":
         """Move rows past full blocks (and past spent budgets; with ``hold``, past spent budgets only).
         ``whole_prefix``: a block is full when no mask is left in it or any block before it."""
-        block, block_step = self.block, self.block_step
+        block, block_step, post_steps = self.block, self.block_step, self.post_steps
         blocks = layout.block_of_column(self.tokens.device)
         for _ in range(layout.num_blocks):
             counted = (blocks[None, :] >= 0) & (blocks[None, :] <= block[:, None]) if whole_prefix else blocks[None, :] == block[:, None]
             remaining = (self.masked & counted).sum(dim=1)
             spent = block_step >= block_budget if block_budget is not None else torch.zeros_like(remaining, dtype=torch.bool)
             full = (remaining == 0) & ~torch.tensor(hold and block_budget is not None)
-            move = (full | spent) & (block < layout.num_blocks - 1)
+            move = (full | spent) & ~self.review & (block < layout.num_blocks - 1)
             if not bool(move.any()):
                 break
             block = block + move.long()
             block_step = torch.where(move, 0, block_step)
-        return attrs.evolve(self, block=block, block_step=block_step)
+            post_steps = torch.where(move, 0, post_steps)
+        return attrs.evolve(self, block=block, block_step=block_step, post_steps=post_steps)
 
 
 ABSENT = -1  # in a generation template: no column (the right padding of a shorter block-aligned row)
@@ -266,5 +291,7 @@ def initial_canvas(prompts: list[torch.Tensor], generation: list[torch.Tensor], 
         commit_depth=torch.full_like(tokens, -1),
         commit_branch=torch.full_like(tokens, -1),
         revisions=torch.zeros_like(tokens),
+        review=torch.zeros(rows, dtype=torch.bool),
+        post_steps=zeros,
     )
     return canvas.advance_blocks(layout, None)
