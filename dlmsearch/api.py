@@ -269,7 +269,9 @@ class Decoder:
         """The whole config a decode with these settings uses (what ``python -m dlmsearch`` would compose)."""
         task: list[Setting] = []
         if model.is_text:
-            task = [("task.chat", chat), ("task.gen_length", gen_length or 256), ("task.block_length", block_length or 32)]
+            task = [("task.chat", chat), ("task.gen_length", gen_length or 256)]
+            if block_length is not None or model.adapter.capabilities.attention_block is None:  # a block-diffusion model: its own blocks
+                task.append(("task.block_length", block_length or 32))
         elif (gen_length, block_length) not in ((None, None), (81, 81)):
             raise ValueError(f"a Sudoku canvas is one block of 81 cells: leave gen_length and block_length unset (got {gen_length}, {block_length})")
         given = {k: v for k, v in engine.items() if v is not None}

@@ -95,6 +95,8 @@ def refusal(engine: RolloutEngine, preset: str) -> str | None:
         return "needs cache=none or prefix"
     if preset == "wino" and not engine.capabilities.shadow:
         return "needs a model that takes an explicit attention mask"
+    if decoder_for(preset).stop_at_eos and not engine.capabilities.stop_ids:  # llada2, llada21: their loops always stop at EOS
+        return "needs the model's stop tokens"
     return None
 
 

@@ -13,7 +13,7 @@ left-to-right likelihoods here, so ``loglikelihood`` tasks (multiple choice, per
 refused with a clear error.
 
 Model args (``--model_args k=v,k=v``): ``path`` (local checkpoint directory), ``family``
-(llada|dream, or countdown: the shipped Countdown model, a LLaDA checkpoint, no path needed), ``decoder`` (a preset of ``conf/decoder/``), ``gen_length`` (used when a request
+(llada|dream|sdar|llada2, or countdown / countdown_block: the shipped Countdown models, no path needed), ``decoder`` (a preset of ``conf/decoder/``), ``gen_length`` (used when a request
 gives no ``max_gen_toks``) and ``block_length``, ``batch_size``, ``cache`` (none|prefix|dual; unset: the config's, none),
 ``device`` (auto|cpu|cuda...), ``dtype``, ``chat`` (true: each context is one user turn of the
 tokenizer's chat template, Instruct models; false: raw text, Base models), ``temperature``
@@ -80,9 +80,13 @@ def _stops(value: Any) -> list[str]:
     raise ValueError(f"generation kwarg 'until' must be a string or a list of strings, got {value!r}")
 
 
+TEXT_FAMILIES = ("llada", "dream", "sdar", "llada2")  # conf/model/<family>.yaml with model.path=DIR
+SHIPPED_TEXT_MODELS = ("countdown", "countdown_block")  # the Countdown models dlmsearch ships (LLaDA's and SDAR's formats)
+
+
 @register_model("dlmsearch")
 class DLMSearchLM(LM):
-    """lm-eval's view of a dlmsearch decoder over a LLaDA or Dream checkpoint."""
+    """lm-eval's view of a dlmsearch decoder over a text checkpoint (LLaDA, Dream, SDAR, LLaDA2.x)."""
 
     def __init__(
         self,
@@ -104,9 +108,11 @@ class DLMSearchLM(LM):
         **overrides: Any,
     ) -> None:
         super().__init__()
-        if family not in ("llada", "dream", "countdown"):
-            raise ValueError(f"family must be llada or dream (a text model), or countdown (the shipped Countdown model), got {family!r}")
-        if path is None and family != "countdown":
+        if family not in TEXT_FAMILIES + SHIPPED_TEXT_MODELS:
+            raise ValueError(
+                f"family must be a text model ({', '.join(TEXT_FAMILIES)}) or a shipped one ({', '.join(SHIPPED_TEXT_MODELS)}: no path needed), got {family!r}"
+            )
+        if path is None and family not in SHIPPED_TEXT_MODELS:
             raise ValueError("model_args needs path=DIR: the local directory of the checkpoint (nothing is downloaded)")
         if isinstance(batch_size, str):  # "auto" / "auto:N": decoding uses a fixed batch
             log.warning("dlmsearch: batch_size=%s is not supported; decoding 8 at a time (model_args batch_size=N)", batch_size)
