@@ -98,13 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     bench.doc["model"]["build_s"] = round(time.perf_counter() - start, 2)
     bench.doc["model"]["confidences"] = confidence_profile(module, device)
     print(f"model built in {bench.doc['model']['build_s']} s; masked-position confidences: {bench.doc['model']['confidences']}", flush=True)
-    adapter = ModelAdapter(module=module, mask_id=MASK_ID, vocab_size=VOCAB, device=device, dtype=str(dtype).replace("torch.", ""), max_length=4096)
+    adapter = ModelAdapter(module=module, mask_id=MASK_ID, vocab_size=VOCAB, device=device, dtype=str(dtype).replace("torch.", ""), max_length=4096,
+                           attention_block=module.config.block_size)
     bench.save()
 
-    steps = [("1", "1. reference loop vs dlmsearch fast_dllm", lambda: section_reference(bench, module, adapter, plan["reference"])),
-             ("2", "2. plain round vs lookahead round", lambda: section_lookahead(bench, adapter, plan["lookahead"])),
-             ("3", "3. cache none / prefix / dual", lambda: section_cache(bench, adapter, plan["cache"])),
-             ("4", "4. host overhead", lambda: section_overhead(bench, adapter, plan["overhead"]))]
+    steps = [("1", "reference", "1. reference loop vs dlmsearch fast_dllm", lambda: section_reference(bench, module, adapter, plan["reference"])),
+             ("2", "lookahead", "2. plain round vs lookahead round", lambda: section_lookahead(bench, adapter, plan["lookahead"])),
+             ("3", "cache", f"3. cache {' / '.join(plan['cache'].get('modes', ('none', 'prefix', 'dual')))}", lambda: section_cache(bench, adapter, plan["cache"])),
+             ("4", "overhead", "4. host overhead", lambda: section_overhead(bench, adapter, plan["overhead"]))]
+    steps = [(key, title, run) for key, part, title, run in steps if part in plan]  # a block-diffusion size has no LLaDA reference loop (section 1)
     def interrupted(signum: int, _frame: Any) -> None:
         raise Interrupted(f"signal {signum}")
 

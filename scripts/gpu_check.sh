@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, for a bare offline GPU node: the tests marked `gpu`, then the engine benchmark
 # (experiments/bench_engine.py) at 1b and 8b on random LLaDA-shaped weights, 8b once more with
-# engine.compile (the lookahead round and the host overhead); under 8 minutes on
+# engine.compile (the lookahead round and the host overhead), then SDAR-4B- and LLaDA2.0-mini-shaped
+# block-diffusion models (the block cache); under 12 minutes on
 # one H100/H200-class GPU. Every table, the log and a JSON summary go to OUT_DIR.
 #   bash scripts/gpu_check.sh OUT_DIR [--wheels DIR]   # on the GPU node (torch with CUDA preinstalled)
 #   bash scripts/gpu_check.sh OUT_DIR --dry-run        # the same script on CPU with the tiny model (~1 min; in the tests)
@@ -102,7 +103,13 @@ else
     step "bench_engine 8b" 200 "$python" experiments/bench_engine.py --size 8b --device cuda --budget-s 150 --out "$out/bench_8b.json" || status=1
     step "bench_engine 8b, engine.compile" 110 "$python" experiments/bench_engine.py --size 8b --device cuda --budget-s 80 --sections 2,4 --compile \
         --out "$out/bench_8b_compile.json" || status=1
-    sizes="1b 8b 8b_compile"
+    # block diffusion at the real widths: SDAR-4B-shaped and LLaDA2.0-mini-shaped (16B MoE) random models, plain and K = 4
+    # lookahead decodes with no cache, the exact block cache and its fused writes (bench_engine --size sdar_tiny / llada2_tiny on CPU)
+    step "bench_engine sdar_4b" 100 "$python" experiments/bench_engine.py --size sdar_4b --device cuda --budget-s 70 --sections 2,3 \
+        --out "$out/bench_sdar_4b.json" || status=1
+    step "bench_engine llada2_mini" 160 "$python" experiments/bench_engine.py --size llada2_mini --device cuda --budget-s 110 --sections 3 \
+        --out "$out/bench_llada2_mini.json" || status=1
+    sizes="1b 8b 8b_compile sdar_4b llada2_mini"
 fi
 
 "$python" - "$out" "$status" "$SECONDS" "$dry" "[${STEPS%,}]" $sizes <<'PY'

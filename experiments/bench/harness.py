@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from bench.random_model import MASK_ID, PROMPT_ID_LIMIT
+from bench.random_model import BLOCK_SIZES, MASK_ID, PROMPT_ID_LIMIT, SIZES
 from dlmsearch.config import build, compose
 from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
 
@@ -20,6 +20,14 @@ from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
 def make_plan(size: str, quick: bool) -> dict[str, dict[str, Any]]:
     """Settings of every section. ``quick`` is sized for ``--size tiny`` on 2 CPU cores, where
     the 126k-word head and softmax dominate (a few ms per generated position per step)."""
+    if size in BLOCK_SIZES:  # block diffusion: sections 2 (lookahead), 3 (none / block / fused block cache) and 4
+        quick_block = quick or size.endswith("tiny")
+        return {
+            "lookahead": dict(prompt=32 if quick_block else 64, gen=32 if quick_block else 128, block=SIZES[size]["block_size"], ks=[1, 4], calls=2),
+            "cache": dict(prompt=64 if quick_block else 200, gen=32 if quick_block else 256, block=SIZES[size]["block_size"], batches=[1] if quick_block else [1, 8],
+                          modes=("none", "block", "block_fused"), presets=("sdar_greedy", "fixed_depth")),
+            "overhead": dict(prompt=32, gen=32 if quick_block else 128, block=SIZES[size]["block_size"], batches=[1, 32]),
+        }
     if quick:
         return {
             "reference": dict(prompt=32, gen=16, block=8, batches=[1, 8, 32]),

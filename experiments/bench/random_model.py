@@ -3,6 +3,10 @@
 The native :class:`BidirectionalTransformer` with LLaDA's vocabulary (126464), mask id (126336),
 RoPE theta 5e5 and untied head, built on the meta device and materialised where it runs (an 8B
 model is allocated once, on the GPU, in bf16), with the weights :func:`initialise` describes.
+The ``sdar_*`` and ``llada2_*`` sizes are block-diffusion models shaped like SDAR / TraDo
+(Qwen3-4B's width: GQA, q/k norm, head_dim 128, blocks of 4) and LLaDA2.0-mini (20 layers, 256
+routed experts, top-8 in 4 of 8 groups, one shared expert, the first layer dense, partial rotary,
+blocks of 32), with LLaDA's vocabulary and mask id so that every section reads the same ids.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
+from dlmsearch.models.transformer import BidirectionalTransformer, MixtureOfExperts, TransformerConfig
 
 MASK_ID = 126336
 VOCAB = 126464
@@ -25,7 +29,15 @@ SIZES = {
     "tiny": dict(hidden_size=256, num_layers=4, num_heads=8, intermediate_size=768),
     "1b": dict(hidden_size=2048, num_layers=16, num_heads=16, intermediate_size=5632),
     "8b": dict(hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=12288),  # LLaDA-8B
+    # block diffusion (flat settings; model_config builds the rest)
+    "sdar_tiny": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, intermediate_size=768, block_size=4),
+    "sdar_4b": dict(hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=9728, block_size=4),
+    "llada2_tiny": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, intermediate_size=768, block_size=8,
+                        experts=16, top_k=4, groups=4, top_groups=2, expert_size=128, shared_experts=1, dense_layers=1),
+    "llada2_mini": dict(hidden_size=2048, num_layers=20, num_heads=16, num_kv_heads=4, head_dim=128, intermediate_size=5120, block_size=32,
+                        experts=256, top_k=8, groups=8, top_groups=4, expert_size=512, shared_experts=1, dense_layers=1),
 }
+BLOCK_SIZES = tuple(name for name, shape in SIZES.items() if "block_size" in shape)
 
 # Random weights (see ``initialise``).
 INIT_STD = 0.02
@@ -36,13 +48,23 @@ MASK_LOGIT_WEIGHT = -1.0e4
 
 
 def model_config(size: str) -> TransformerConfig:
-    shape = SIZES[size]
+    shape = dict(SIZES[size])
+    moe = None
+    if "experts" in shape:
+        moe = MixtureOfExperts(num_experts=shape.pop("experts"), top_k=shape.pop("top_k"), groups=shape.pop("groups"), top_groups=shape.pop("top_groups"),
+                               scaling=2.5, intermediate_size=shape.pop("expert_size"), shared_experts=shape.pop("shared_experts"),
+                               dense_layers=shape.pop("dense_layers"))
+    block = "block_size" in shape
     return TransformerConfig(
         vocab_size=VOCAB,
-        num_kv_heads=shape["num_heads"],
+        num_kv_heads=shape.pop("num_kv_heads", shape["num_heads"]),
         max_length=4096,
-        rope_theta=5e5,
+        rope_theta=1e6 if block else 5e5,
         tie_embeddings=False,
+        qk_norm=block,
+        rope_in_float32=not block,
+        rotary_dim=shape["head_dim"] // 2 if moe is not None else None,
+        moe=moe,
         **shape,
     )
 
@@ -66,8 +88,9 @@ def initialise(model: BidirectionalTransformer, seed: int) -> None:
     like a trained one (the same ideas as ``tests/tiny_checkpoints.py``):
 
     * query and key projections scaled so their components have std ``QK_COMPONENT_STD`` at any
-      width: masked positions hold the same embedding and differ only through (RoPE) attention,
-      which must be sharp for their confidences to differ;
+      width (with q/k norm: the norms' weights set to it): masked positions hold the same
+      embedding and differ only through (RoPE) attention, which must be sharp for their
+      confidences to differ;
     * the head scaled so that logits have std ``LOGIT_STD``: over a 126k vocabulary the top-1
       probability then spreads over (0, 1) and threshold decoding commits several tokens per step;
     * a constant residual channel (last dimension: the same value in every embedding, never
@@ -88,10 +111,16 @@ def initialise(model: BidirectionalTransformer, seed: int) -> None:
     j = width - 1
     model.embed.weight[:, j] = CONSTANT_VALUE
     for block in model.blocks:
-        block.q_proj.weight.mul_(qk_gain)
-        block.k_proj.weight.mul_(qk_gain)
+        if block.q_norm is not None:  # the norm undoes any projection scale: its weight sets the component std
+            block.q_norm.weight.fill_(QK_COMPONENT_STD)
+            block.k_norm.weight.fill_(QK_COMPONENT_STD)
+        else:
+            block.q_proj.weight.mul_(qk_gain)
+            block.k_proj.weight.mul_(qk_gain)
         block.o_proj.weight[j] = 0.0
         block.down_proj.weight[j] = 0.0
+        if block.moe is not None:
+            block.expert_down[:, j] = 0.0
     head = model.head.weight
     head.mul_(LOGIT_STD / (INIT_STD * math.sqrt(width)))
     head[:, j] = 0.0  # the constant channel feeds the mask logit only

@@ -16,6 +16,7 @@ from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer
 from dlmsearch.search.driver import DecodeResult
 from dlmsearch.core.sampling import Sampling
+from dlmsearch.search.engine.cache_policy import BlockCache
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.engine.profile import ForwardProfile
 from dlmsearch.search.records.state import Layout, initial_canvas
@@ -81,12 +82,13 @@ def section_reference(bench: Bench, module: BidirectionalTransformer, adapter: M
 
 def section_lookahead(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any]) -> None:
     """2. One engine call of 1 root row vs 1 + K rows of one sample (a lookahead round's rows),
-    without a cache and against a warm dual cache (all rows then forward the block only)."""
+    without a cache and against a warm dual cache (all rows then forward the block only; a
+    block-diffusion model: its exact block cache)."""
     name = "2_lookahead_round"
     prompt_len, gen, block, calls = plan["prompt"], plan["gen"], plan["block"], plan["calls"]
     layout = Layout(gen_start=prompt_len, gen_length=gen, block_length=block)
     canvas = initial_canvas(bench.prompts(1, prompt_len), [torch.full((gen,), MASK_ID)], layout, MASK_ID, pad_id=MASK_ID)
-    for cache in ("none", "dual"):
+    for cache in ("none", "block" if adapter.capabilities.attention_block else "dual"):
         if bench.over_budget():
             bench.skip(name, f"cache={cache}", "over --budget-s", cache=cache)
             continue
@@ -122,31 +124,36 @@ def section_lookahead(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any])
 
 
 def section_cache(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any]) -> None:
-    """3. Engine cache none / prefix / dual, ``fast_dllm`` tau 0.9 (the three timed interleaved)."""
+    """3. Engine cache none / prefix / dual, ``fast_dllm`` tau 0.9 (the three timed interleaved); on a
+    block-diffusion model none / block / block with fused writes, for a plain and a K = 4 lookahead decoder."""
     name = "3_kv_cache"
     prompt_len, gen, block = plan["prompt"], plan["gen"], plan["block"]
-    decoder = make_decoder("fast_dllm", gen, f"decoder.commit.threshold={THRESHOLD}")
     prompts = bench.prompts(max(plan["batches"]), prompt_len)
-    modes = ("none", "prefix", "dual")
-    for batch in plan["batches"]:
-        settings = dict(prompt=prompt_len, gen=gen, block=block, threshold=THRESHOLD, batch=batch)
-        if bench.over_budget():
-            for cache in modes:
-                bench.skip(name, f"cache={cache}", "over --budget-s", cache=cache, **settings)
-            continue
-        requests = requests_for(prompts[:batch], gen)
-        engines = {cache: RolloutEngine(adapter=adapter, row_budget=bench.args.row_budget, compile=bench.args.compile, cache=cache) for cache in modes}
-        print(f"  [3] cache none / prefix / dual at b={batch}, interleaved ...", flush=True)
-        measured = bench.measure_many({cache: (lambda engine=engine: decoder.decode(engine, requests, block)) for cache, engine in engines.items()})
-        none_speed = batch * gen / statistics.median(measured["none"][0])
-        none_tokens = torch.stack([r.tokens for r in measured["none"][1]])
-        for cache, (walls, results, peak) in measured.items():
-            speed = batch * gen / statistics.median(walls)
-            tokens = torch.stack([r.tokens for r in results])
-            row = bench.add({"section": name, "label": f"cache={cache}", "cache": cache, **settings, **summary(walls), "tokens_per_s": round(speed, 2),
-                             **decode_stats(results), "ratio_vs_none": round(speed / none_speed, 3),
-                             "tokens_equal_none": round((tokens == none_tokens).float().mean().item(), 4), "peak_mib": peak})
-            print(f"      cache={cache}: {row['tokens_per_s']} tok/s, {row['steps_mean']} steps, {row['token_forwards_mean']} token-forwards, x{row['ratio_vs_none']}", flush=True)
+    modes = plan.get("modes", ("none", "prefix", "dual"))
+    policies = {"block_fused": BlockCache(fuse_write=True)}
+    for preset in plan.get("presets", ("fast_dllm",)):
+        decoder = make_decoder(preset, gen, f"decoder.commit.threshold={THRESHOLD}")
+        for batch in plan["batches"]:
+            settings = dict(prompt=prompt_len, gen=gen, block=block, threshold=THRESHOLD, batch=batch, preset=preset)
+            if bench.over_budget():
+                for cache in modes:
+                    bench.skip(name, f"{preset} cache={cache}", "over --budget-s", cache=cache, **settings)
+                continue
+            requests = requests_for(prompts[:batch], gen)
+            engines = {cache: RolloutEngine(adapter=adapter, row_budget=bench.args.row_budget, compile=bench.args.compile, cache=policies.get(cache, cache))
+                       for cache in modes}
+            print(f"  [3] {preset}: cache {' / '.join(modes)} at b={batch}, interleaved ...", flush=True)
+            measured = bench.measure_many({cache: (lambda engine=engine: decoder.decode(engine, requests, block)) for cache, engine in engines.items()})
+            none_speed = batch * gen / statistics.median(measured["none"][0])
+            none_tokens = torch.stack([r.tokens for r in measured["none"][1]])
+            for cache, (walls, results, peak) in measured.items():
+                speed = batch * gen / statistics.median(walls)
+                tokens = torch.stack([r.tokens for r in results])
+                row = bench.add({"section": name, "label": f"{preset} cache={cache}", "cache": cache, **settings, **summary(walls), "tokens_per_s": round(speed, 2),
+                                 **decode_stats(results), "ratio_vs_none": round(speed / none_speed, 3),
+                                 "tokens_equal_none": round((tokens == none_tokens).float().mean().item(), 4), "peak_mib": peak})
+                print(f"      {preset} cache={cache}: {row['tokens_per_s']} tok/s, {row['steps_mean']} steps, {row['token_forwards_mean']} token-forwards, "
+                      f"x{row['ratio_vs_none']}", flush=True)
 
 
 def section_overhead(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any]) -> None:
