@@ -166,3 +166,19 @@ def test_bad_inputs_fail_in_one_line(sdar_dir, adapter, tmp_path) -> None:
     long_prompt = DecodeRequest(uid=0, prompt=torch.zeros(118, dtype=torch.long), generation=torch.full((GEN,), MASK_ID))
     with pytest.raises(ValueError, match=r"prompt 118 \+ generation 12\) is 132 tokens, longer than the model's maximum length of 128"):
         decoder_for("sdar").decode(engine, [long_prompt], BLOCK)
+
+
+def test_a_checkpoint_the_native_model_cannot_represent_fails_with_the_key(tmp_path) -> None:
+    import json
+
+    from dlmsearch.models.families import family_of
+
+    base = {"model_type": "llada2_moe", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 64, "use_bias": False, "use_qkv_bias": False, "use_qk_norm": True, "norm_head": False}
+    with pytest.raises(UnsupportedCheckpoint, match="num_experts=8 but no n_group, topk_group"):
+        family_of(base, "x").read_config({**base, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16})
+    with pytest.raises(UnsupportedCheckpoint, match="has use_bias=True"):
+        family_of(base, "x").read_config({**base, "use_bias": True})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    with pytest.raises(UnsupportedCheckpoint, match="model_type='mamba'.*supported model_type values: llada, Dream, dream, sdar, llada2_moe"):
+        load_text_model(str(tmp_path), "sdar", mask_id=1, vocab_size=8, stop_ids=[2], device="cpu", dtype="float32")
