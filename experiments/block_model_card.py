@@ -97,6 +97,51 @@ def plot(rows: list[dict], tiers: list[str], path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
+def model_card(directory: Path, table: list[str]) -> str:
+    """The shipped block model's README: what it is, how it was trained (``training.json``), what it solves."""
+    training = json.loads((directory / "training.json").read_text())
+    config = json.loads((directory / "config.json").read_text())
+    machine = training["machine"]
+    params = sum(t.numel() for t in __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(directory / "model.safetensors")).values())
+    lines = [
+        "# Block-diffusion Countdown model shipped with dlmsearch",
+        "",
+        f"A {params / 1e6:.2f} M-parameter block-diffusion model in SDAR's checkpoint format (`model_type: sdar`, Qwen3's parameter names: "
+        f"hidden {config['hidden_size']}, {config['num_hidden_layers']} layers, {config['num_attention_heads']} heads, {config['num_key_value_heads']} key/value heads, "
+        f"head_dim {config['head_dim']}, q/k RMSNorm, SwiGLU MLP {config['intermediate_size']}, RoPE theta {config['rope_theta']:g}, untied head), attending "
+        f"block-causally in blocks of {config['block_size']} (`block_size` in config.json). The tokenizer, prompt, answers and tiers are `model=countdown`'s "
+        "(the LLaDA-format model's). It loads as any SDAR checkpoint: `model=sdar model.path=DIR`, or `model=countdown_block`, which is that plus the prompt "
+        "it was trained on; decode it with `cache=block` (exact).",
+        "",
+        "## Training",
+        "",
+        "- Data and curriculum: `model=countdown`'s (problems drawn on the fly, numbers 1-10 growing to 1-20, then 15 % from 1-100; no shipped tier's "
+        "number triple is ever drawn); the rows are the prompt, the worked answer, `<|eot_id|>`, then `<|endoftext|>` to 16 response tokens.",
+        "- Objective: block-diffusion SFT. Blocks of 4 by absolute position from the first prompt token (SDAR's canvas); each row is forwarded once "
+        "as `[clean | noisy]`, every noisy block attending to itself and to the clean blocks before it (what decoding shows it); each response block "
+        "draws its own mask rate t ~ U(0, 1); the loss is the masked tokens' cross-entropy weighted by 1/t over the response length; prompt tokens "
+        "are never masked (`experiments/train_countdown_block.py`, tested in `tests/test_block_training.py`).",
+        "- AdamW (lr 2e-3, betas 0.9/0.98, weight decay 0.01), batch 128, 200 warm-up steps, cosine decay to 1e-4 over the training budget.",
+        f"- {training['steps']} steps in {training['train_seconds'] / 60:.1f} minutes of training on {machine['cores']} CPU cores ({machine['cpu']}, "
+        f"torch {machine['torch']}); loss (mean of the last 100 steps) {training['final_loss_last_100_steps']}.",
+        f"- Command: `{training['command']}`, then `python experiments/ship_model.py --train-dir runs/countdown_block_train "
+        "--dest dlmsearch/data/countdown_block_model --curve docs/countdown_block_learning_curve.png`.",
+        "",
+        "Held-out masked cross-entropy at each checkpoint (128 problems of the `validation` tier, never trained on; mask rates 0.1, 0.3, ..., 0.9):",
+        "",
+        "| step | training minutes | numbers drawn up to | held-out masked CE |",
+        "|---:|---:|---:|---:|",
+        *[f"| {e['step']} | {e['train_seconds'] / 60:.1f} | {e['numbers_up_to']} | {e['held_out_masked_ce']:.4f} |" for e in training["checkpoint_evals"]],
+        "",
+        "![learning curve](../../../docs/countdown_block_learning_curve.png)",
+        "",
+        "## Decoders on the held-out tiers, beside the LLaDA-format model",
+        "",
+        *table,
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=Path, default=ROOT / "experiments" / "runs" / "block_card")
@@ -106,6 +151,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tiers", nargs="+", default=["small", "medium", "d1"])
+    parser.add_argument("--model-card", type=Path, default=None, help="also write the model's README.md into this (shipped) directory")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows: list[dict] = []
@@ -134,6 +180,8 @@ def main() -> None:
               "block cache, and the fused writes.", "", *HEADER]
     lines += [line(r, None) for r in rows if r["section"] == "cache"]
     (args.out / "card.md").write_text("\n".join(lines) + "\n")
+    if args.model_card:
+        (args.model_card / "README.md").write_text(model_card(args.model_card, lines))
     plot(rows, args.tiers, args.out / "accuracy_vs_token_forwards.png")
     print("\n".join(lines))
 

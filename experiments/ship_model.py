@@ -47,12 +47,17 @@ def plot_curve(losses: list[dict], evals: list[dict], path: Path) -> None:
     left.set_ylabel("training loss (50-step mean)")
     left.set_yscale("log")
     left.grid(alpha=0.3)
-    measured = [e for e in evals if isinstance(e["eval"], list)]
-    for decoder in dict.fromkeys(m["decoder"] for e in measured for m in e["eval"]):
-        points = [(e["step"], 100 * m["accuracy"]) for e in measured for m in e["eval"] if m["decoder"] == decoder]
-        right.plot(*zip(*points), marker="o", label=decoder)
+    if evals and "held_out_masked_ce" in evals[0]:  # the block-diffusion run: held-out masked cross-entropy at each checkpoint
+        right.plot([e["step"] for e in evals], [e["held_out_masked_ce"] for e in evals], marker="o", label="held-out masked CE")
+        right.set_yscale("log")
+        right.set_ylabel("held-out masked cross-entropy (validation tier)")
+    else:
+        measured = [e for e in evals if isinstance(e["eval"], list)]
+        for decoder in dict.fromkeys(m["decoder"] for e in measured for m in e["eval"]):
+            points = [(e["step"], 100 * m["accuracy"]) for e in measured for m in e["eval"] if m["decoder"] == decoder]
+            right.plot(*zip(*points), marker="o", label=decoder)
+        right.set_ylabel(f"held-out accuracy % ({measured[0]['eval_tier'] if measured else ''} tier)")
     right.set_xlabel("step")
-    right.set_ylabel(f"held-out accuracy % ({measured[0]['eval_tier'] if measured else ''} tier)")
     right.grid(alpha=0.3)
     right.legend()
     figure.tight_layout()
