@@ -161,7 +161,7 @@ class ModelAdapter:
     @torch.no_grad()
     def shadow_logits(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int | torch.Tensor, high: int, block_start: torch.Tensor, block_length: int,
-        cache: tuple[KVStorage, torch.Tensor] | None = None,
+        cache: tuple[KVStorage, torch.Tensor] | tuple[KVStorage, torch.Tensor, torch.Tensor | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list | None]:
         """Logits of columns ``low:high`` and of a *shadow* of each row's block in the same forward
         (WINO): ``block_length`` mask tokens appended at the positions of the block's columns
@@ -182,13 +182,14 @@ class ModelAdapter:
         shadow_positions = positions.gather(1, mirror)
         shadow_tokens = torch.full((rows, block_length), self.mask_id)
         if cache is not None:
-            store, slot = cache
+            store, slot, *rest = cache  # (storage, slots[, rows that may write in place])
+            in_place = rest[0] if rest else None
             length = int((width - low).max())
             column = low[:, None] + torch.arange(length)[None, :]
             valid = column < width
             inside = column.clamp(max=width - 1)
             cache_visible, fresh_visible = pattern.shadow_window_visibility(real, low, mirror, length)
-            window = store.window(slot, torch.cat([torch.where(valid, column, -1), torch.full((rows, block_length), -1)], dim=1), cache_visible, fresh_visible)
+            window = store.window(slot, torch.cat([torch.where(valid, column, -1), torch.full((rows, block_length), -1)], dim=1), cache_visible, fresh_visible, in_place)
             ids = torch.cat([tokens.gather(1, inside), shadow_tokens], dim=1).to(self.device)
             at = torch.cat([positions.gather(1, inside), shadow_positions], dim=1).to(self.device)
             raw = self.module.run_cached(ids, at, window)[..., : self.vocab_size].float()
