@@ -152,14 +152,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tiers", nargs="+", default=["small", "medium", "d1"])
     parser.add_argument("--model-card", type=Path, default=None, help="also write the model's README.md into this (shipped) directory")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="decode only these (the runs resume; the card needs both)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows: list[dict] = []
-    for model in MODELS:
+    for model in args.models:
         for tier in args.tiers:
             for preset in EVERY_TIER + (SMALL_ONLY if tier == args.tiers[0] else []):
                 rows.append(row(args.runs, model, "presets", tier, preset, preset, [], args))
-    for preset, label, overrides in CACHE_ROWS:
+    for preset, label, overrides in CACHE_ROWS if "block" in args.models else []:
         rows.append(row(args.runs, "block", "cache", args.tiers[0], f"{preset}_{label}", preset, overrides, args))
     references = {(r["model"], r["tier"]): r for r in rows if r["section"] == "presets" and r["label"] == REFERENCE[r["model"]] and "refused" not in r}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -182,3 +182,30 @@ def test_a_checkpoint_the_native_model_cannot_represent_fails_with_the_key(tmp_p
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
     with pytest.raises(UnsupportedCheckpoint, match="model_type='mamba'.*supported model_type values: llada, Dream, dream, sdar, llada2_moe"):
         load_text_model(str(tmp_path), "sdar", mask_id=1, vocab_size=8, stop_ids=[2], device="cpu", dtype="float32")
+
+
+@pytest.mark.parametrize("preset,cache", [("sdar", "block"), ("adalook", "block_fused"), ("llada21", "block"), ("smc", "block")])
+def test_a_session_admits_and_evicts_block_aligned_samples(adapter, preset: str, cache: str) -> None:
+    """Continuous batching over block-aligned canvases: a longer prompt joins (the canvases and the
+    stored keys and values widen), a sample leaves; everyone else decodes what it decodes alone."""
+    from dlmsearch.search.session import DecodeSession
+
+    policy = BlockCache(fuse_write=True) if cache == "block_fused" else cache
+    engine = RolloutEngine(adapter=adapter, cache=policy, row_budget=256)
+    decoder, verifier = decoder_for(preset), NoRepeatVerifier()
+    session = DecodeSession.open(decoder, engine, GEN, BLOCK, verifier)
+    first = requests_for([3, 6, 5], seed=1)
+    later = [DecodeRequest(uid=100 + r.uid, prompt=r.prompt, generation=r.generation) for r in requests_for([11, 2], seed=2)]
+    session.admit(first)
+    finished = {r.uid: r for r in session.step() + session.step()}
+    session.admit(later)
+    finished.update({r.uid: r for r in session.step()})
+    running = [uid for uid in session.uids if uid < 100]
+    victim = running[-1] if running else None
+    session.evict([victim])
+    finished.update({r.uid: r for r in session.run()})
+    assert victim not in finished
+    for request in [r for r in first + later if r.uid != victim]:
+        [alone] = decoder.decode(RolloutEngine(adapter=adapter, cache=policy), [request], BLOCK, verifier=verifier)
+        got = finished[request.uid]
+        assert torch.equal(got.tokens, alone.tokens) and (got.steps, got.row_forwards, got.token_forwards) == (alone.steps, alone.row_forwards, alone.token_forwards)
