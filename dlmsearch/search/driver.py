@@ -69,7 +69,7 @@ class DecodeResult:
     """A decoded generation region and how it was produced (per-position commit record)."""
 
     uid: int
-    tokens: torch.Tensor  # [n]
+    tokens: torch.Tensor  # [n]; a block-diffusion model's: its region after the prompt, to the end of its last block (n or more)
     steps: int
     row_forwards: int
     tokens_committed: int
