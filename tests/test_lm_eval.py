@@ -76,7 +76,7 @@ def test_llada_requests_lengths_and_loglikelihood(checkpoints) -> None:
         lm.loglikelihood([Instance("loglikelihood", {}, ("a", " b"), 0)])
     with pytest.raises(NotImplementedError, match="dlmsearch decodes; log-likelihood requests are not supported"):
         lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("a b",), 0)])
-    with pytest.raises(ValueError, match="family must be a text model \(llada, dream, sdar, llada2\)"):
+    with pytest.raises(ValueError, match=r"family must be a text model \(llada, dream, sdar, llada2\)"):
         DLMSearchLM(path=str(checkpoints["llada"].directory), family="sudoku")
     with pytest.raises(TypeError, match="unknown model_args: temprature"):
         DLMSearchLM(path=str(checkpoints["llada"].directory), temprature=0.5)
