@@ -27,4 +27,7 @@ grep -q "adalook on sudoku: 4 items" "$work/out.txt"
 # the README's text default run: the shipped Countdown model and its tokenizer (transformers, a core dependency)
 "$work/venv/bin/python" -m dlmsearch +decoder=adalook model=countdown task=countdown task.limit=4 out_dir="$work/text" | tee "$work/text.txt"
 grep -q "adalook on countdown: 4 items" "$work/text.txt"
+# the shipped block-diffusion Countdown model (SDAR's format) with the exact block cache
+"$work/venv/bin/python" -m dlmsearch +decoder=sdar model=countdown_block task=countdown cache=block task.limit=4 out_dir="$work/block" | tee "$work/block.txt"
+grep -q "sdar on countdown: 4 items" "$work/block.txt"
 echo "wheel check passed: $(ls "$work"/dist)"
