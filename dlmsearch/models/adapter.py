@@ -132,13 +132,15 @@ class ModelAdapter:
     @torch.no_grad()
     def cached_logits(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: torch.Tensor, high: torch.Tensor, cache: KVStorage, slot: torch.Tensor,
-        in_place: torch.Tensor | None = None,
+        in_place: torch.Tensor | None = None, logits_from: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Float32 logits ``[rows, max(high - low), vocab_size]`` of each row's columns
         ``low[r]:high[r]`` (left-aligned; columns past a row's end are padding), forwarding only
         those columns against the cache of the row's ``slot``. All rows run as one forward
         whatever their windows. ``in_place [rows]``: the rows whose keys and values may be written
-        into their slot's canvas columns (None: each slot's first row, as Fast-dLLM's caches do)."""
+        into their slot's canvas columns (None: each slot's first row, as Fast-dLLM's caches do).
+        ``logits_from [rows]`` (unshifted models): logits only of columns ``logits_from[r]:high[r]``
+        (left-aligned): the columns before are forwarded only to be written into the cache."""
         first = self._forwarded(low, high)
         length = int((high - first).max())
         offset = torch.arange(length)
@@ -151,6 +153,10 @@ class ModelAdapter:
             cache_visible, fresh_visible = pattern.block_window_visibility(attention_mask, first, high, length, self.attention_block)
         window = cache.window(slot, torch.where(valid, column, -1), cache_visible, fresh_visible, in_place)
         inside = column.clamp(max=tokens.shape[1] - 1)
+        if logits_from is not None:
+            assert not self.shift_logits, "logits_from is for unshifted models (the block cache)"
+            raw = self.module.run_cached(tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window, logits_from - first)
+            return raw[:, : int((high - logits_from).max()), : self.vocab_size].float()
         raw = self.module.run_cached(tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window)
         raw = raw[..., : self.vocab_size].float()
         if self.shift_logits:  # column c reads query c - 1 (the window's first column its own, at the canvas's start)

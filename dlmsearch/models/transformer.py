@@ -243,13 +243,16 @@ class BidirectionalTransformer(nn.Module):
             key_mask = pattern.padding_mask(attention_mask)  # callers pass a mask only where rows are padded
         return self._layers(input_ids, positions, key_mask, None, logits_from)
 
-    def run_cached(self, input_ids: torch.Tensor, positions: torch.Tensor, window: "CachedWindow") -> torch.Tensor:
+    def run_cached(self, input_ids: torch.Tensor, positions: torch.Tensor, window: "CachedWindow", logits_from: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[rows, length, vocab]`` of each row's own columns (``input_ids`` at
-        ``positions``), attending to its slot's cached keys and values as ``window`` lays out."""
-        return self._layers(input_ids, positions, None, window, 0)[0]
+        ``positions``), attending to its slot's cached keys and values as ``window`` lays out.
+        ``logits_from [rows]``: the head runs only from each row's query ``logits_from[r]`` on
+        (left-aligned, ``length - min(logits_from)`` wide): columns forwarded only to be written
+        into the cache (a finished block) cost no vocabulary-sized work."""
+        return self._layers(input_ids, positions, None, window, 0 if logits_from is None else logits_from)[0]
 
     def _layers(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor | None, window: "CachedWindow | None", logits_from: int
+        self, input_ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor | None, window: "CachedWindow | None", logits_from: int | torch.Tensor
     ) -> tuple[torch.Tensor, list[KeyValues]]:
         cos, sin = rotary_tables(positions, self.config.rotary_dim or self.config.head_dim, self.config.rope_theta)
         x = self.embed(input_ids)
@@ -257,5 +260,12 @@ class BidirectionalTransformer(nn.Module):
         for index, block in enumerate(self.blocks):
             x, fresh = block(x, cos, sin, key_mask, None if window is None else (window, index))
             kv.append(fresh)
-        x = self.norm(x[:, logits_from:])
+        if isinstance(logits_from, torch.Tensor):  # per row: gather each row's columns from its own start
+            length = x.shape[1]
+            start = logits_from.to(x.device)
+            index = (start[:, None] + torch.arange(length - int(start.min()), device=x.device)[None, :]).clamp(max=length - 1)
+            x = x.gather(1, index[..., None].expand(-1, -1, x.shape[2]))
+        else:
+            x = x[:, logits_from:]
+        x = self.norm(x)
         return (F.linear(x, self.embed.weight) if self.head is None else self.head(x)), kv

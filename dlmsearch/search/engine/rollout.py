@@ -55,6 +55,7 @@ class Forward:
     query: torch.Tensor
     distinct: int | None = None  # rows to compute, where some rows repeat others (None: all of them)
     settled: torch.Tensor | None = None  # [rows] a cached forward's refreshing rows: where their slot's exact store ends afterwards
+    logits_from: torch.Tensor | None = None  # [rows] an exact store's cached forward: the first column whose logits are read (its window)
 
 
 _OUT_OF_MEMORY = tuple({torch.OutOfMemoryError, getattr(torch.cuda, "OutOfMemoryError", torch.OutOfMemoryError)})
@@ -270,7 +271,7 @@ class RolloutEngine:
                 sample_uid[index],
                 low - first,
                 high - first,
-                (memory.kv, sample[index], forward.refresh if self.cache.exact else None) if forward.cached else None,
+                (memory.kv, sample[index], forward.refresh if self.cache.exact else None, forward.logits_from) if forward.cached else None,
                 sampling,
                 None if temperature is None else temperature[index],
                 None if bool(computed.all()) else source,
@@ -363,7 +364,9 @@ class RolloutEngine:
     def _piece(forward: Forward, part: slice) -> Forward:
         """Some of a forward's rows, with their cache refreshes and windows; same first column and columns."""
         settled = None if forward.settled is None else forward.settled[part]
-        return attrs.evolve(forward, rows=forward.rows[part], refresh=forward.refresh[part], query=forward.query[part], distinct=None, settled=settled)
+        logits_from = None if forward.logits_from is None else forward.logits_from[part]
+        return attrs.evolve(forward, rows=forward.rows[part], refresh=forward.refresh[part], query=forward.query[part], distinct=None, settled=settled,
+                            logits_from=logits_from)
 
     @staticmethod
     def _span(forward: Forward, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -372,7 +375,7 @@ class RolloutEngine:
         them are real tokens of that row's window (only those are written)."""
         width = attention.shape[1]
         if forward.cached:
-            low, high = forward.query[:, 0], forward.query[:, 1]
+            low, high = forward.query[:, 0] if forward.logits_from is None else forward.logits_from, forward.query[:, 1]
             column = low[:, None] + torch.arange(int((high - low).max()))[None, :]
             inside = column.clamp(max=width - 1)
             return inside, attention.gather(1, inside) & (column < high[:, None])
@@ -445,7 +448,9 @@ class RolloutEngine:
                 distinct = None if cached or copy_of is None else len(torch.unique(copy_of[part]))
                 start = 0 if cached else int(first[part].min())  # a cached row reads its whole canvas from the cache
                 settled = policy.settled(window[0][part], query[part]) if cached and bool(refresh.any()) else None
-                plan.append(Forward(part, start, (from_column, width), cached, refresh, query[part], distinct, settled))
+                # an exact store: the columns before the window are forwarded only to be written (no logits)
+                logits_from = torch.minimum(torch.maximum(query[part, 0], window[0][part]), query[part, 1]) if cached and policy.exact else None
+                plan.append(Forward(part, start, (from_column, width), cached, refresh, query[part], distinct, settled, logits_from))
         return plan
 
     def _summarise(
@@ -458,7 +463,7 @@ class RolloutEngine:
         uid: torch.Tensor,
         low: int | torch.Tensor,
         high: int | torch.Tensor,
-        cache: tuple[KVStorage, torch.Tensor] | None,
+        cache: tuple | None,  # (storage, slots, rows that may write in place, first column whose logits are read)
         sampling: Sampling,
         temperature: torch.Tensor | None = None,
         copy_of: torch.Tensor | None = None,
@@ -510,7 +515,7 @@ class RolloutEngine:
 
     def _model(
         self, tokens: torch.Tensor, attention: torch.Tensor, low: int | torch.Tensor, high: int | torch.Tensor,
-        cache: tuple[KVStorage, torch.Tensor] | None, prompt_end: int, guidance: float,
+        cache: tuple | None, prompt_end: int, guidance: float,
     ) -> tuple[torch.Tensor, list | None]:
         """The rows' logits: against the cache (each row its own window), or of the columns
         ``low:high`` (guided: each row beside its unconditional copy in the same call, combined;
