@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
@@ -153,3 +155,77 @@ class Checkpointer:
         for name in logs:
             trim_log(self.out_dir / name, state["step"])
         return state
+
+
+@attrs.define(eq=False)
+class TrainingLoop:
+    """The loop every training script runs: resume from ``out_dir``'s checkpoint; each step the
+    schedule's learning rate (:func:`learning_rate` over :func:`progress`), the script's batch loss,
+    gradients clipped at 1, one line in ``loss.jsonl``; a checkpoint every ``checkpoint_every``
+    steps, at the end of the step or time budget and when ``max_minutes`` stops the process early,
+    with what the script saves and measures there (``on_checkpoint``; its time is not training
+    time) appended to ``eval.jsonl``. ``cfg`` holds ``steps``, ``budget_minutes``, ``max_minutes``,
+    ``lr``, ``min_lr``, ``warmup_steps`` and ``checkpoint_every``."""
+
+    cfg: Any
+    checkpoints: Checkpointer
+
+    def run(
+        self, batch_loss: Callable[[float], tuple[torch.Tensor, dict[str, float]]], on_checkpoint: Callable[[int, float, float], dict[str, Any]],
+    ) -> int:
+        """Train until the budget is spent (or ``max_minutes``); returns the last step.
+        ``batch_loss(done)`` draws a batch and returns its loss and what to log beside it;
+        ``on_checkpoint(step, train_seconds, done)`` returns the checkpoint's record."""
+        cfg, out = self.cfg, self.checkpoints.out_dir
+        model, optimizer = self.checkpoints.model, self.checkpoints.optimizer
+        step, before = 0, 0.0
+        resumed = self.checkpoints.resume()
+        if resumed is not None:
+            step, before = resumed["step"], resumed["train_seconds"]
+            print(f"resumed from {self.checkpoints.path} at step {step}")
+        started = time.monotonic()
+        evaluating = 0.0
+
+        def seconds() -> float:
+            return before + time.monotonic() - started - evaluating
+
+        def save(step: int) -> None:
+            nonlocal evaluating
+            spent = seconds()
+            self.checkpoints.save(step, train_seconds=spent)
+            tick = time.monotonic()
+            record = on_checkpoint(step, spent, progress(step, cfg.steps, spent, cfg.budget_minutes))
+            model.train()
+            evaluating += time.monotonic() - tick
+            with (out / "eval.jsonl").open("a") as handle:
+                handle.write(json.dumps({"step": step, "train_seconds": round(spent, 1), **record}) + "\n")
+
+        model.train()
+        bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
+        with (out / "loss.jsonl").open("a") as log:
+            while True:
+                done = progress(step, cfg.steps, seconds(), cfg.budget_minutes)
+                if done >= 1.0:
+                    break
+                for group in optimizer.param_groups:
+                    group["lr"] = learning_rate(step, done, cfg.lr, cfg.min_lr, cfg.warmup_steps)
+                loss, extras = batch_loss(done)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.4f}", **{k: f"{v:.4f}" for k, v in extras.items()})
+                # deterministic lines (no clock): a resumed run's log equals the uninterrupted one's; time is at the checkpoints
+                log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), **{k: round(v, 5) for k, v in extras.items()},
+                                      "lr": optimizer.param_groups[0]["lr"]}) + "\n")
+                log.flush()
+                finished = progress(step, cfg.steps, seconds(), cfg.budget_minutes) >= 1.0
+                out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes
+                if step % cfg.checkpoint_every == 0 or finished or out_of_time:
+                    save(step)
+                if out_of_time:
+                    break
+        bar.close()
+        return step

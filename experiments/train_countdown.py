@@ -17,8 +17,6 @@ the same ``out_dir`` resumes.
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 import hydra
@@ -33,7 +31,7 @@ from dlmsearch.models.tokenizer_build import LLADA_CHAT_TEMPLATE, byte_level_bpe
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.tasks.countdown import TIERS, CountdownTask, load_countdown, shipped_countdown_path
 from dlmsearch.tasks.countdown_problems import CountdownProblem, draw_worked
-from dlmsearch.training import Checkpointer, checkpoint_accuracy, learning_rate, progress
+from dlmsearch.training import Checkpointer, TrainingLoop, checkpoint_accuracy
 
 # LLaDA's special tokens, at small ids just above the byte vocabulary and the whole numbers.
 SPECIALS = {"<|startoftext|>": 1400, "<|endoftext|>": 1401, "<|mdm_mask|>": 1402, "<|start_header_id|>": 1403, "<|end_header_id|>": 1404, "<|eot_id|>": 1405}
@@ -130,61 +128,20 @@ def main(cfg: DictConfig) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     generator = torch.Generator().manual_seed(cfg.seed)
     checkpoints = Checkpointer(out, model, optimizer, generator, rng)
-    step, elapsed_before = 0, 0.0
-    resumed = checkpoints.resume()
-    if resumed is not None:
-        step, elapsed_before = resumed["step"], resumed["train_seconds"]
-        print(f"resumed from {checkpoints.path} at step {step}")
-    started = time.monotonic()
-    eval_seconds = 0.0  # checkpoint evaluation does not count as training time
 
-    def train_seconds() -> float:
-        return elapsed_before + time.monotonic() - started - eval_seconds
+    def batch_loss(done: float) -> tuple[torch.Tensor, dict[str, float]]:
+        tokens, attention, start = encode_batch(task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length)
+        loss, plain = sft_loss(model, tokens, attention, start, generator)
+        return loss, {"masked_ce": plain}
 
-    def save(step: int) -> None:
-        nonlocal eval_seconds
-        seconds = train_seconds()
-        checkpoints.save(step, train_seconds=seconds)
+    def on_checkpoint(step: int, seconds: float, done: float) -> dict:
         save_llada(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
-        tick = time.monotonic()
         adapter = ModelAdapter(module=model, mask_id=MASK_ID, vocab_size=VOCAB_SIZE, max_length=m.max_sequence_length)
         measured = [checkpoint_accuracy(adapter, task, eval_items, decoder, ("task=countdown",)) for decoder in cfg.eval_decoders]
-        model.train()
-        eval_seconds += time.monotonic() - tick
-        record = {"step": step, "train_seconds": round(seconds, 1), "numbers_up_to": sampler.high(progress(step, cfg.steps, seconds, cfg.budget_minutes)),
-                  "eval_tier": cfg.eval_tier, "eval": measured}
-        with (out / "eval.jsonl").open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
         tqdm.write(f"checkpoint step {step}: " + ", ".join(f"{e['decoder']} {e['accuracy']:.3f}" for e in measured))
+        return {"numbers_up_to": sampler.high(done), "eval_tier": cfg.eval_tier, "eval": measured}
 
-    model.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
-    with (out / "loss.jsonl").open("a") as log:
-        while True:
-            done = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes)
-            if done >= 1.0:
-                break
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, done, cfg.lr, cfg.min_lr, cfg.warmup_steps)
-            tokens, attention, start = encode_batch(task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length)
-            loss, plain = sft_loss(model, tokens, attention, start, generator)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}", ce=f"{plain:.4f}")
-            log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "masked_ce": round(plain, 5), "lr": optimizer.param_groups[0]["lr"],
-                                  "seconds": round(train_seconds(), 1)}) + "\n")
-            log.flush()
-            finished = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes) >= 1.0
-            out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes
-            if step % cfg.checkpoint_every == 0 or finished or out_of_time:
-                save(step)
-            if out_of_time:
-                break
-    bar.close()
+    TrainingLoop(cfg, checkpoints).run(batch_loss, on_checkpoint)
 
 
 if __name__ == "__main__":

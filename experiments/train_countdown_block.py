@@ -21,8 +21,6 @@ each checkpoint and when the run ends (running a finished run again only writes 
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 import hydra
@@ -35,7 +33,7 @@ from dlmsearch.core import attention as pattern
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.tasks.countdown import load_countdown, shipped_countdown_path
 from dlmsearch.tasks.countdown_problems import CountdownProblem, solutions
-from dlmsearch.training import Checkpointer, learning_rate, progress
+from dlmsearch.training import Checkpointer, TrainingLoop
 from dlmsearch.models.sdar_checkpoint import save_sdar
 from train_countdown import EOS_ID, EOT_ID, MASK_ID, VOCAB_SIZE, ProblemSampler, countdown_task, encode_batch, held_out_triples, write_countdown_tokenizer
 
@@ -123,16 +121,6 @@ def main(cfg: DictConfig) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     generator = torch.Generator().manual_seed(cfg.seed)
     checkpoints = Checkpointer(out, model, optimizer, generator, rng)
-    step, elapsed_before = 0, 0.0
-    resumed = checkpoints.resume()
-    if resumed is not None:
-        step, elapsed_before = resumed["step"], resumed["train_seconds"]
-        print(f"resumed from {checkpoints.path} at step {step}")
-    started = time.monotonic()
-    eval_seconds = 0.0
-
-    def train_seconds() -> float:
-        return elapsed_before + time.monotonic() - started - eval_seconds
 
     def held_out_ce() -> float:
         """The masked cross-entropy of the held-out rows at mask rates 0.1, 0.3, ..., 0.9 (fixed draws)."""
@@ -141,50 +129,20 @@ def main(cfg: DictConfig) -> None:
         with torch.no_grad():
             values = [block_sft_loss(model, tokens, attention, start, cfg.block_length, torch.Generator().manual_seed(7), torch.full(tokens.shape, r))[1]
                       for r in (0.1, 0.3, 0.5, 0.7, 0.9)]
-        model.train()
         return float(np.mean(values))
 
-    def save(step: int) -> None:
-        nonlocal eval_seconds
-        seconds = train_seconds()
-        checkpoints.save(step, train_seconds=seconds)
-        save_sdar(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
-        tick = time.monotonic()
-        record = {"step": step, "train_seconds": round(seconds, 1), "numbers_up_to": sampler.high(progress(step, cfg.steps, seconds, cfg.budget_minutes)),
-                  "held_out_masked_ce": round(held_out_ce(), 5)}
-        eval_seconds += time.monotonic() - tick
-        with (out / "eval.jsonl").open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        tqdm.write(f"checkpoint step {step}: held-out masked CE {record['held_out_masked_ce']:.4f}")
+    def batch_loss(done: float) -> tuple[torch.Tensor, dict[str, float]]:
+        tokens, attention, start = encode_batch(task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length)
+        loss, plain = block_sft_loss(model, tokens, attention, start, cfg.block_length, generator)
+        return loss, {"masked_ce": plain}
 
-    model.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
-    with (out / "loss.jsonl").open("a") as log:
-        while True:
-            done = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes)
-            if done >= 1.0:
-                break
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, done, cfg.lr, cfg.min_lr, cfg.warmup_steps)
-            tokens, attention, start = encode_batch(task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length)
-            loss, plain = block_sft_loss(model, tokens, attention, start, cfg.block_length, generator)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}", ce=f"{plain:.4f}")
-            log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "masked_ce": round(plain, 5), "lr": optimizer.param_groups[0]["lr"],
-                                  "seconds": round(train_seconds(), 1)}) + "\n")
-            log.flush()
-            finished = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes) >= 1.0
-            out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes
-            if step % cfg.checkpoint_every == 0 or finished or out_of_time:
-                save(step)
-            if out_of_time:
-                break
-    bar.close()
+    def on_checkpoint(step: int, seconds: float, done: float) -> dict:
+        save_sdar(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
+        record = {"numbers_up_to": sampler.high(done), "held_out_masked_ce": round(held_out_ce(), 5)}
+        tqdm.write(f"checkpoint step {step}: held-out masked CE {record['held_out_masked_ce']:.4f}")
+        return record
+
+    TrainingLoop(cfg, checkpoints).run(batch_loss, on_checkpoint)
     save_sdar(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)  # the weights reached (a finished run exports them again)
 
 

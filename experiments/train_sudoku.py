@@ -12,7 +12,6 @@ the last checkpoint when started again with the same ``out_dir``.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import hydra
@@ -25,7 +24,7 @@ from dlmsearch.models.denoiser import BidirectionalDenoiser, DenoiserConfig
 from dlmsearch.tasks.sudoku import SUDOKU_MASK_ID, SUDOKU_VOCAB, grids_to_tokens
 from dlmsearch.tasks.sudoku_files import load_puzzles, tier_path
 from dlmsearch.tasks.sudoku_grids import random_solved_grid, transform_grids
-from dlmsearch.training import Checkpointer, checkpoint_solve_rate, learning_rate, progress
+from dlmsearch.training import Checkpointer, TrainingLoop, checkpoint_solve_rate
 
 
 class GridSampler:
@@ -69,59 +68,18 @@ def main(cfg: DictConfig) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
     checkpoints = Checkpointer(out, model, optimizer, generator, rng)
-    step, elapsed_before = 0, 0.0
-    resumed = checkpoints.resume()
-    if resumed is not None:
-        step, elapsed_before = resumed["step"], resumed["train_seconds"]
-        print(f"resumed from {checkpoints.path} at step {step}")
-    started = time.monotonic()
-    eval_seconds = 0.0  # checkpoint evaluation does not count as training time
 
-    def train_seconds() -> float:
-        return elapsed_before + time.monotonic() - started - eval_seconds
+    def batch_loss(done: float) -> tuple[torch.Tensor, dict[str, float]]:
+        return masked_diffusion_loss(model, grids_to_tokens(sampler.sample(cfg.batch_size)), generator), {}
 
-    def save(step: int) -> None:
-        nonlocal eval_seconds
-        seconds = train_seconds()
-        checkpoints.save(step, train_seconds=seconds)
+    def on_checkpoint(step: int, seconds: float, done: float) -> dict:
         model.save(out / "model")
-        tick = time.monotonic()
         model.eval()
         solve = checkpoint_solve_rate(model, eval_puzzles, cfg.eval_decoder)
-        model.train()
-        eval_seconds += time.monotonic() - tick
-        record = {"step": step, "train_seconds": round(seconds, 1), "eval": solve}
-        with (out / "eval.jsonl").open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
         tqdm.write(f"checkpoint step {step}: {json.dumps(solve)}")
+        return {"eval": solve}
 
-    model.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
-    with (out / "loss.jsonl").open("a") as log:
-        while True:
-            done = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes)
-            if done >= 1.0:
-                break
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, done, cfg.lr, cfg.min_lr, cfg.warmup_steps)
-            tokens = grids_to_tokens(sampler.sample(cfg.batch_size))
-            loss = masked_diffusion_loss(model, tokens, generator)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-            log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "lr": optimizer.param_groups[0]["lr"]}) + "\n")
-            log.flush()
-            finished = progress(step, cfg.steps, train_seconds(), cfg.budget_minutes) >= 1.0
-            out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes
-            if step % cfg.checkpoint_every == 0 or finished or out_of_time:
-                save(step)
-            if out_of_time:
-                break
-    bar.close()
+    TrainingLoop(cfg, checkpoints).run(batch_loss, on_checkpoint)
 
 
 if __name__ == "__main__":

@@ -218,7 +218,9 @@ def test_train_sudoku_learns_checkpoints_and_resumes_exactly(tmp_path: Path, mon
     # The same run, killed after step 25 (five steps past the step-20 checkpoint), then started
     # again from the command line: a new process, which resumes from the checkpoint.
     cut = tmp_path / "cut"
-    schedule = train_sudoku.learning_rate
+    import dlmsearch.training as training_loop  # the loop every training script runs
+
+    schedule = training_loop.learning_rate
 
     def killed_after_25(step: int, *args: float) -> float:
         if step == 25:
@@ -226,7 +228,7 @@ def test_train_sudoku_learns_checkpoints_and_resumes_exactly(tmp_path: Path, mon
         return schedule(step, *args)
 
     with monkeypatch.context() as patched:
-        patched.setattr(train_sudoku, "learning_rate", killed_after_25)
+        patched.setattr(training_loop, "learning_rate", killed_after_25)
         with pytest.raises(Interrupted):
             _in_process(cut, STEPS)
     assert [r["step"] for r in _records(cut / "loss.jsonl")] == list(range(1, 26))
