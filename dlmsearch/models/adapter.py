@@ -153,12 +153,12 @@ class ModelAdapter:
             cache_visible, fresh_visible = pattern.block_window_visibility(attention_mask, first, high, length, self.attention_block)
         window = cache.window(slot, torch.where(valid, column, -1), cache_visible, fresh_visible, in_place)
         inside = column.clamp(max=tokens.shape[1] - 1)
-        if logits_from is not None:
-            assert not self.shift_logits, "logits_from is for unshifted models (the block cache)"
-            raw = self.module.run_cached(tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window, logits_from - first)
-            return raw[:, : int((high - logits_from).max()), : self.vocab_size].float()
-        raw = self.module.run_cached(tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window)
+        assert logits_from is None or not self.shift_logits, "logits_from is for unshifted models (the block cache)"
+        head_from = None if logits_from is None else logits_from - first
+        raw = self.module.run_cached(tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window, head_from)
         raw = raw[..., : self.vocab_size].float()
+        if logits_from is not None:
+            return raw[:, : int((high - logits_from).max())]
         if self.shift_logits:  # column c reads query c - 1 (the window's first column its own, at the canvas's start)
             read = ((low[:, None] + offset[None, : int((high - low).max())]) - 1 - first[:, None]).clamp(min=0)
             raw = raw.gather(1, read.to(raw.device)[..., None].expand(-1, -1, raw.shape[-1]))

@@ -156,15 +156,15 @@ class KVStorage:
         or the padding of a shorter window), ``cache_visible [rows, width]`` the cached columns
         each row reads (never its own forwarded ones), ``fresh_visible [rows, length, length]``
         which of the row's own queries each query sees. A slot's first row writes its columns in
-        place (``in_place [rows]``: only where it is set; the exact block cache lets only a slot's
-        own canvas write), so no other row of the slot may read one of them from the cache
-        (Fast-dLLM's caches: the rows of a slot forward the same window).
+        place (``in_place [rows]``: the rows that do instead, at most one per slot; the exact block
+        cache lets only a slot's own canvas write), so no other row of the slot may read one of them
+        from the cache (Fast-dLLM's caches: the rows of a slot forward the same window).
         """
         rows, length = column.shape
         lane = lanes_of(slot)
         lanes = int(lane.max()) + 1
         low, high = int(slot.min()), int(slot.max()) + 1
-        writer = (lane == 0) if in_place is None else (lane == 0) & in_place
+        writer = (lane == 0) if in_place is None else in_place  # given: exactly the rows allowed to, whatever their lane
         overwritten = torch.zeros(high - low, self.width + 1, dtype=torch.bool)  # the last column collects what is not written in place
         written = torch.where(writer[:, None] & (column >= 0), column, self.width)
         overwritten[(slot - low)[:, None].expand_as(written), written] = True

@@ -226,10 +226,10 @@ class SearchDecoder:
         if any(len(r.generation) != plan.gen_length for r in requests):
             raise ValueError(f"all requests of a decode must share the plan's generation length ({plan.gen_length})")
         longest = max(requests, key=lambda r: len(r.prompt))
-        canvas = len(longest.prompt) + plan.gen_length
+        length = len(longest.prompt) + plan.gen_length
         if plan.attention_block is not None:  # the reference canvas runs to the end of the last block
-            canvas = -(-canvas // plan.attention_block) * plan.attention_block
-        engine.capabilities.check_length(canvas, f"the canvas of sample uid {longest.uid} (prompt {len(longest.prompt)} + generation {plan.gen_length})")
+            length = -(-length // plan.attention_block) * plan.attention_block
+        engine.capabilities.check_length(length, f"the canvas of sample uid {longest.uid} (prompt {len(longest.prompt)} + generation {plan.gen_length})")
         bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= plan.vocab_size)).any())]
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {plan.vocab_size}) in sample uid(s) {bad}")

@@ -100,10 +100,9 @@ def make_plan(decoder: "SearchDecoder", engine: "RolloutEngine", gen_length: int
             raise ValueError(f"the verify statistic (WINO's shadow block) needs cache=none or prefix and no guidance; got cache={cache}")
         if not able.shadow:
             raise ValueError(f"the verify statistic (WINO's shadow block) needs a model that takes an explicit attention mask and unshifted logits; {able.name} does not")
-    aligned = gen_length if able.attention_block is None else aligned_generation_length(gen_length, block_length)
-    Layout(gen_start=0, gen_length=aligned, block_length=block_length)  # checks the block length against the canvas
-    # Rules that split a number of steps over the blocks split it over the generation's gen_length / block blocks
-    # (a block-aligned canvas has one more, partly the prompt's: every block gets the same budget)
+    # Checks the block length against the generation. Rules that split a number of steps over the blocks split it
+    # over the generation's gen_length / block blocks (a block-aligned canvas has one more, partly the prompt's: every
+    # block gets the same budget)
     layout = Layout(gen_start=0, gen_length=gen_length, block_length=block_length)
     commit = decoder.commit.bind(layout)
     revision = decoder.revision.bind(layout, commit.block_budget)
