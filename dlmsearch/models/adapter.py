@@ -154,8 +154,8 @@ class ModelAdapter:
         window = cache.window(slot, torch.where(valid, column, -1), cache_visible, fresh_visible, in_place)
         inside = column.clamp(max=tokens.shape[1] - 1)
         assert logits_from is None or not self.shift_logits, "logits_from is for unshifted models (the block cache)"
-        head_from = None if logits_from is None else logits_from - first
-        raw = self.module.run_cached(tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window, head_from)
+        head_from = () if logits_from is None else (logits_from - first,)  # only where asked: a module's run_cached may not take it
+        raw = self.module.run_cached(tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window, *head_from)
         raw = raw[..., : self.vocab_size].float()
         if logits_from is not None:
             return raw[:, : int((high - logits_from).max())]
