@@ -57,11 +57,15 @@ RECHECK_KEY = BRANCH_KEYS - 1  # the rows of a population's final re-check by th
 
 @attrs.frozen
 class DecodeRequest:
-    """One sample: ``uid`` keys its randomness; ``generation`` holds the mask where to fill."""
+    """One sample: ``uid`` names it in the decode; ``generation`` holds the mask where to fill.
+    Its randomness is keyed by ``seed`` (None: the engine's) and ``key`` (None: the uid), so a
+    server's request decodes as item 0 of an offline run with its seed, beside other requests."""
 
     uid: int
     prompt: torch.Tensor
     generation: torch.Tensor
+    seed: int | None = None
+    key: int | None = None
 
 
 @attrs.frozen
@@ -204,7 +208,11 @@ class SearchDecoder:
         layout = plan.layout(max(len(p) for p in prompts))
         canvas = initial_canvas([p for p in prompts for _ in range(size)], [t for t in templates for _ in range(size)], layout, mask_id, pad_id=mask_id)
         slots = len(requests) * size
-        slots_table = Slots.start(torch.tensor([r.uid for r in requests], dtype=torch.long), size, engine.seed, region)
+        long = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
+        slots_table = Slots.start(
+            long([r.uid for r in requests]), size, long([engine.seed if r.seed is None else r.seed for r in requests]), region,
+            long([r.uid if r.key is None else r.key for r in requests]),
+        )
         return DecodeState(
             plan=plan,
             layout=layout,
@@ -327,7 +335,7 @@ class SearchDecoder:
             canvas.tokens,
             canvas.attention,
             slot,
-            slots.uid[slot],
+            slots.key[slot],
             row_key,
             usage.steps[owner],
             state.memory,
@@ -338,6 +346,7 @@ class SearchDecoder:
             temperature=plan.population.token_temperature(state.population, slots, slot),
             group=None if slots.size == 1 else slots.owner[slot] * BRANCH_KEYS + branch_key,
             guidance=plan.guidance,
+            seed=slots.seed[slot],
         )
         return evaluation, usage.charge(owner, cost)
 

@@ -194,6 +194,7 @@ class RolloutEngine:
         group: torch.Tensor | None = None,
         guidance: float = 0.0,
         write_only: bool = False,
+        seed: torch.Tensor | None = None,
     ) -> tuple[Evaluation, CallCost]:
         """One model call for every row here: forward all rows, summarise per position.
 
@@ -212,6 +213,7 @@ class RolloutEngine:
         forwards each row's unconditional copy (prompt masked) in the same call and combines the
         logits (:mod:`~dlmsearch.search.engine.guidance`); the copies count as rows. Returns the
         summaries and what the call cost per row (the caller charges it to the samples).
+        ``seed`` (per row; None: the engine's ``seed``) is the first key of the row's draws.
 
         With the block cache (``cache=block``, ``fuse_write=false``) a root row whose finished
         blocks are not stored yet first takes a forward of its own that writes them (the
@@ -226,10 +228,11 @@ class RolloutEngine:
                 start = window[0][at]
                 _, written = self.evaluate(
                     tokens[at], attention[at], sample[at], sample_uid[at], row_key[at], call[at], memory, sampling, frozenset(), from_column,
-                    (start, start), None if temperature is None else temperature[at], None, 0.0, write_only=True,
+                    (start, start), None if temperature is None else temperature[at], None, 0.0, write_only=True, seed=None if seed is None else seed[at],
                 )
                 evaluation, cost = self.evaluate(
                     tokens, attention, sample, sample_uid, row_key, call + writes.long(), memory, sampling, statistics, from_column, window, temperature, group, guidance,
+                    seed=seed,
                 )
                 return evaluation, CallCost(
                     rows=cost.rows.index_add(0, at, written.rows), tokens=cost.tokens.index_add(0, at, written.tokens), calls=cost.calls + writes.long(),
@@ -249,7 +252,7 @@ class RolloutEngine:
         uniform = draw = None
         if sampled or "uniform" in statistics:
             position = attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
-            keys = [torch.tensor(self.seed), sample_uid[:, None], call[:, None], row_key[:, None], position]
+            keys = [torch.tensor(self.seed) if seed is None else seed[:, None], sample_uid[:, None], call[:, None], row_key[:, None], position]
             uniform = hashed_uniform(keys) if "uniform" in statistics else None
             draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else None
         out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}

@@ -17,25 +17,30 @@ from dlmsearch.search.records.state import Layout
 
 @attrs.frozen(eq=False)
 class Slots:
-    """Per slot: the sample's dataset-wide ``uid``, its index in the batch (``owner``), the
-    ``particle``, and the generation columns that are the sample's output (``region``: all of
-    them, except on a block-diffusion canvas, where the prompt's partial last block leads the
-    generation region and shorter rows end early)."""
+    """Per slot: the sample's ``uid`` (its name in the decode), the ``seed`` and ``key`` its
+    randomness is keyed by (by default the engine's seed and the uid: a dataset's item ``i`` is
+    keyed ``i``; a server's requests are each item 0 of their own seed), its index in the batch
+    (``owner``), the ``particle``, and the generation columns that are the sample's output
+    (``region``: all of them, except on a block-diffusion canvas, where the prompt's partial last
+    block leads the generation region and shorter rows end early)."""
 
     size: int  # particles per sample
-    seed: int
+    seed: torch.Tensor  # [slots]
+    key: torch.Tensor  # [slots]
     uid: torch.Tensor  # [slots]
     owner: torch.Tensor  # [slots]
     particle: torch.Tensor  # [slots]
     region: torch.Tensor  # [slots, 2] first and end generation column of the sample's output
 
     @classmethod
-    def start(cls, uid: torch.Tensor, size: int, seed: int, region: torch.Tensor) -> "Slots":
-        """``region [samples, 2]``: each sample's output columns within the generation region."""
+    def start(cls, uid: torch.Tensor, size: int, seed: torch.Tensor, region: torch.Tensor, key: torch.Tensor | None = None) -> "Slots":
+        """Per sample: ``seed``, ``key`` (None: the uid) and ``region [samples, 2]``, its output columns within the generation region."""
         samples = len(uid)
+        per_slot = lambda values: values.repeat_interleave(size, dim=0)  # noqa: E731
         return cls(
             size=size,
-            seed=seed,
+            seed=per_slot(torch.broadcast_to(torch.as_tensor(seed, dtype=torch.long), (samples,))),
+            key=per_slot(uid if key is None else key),
             uid=uid.repeat_interleave(size),
             owner=torch.arange(samples).repeat_interleave(size),
             particle=torch.arange(size).repeat(samples),
@@ -44,18 +49,19 @@ class Slots:
 
     def joined(self, other: "Slots") -> "Slots":
         """``other``'s slots after these, its samples numbered after these (samples joining a decode)."""
-        if (other.size, other.seed) != (self.size, self.seed):
-            raise ValueError(f"cannot join slot tables of sizes/seeds {(self.size, self.seed)} and {(other.size, other.seed)}")
+        if other.size != self.size:
+            raise ValueError(f"cannot join slot tables of {self.size} and {other.size} particles per sample")
         cat = lambda a, b: torch.cat([a, b])  # noqa: E731
         return Slots(
-            self.size, self.seed, cat(self.uid, other.uid), cat(self.owner, other.owner + self.samples), cat(self.particle, other.particle), cat(self.region, other.region),
+            self.size, cat(self.seed, other.seed), cat(self.key, other.key), cat(self.uid, other.uid), cat(self.owner, other.owner + self.samples),
+            cat(self.particle, other.particle), cat(self.region, other.region),
         )
 
     def kept(self, samples: torch.Tensor) -> tuple["Slots", torch.Tensor]:
         """The table of only these samples (renumbered in order), and the slots they keep."""
         slot = (samples[:, None] * self.size + torch.arange(self.size)[None, :]).flatten()
         owner = torch.arange(len(samples)).repeat_interleave(self.size)
-        return Slots(self.size, self.seed, self.uid[slot], owner, self.particle[slot], self.region[slot]), slot
+        return Slots(self.size, self.seed[slot], self.key[slot], self.uid[slot], owner, self.particle[slot], self.region[slot]), slot
 
     @property
     def samples(self) -> int:
@@ -68,5 +74,5 @@ class Slots:
         """``[R, width]`` seeded uniforms keyed by (seed, sample, call, particle, generation
         position, stream) for the slots ``rows``: the same whatever the batch's padding."""
         position = torch.arange(layout.width) - layout.gen_start
-        keys = [torch.tensor(self.seed), self.uid[rows, None], call[:, None], self.particle[rows, None], position[None, :], torch.tensor(stream)]
+        keys = [self.seed[rows, None], self.key[rows, None], call[:, None], self.particle[rows, None], position[None, :], torch.tensor(stream)]
         return hashed_uniform(keys)

@@ -168,7 +168,7 @@ class Population:
         scores = self.score(self.view(canvas, slots, layout, verifier))
         candidates = state.alive & ~state.stopped[slots.owner]
         busy = (candidates & open_).view(samples, size).any(dim=1) & due  # resample only where something still decodes
-        uniform = hashed_uniform([torch.tensor(slots.seed), slots.uid.view(samples, size)[:, 0], round_index, torch.tensor(Stream.RESAMPLING)])
+        uniform = hashed_uniform([slots.seed.view(samples, size)[:, 0], slots.key.view(samples, size)[:, 0], round_index, torch.tensor(Stream.RESAMPLING)])
         source = self.resampling.sources(
             scores.view(samples, size), state.base_score.view(samples, size), (candidates.view(samples, size) & busy[:, None]),
             tokens.view(samples, size, -1), uniform,
