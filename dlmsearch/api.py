@@ -37,7 +37,7 @@ from dlmsearch.tasks.sudoku_files import PuzzleFileError, SudokuPuzzle, _parse_g
 from dlmsearch.tasks.sudoku_grids import clue_conflict
 from dlmsearch.tasks.text import TextTask, load_tokenizer
 
-__all__ = ["Decoder", "Generation", "Model", "PromptList"]
+__all__ = ["Decoder", "Generation", "Model", "PromptList", "compose_settings", "prompt_list"]
 
 # Keys a decoder may override (the rest belongs to Model.load or to generate's arguments).
 DECODER_KEYS = ("decoder", "engine", "decoding", "seed", "deadline_s")
@@ -81,13 +81,14 @@ def _split_overrides(
     return tuple(strings), settings
 
 
-def _compose(overrides: list[str], settings: Sequence[Setting] = ()) -> DictConfig:
+def compose_settings(overrides: list[str], settings: Sequence[Setting] = (), config_name: str = "config") -> DictConfig:
     """:func:`dlmsearch.config.compose` with the group choices, then each setting set on the result
-    (later settings win); every mistake is one :class:`ConfigError` naming the key."""
+    (later settings win); every mistake is one :class:`ConfigError` naming the key (the server
+    composes its lanes so, from ``conf/serve.yaml``)."""
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
     try:
-        cfg = compose(overrides)
+        cfg = compose(overrides, config_name)
     except MissingConfigException as error:  # an unknown option of a group: Hydra lists the options
         options = f"; options: {', '.join(error.options)}" if error.options else ""
         raise ConfigError(f"Could not find '{error.missing_cfg_file}'{options}") from error
@@ -160,6 +161,18 @@ class PromptList(TextTask):
         return [(str(i), text, None) for i, text in enumerate(self.prompts)]
 
 
+def _text_fields(task_cfg: DictConfig) -> dict[str, Any]:
+    """The text-task settings of a composed ``task=prompts`` (tokenizer, ids, chat, lengths), without its prompt source."""
+    fields = [f.name for f in attrs.fields(TextTask) if f.init and f.name not in ("path", "limit")]
+    values = {name: OmegaConf.select(task_cfg, name) for name in fields}
+    return {k: (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v) for k, v in values.items()}
+
+
+def prompt_list(task_cfg: DictConfig, prompts: Sequence[str] = ()) -> PromptList:
+    """A :class:`PromptList` with a composed ``task=prompts``'s settings (the server encodes and reads its requests with one)."""
+    return PromptList(**_text_fields(task_cfg), prompts=list(prompts))
+
+
 @attrs.define(eq=False)
 class Model:
     """A loaded model (``adapter``) with its tokenizer (text families) and the config it came from.
@@ -191,7 +204,7 @@ class Model:
         settings = {**({"path": str(Path(path).expanduser())} if path is not None else {}), **model_overrides}
         values = tuple((f"model.{k}", v) for k, v in settings.items())
         text = family_or_config != "sudoku"
-        cfg = _compose([f"model={family_or_config}", *(["task=prompts"] if text else [])], values)
+        cfg = compose_settings([f"model={family_or_config}", *(["task=prompts"] if text else [])], values)
         adapter = build(cfg, "model")
         tokenizer = load_tokenizer(cfg.task.tokenizer, bool(cfg.task.trust_remote_code)) if text else None
         return cls(name=family_or_config, adapter=adapter, config=cfg.model, settings=values, tokenizer=tokenizer)
@@ -203,9 +216,7 @@ class Model:
 
     def _text_task(self, task_cfg: DictConfig, prompts: list[str]) -> PromptList:
         """The composed ``task=prompts`` settings as a task over ``prompts`` (one per setting, reused)."""
-        fields = [f.name for f in attrs.fields(TextTask) if f.init and f.name not in ("path", "limit")]
-        values = {name: OmegaConf.select(task_cfg, name) for name in fields}
-        values = {k: (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v) for k, v in values.items()}
+        values = _text_fields(task_cfg)
         key = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(values.items()))
         if key not in self._tasks:
             self._tasks[key] = PromptList(**values)
@@ -246,7 +257,7 @@ class Decoder:
             raise ValueError(f"decoding must name a file of conf/decoding/ (text, sudoku), got {decoding!r}")
         strings, settings = _split_overrides(overrides, DECODER_KEYS, "Decoder.from_preset overrides")
         decoder = cls(preset=name, overrides=strings, settings=settings, decoding=decoding)
-        cfg = _compose(decoder._overrides(), settings)
+        cfg = compose_settings(decoder._overrides(), settings)
         build(cfg, "decoder")  # engine keys were checked by compose; its values are checked with the model, in generate
         return decoder
 
@@ -281,7 +292,7 @@ class Decoder:
         explicit = [("seed" if k == "seed" else f"engine.{k}", v) for k, v in given.items()]
         choices = [f"model={model.name}", *(["task=prompts"] if model.is_text else [])]
         # Explicit generate() arguments win over the preset's overrides: they come last.
-        return _compose(self._overrides(*choices), [*model.settings, *task, *self.settings, ("batch_size", batch_size), *explicit])
+        return compose_settings(self._overrides(*choices), [*model.settings, *task, *self.settings, ("batch_size", batch_size), *explicit])
 
     def generate(
         self,

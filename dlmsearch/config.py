@@ -57,8 +57,8 @@ def to_plain(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
-def compose(overrides: list[str]) -> DictConfig:
-    """Compose ``conf/config.yaml`` with overrides outside a Hydra app (scripts, tests)."""
+def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` (the CLI's ``config``, the server's ``serve``) with overrides outside a Hydra app (scripts, tests)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -69,7 +69,7 @@ def compose(overrides: list[str]) -> DictConfig:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            return hydra_compose("config", overrides=["out_dir=.", *overrides])
+            return hydra_compose(config_name, overrides=["out_dir=.", *overrides])
     finally:
         GlobalHydra.instance().clear()
         if outer is not None:

@@ -110,6 +110,26 @@ class DecodeSession:
         """The samples decoding now, in their order in the decode."""
         return [] if self.state is None else self.state.slots.uid.view(-1, self.state.slots.size)[:, 0].tolist()
 
+    @property
+    def rows(self) -> int:
+        """Slots decoding now (particles count)."""
+        return 0 if self.state is None else len(self.state.slots)
+
+    def settled(self) -> dict[int, tuple[torch.Tensor, int]]:
+        """Per running sample: its first particle's output columns and how many of them lead
+        without a mask (committed, so final where the decoder never revises and keeps one path)."""
+        if self.state is None:
+            return {}
+        state = self.state
+        size, start = state.slots.size, state.layout.gen_start
+        out = {}
+        for sample, uid in enumerate(self.uids):
+            first, end = (start + int(c) for c in state.slots.region[sample * size])
+            masked = state.canvas.masked[sample * size, first:end]
+            leading = int(masked.long().cumsum(0).eq(0).sum())
+            out[uid] = (state.canvas.tokens[sample * size, first:end], leading)
+        return out
+
     def admit(self, requests: list[DecodeRequest]) -> None:
         """Join these requests to the decode; they start at their first round."""
         if not requests:

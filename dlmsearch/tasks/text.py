@@ -192,11 +192,16 @@ class TextTask:
 
     def encode(self, text: str) -> torch.Tensor:
         """Prompt ids for ``text``: chat-templated for ``chat: true``, raw otherwise."""
-        tokenizer = self._tokenizer
         if not self.chat:
-            return torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
-        templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
-        return torch.tensor(tokenizer(templated, add_special_tokens=False)["input_ids"], dtype=torch.long)
+            return torch.tensor(self._tokenizer(text)["input_ids"], dtype=torch.long)
+        return self.encode_messages([{"role": "user", "content": text}])
+
+    def encode_messages(self, messages: list[dict[str, str]]) -> torch.Tensor:
+        """Prompt ids for a conversation through the chat template (a user's prompt is one message; the server's chat requests are any)."""
+        if not getattr(self._tokenizer, "chat_template", None):
+            raise ValueError(f"tokenizer in {self.tokenizer} has no chat template")
+        templated = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return torch.tensor(self._tokenizer(templated, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
     def generated_ids(self, tokens: torch.Tensor) -> list[int]:
         """The generation up to (not including) the first stop token."""

@@ -1,0 +1,279 @@
+"""The HTTP face: OpenAI's endpoints over the decode loop (FastAPI).
+
+``POST /v1/completions`` and ``POST /v1/chat/completions`` turn a body into a :class:`Job`
+(prompts encoded as the text tasks encode them, ``max_tokens`` rounded up to whole blocks as
+the generation length, the lane its settings need), queue it, and answer with the whole
+response or, with ``stream: true``, Server-Sent Events. ``GET /v1/models``, ``GET /health``
+and ``GET /metrics`` report on the server. Every failure is OpenAI's error body with its status;
+nothing a request does can stop the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from omegaconf import DictConfig
+from starlette.exceptions import HTTPException
+
+from dlmsearch.api import compose_settings, prompt_list
+from dlmsearch.config import build
+from dlmsearch.search.driver import DecodeRequest, DecodeResult
+from dlmsearch.serve.lanes import Lanes
+from dlmsearch.serve.metrics import ServerMetrics
+from dlmsearch.serve.protocol import APIError, ChatRequest, CompletionRequest, Sampled, chunk_body, completion_body, parse, usage
+from dlmsearch.serve.scheduler import Choice, Job, Scheduler
+from dlmsearch.tasks.text import TextTask
+
+DISCONNECT_POLL_S = 0.25
+COUNTERS = ("steps", "row_forwards", "token_forwards", "tokens_committed")
+
+
+def _cut_at_stops(text: str, stops: list[str], final: bool) -> tuple[str, bool]:
+    """``text`` up to the first stop string (and whether one was found); while streaming, a tail
+    that could still become a stop string is held back."""
+    found = [at for at in (text.find(s) for s in stops) if at >= 0]
+    if found:
+        return text[: min(found)], True
+    if not final:
+        for keep in range(min(len(text), max((len(s) for s in stops), default=1) - 1), 0, -1):
+            if any(s.startswith(text[-keep:]) for s in stops):
+                return text[:-keep], False
+    return text, False
+
+
+class Server:
+    """The model, the lanes built over it, the decode loop, and how requests become jobs and results become bodies."""
+
+    def __init__(self, cfg: DictConfig, overrides: list[str], model_name: str) -> None:
+        serve = cfg.serve
+        self.cfg, self.model_name = cfg, str(serve.model_name or model_name)
+        self.adapter = build(cfg, "model")
+        self.tasks: dict[bool, TextTask] = {chat: prompt_list(compose_settings(overrides, [("task.chat", chat)], "serve").task) for chat in (True, False)}
+        self.block_length = int(cfg.task.block_length)
+        self.default_tokens = int(cfg.task.gen_length)
+        self.max_n, self.max_body = int(serve.max_n), int(serve.max_body_bytes)
+        self.grace_s = float(serve.grace_s)
+        decoder = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("decoder=")), None)
+        if decoder is None:
+            raise ValueError("no decoder chosen: add +decoder=NAME")
+        self.lanes = Lanes(
+            tuple(overrides), cfg, self.adapter, tuple(dict.fromkeys([decoder, *serve.presets])), tuple(serve.request_options), int(serve.max_lanes),
+        )
+        self.lane_lock = asyncio.Lock()
+        own = self.lanes.get(self.lanes.key(None, self.default_tokens, None, None, None, {}, None))  # the server's own settings are checked before it listens
+        self.metrics = ServerMetrics()
+        max_rows = int(serve.max_rows or own.engine.max_rows)
+        self.scheduler = Scheduler(self.metrics, int(serve.max_batch), max_rows, int(serve.max_queue), self._result, self._progress)
+
+    # ------------------------------------------------------------------ requests into jobs
+
+    def _prompts(self, body: Sampled, chat: bool) -> list[torch.Tensor]:
+        task = self.tasks[chat]
+        if isinstance(body, ChatRequest):
+            try:
+                messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            except ValueError as error:
+                raise APIError(400, f"messages: {error}", param="messages") from None
+            return [task.encode_messages(messages)]
+        assert isinstance(body, CompletionRequest)
+        texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        if any(not t for t in texts):
+            raise APIError(400, "prompt: an empty prompt gives the model nothing to condition on", param="prompt")
+        return [task.encode(t) for t in texts]
+
+    async def job(self, body: Sampled, chat: bool, post: Any) -> Job:
+        """Check a request against the server and build its job (nothing is queued yet)."""
+        if body.model != self.model_name:
+            raise APIError(404, f"the model {body.model!r} does not exist here; this server serves {self.model_name!r}", param="model", code="model_not_found")
+        if body.n > self.max_n:
+            raise APIError(400, f"n={body.n} is above this server's limit of {self.max_n} (serve.max_n)", param="n")
+        prompts = self._prompts(body, chat)
+        max_tokens = body.max_tokens or self.default_tokens
+        gen_length = -(-max_tokens // self.block_length) * self.block_length
+        longest = max(len(p) for p in prompts)
+        try:
+            self.adapter.capabilities.check_length(longest + gen_length, f"the prompt ({longest} tokens) with max_tokens={max_tokens} (a canvas of {gen_length})")
+        except ValueError as error:
+            raise APIError(400, str(error), param="max_tokens", code="context_length_exceeded") from None
+        key = self.lanes.key(body.preset, gen_length, body.temperature, body.top_p, body.top_k, dict(body.decoder), body.deadline_s)
+        async with self.lane_lock:  # Hydra's composition is not thread-safe: one lane is built at a time
+            lane = await asyncio.to_thread(self.lanes.get, key)
+        seed = int(self.cfg.seed) if body.seed is None else int(body.seed)
+        mask = torch.full((gen_length,), self.adapter.mask_id, dtype=torch.long)
+        choices = [
+            # Item ``p * n + i`` of an offline task holding each prompt n times, with this seed.
+            Choice(uid, p * body.n + i, DecodeRequest(uid=uid, prompt=prompt, generation=mask.clone(), seed=seed, key=p * body.n + i))
+            for p, prompt in enumerate(prompts) for i in range(body.n) for uid in [self.scheduler.new_uid()]
+        ]
+        return Job(lane=lane, choices=choices, post=post, max_tokens=max_tokens, stops=list(body.stop or []), stream=body.stream, prompt_tokens=sum(len(p) for p in prompts))
+
+    # ------------------------------------------------------------------ results into bodies (called on the loop's thread)
+
+    def _text(self, job: Job, tokens: torch.Tensor, final: bool) -> tuple[str, str, int]:
+        """The choice's text so far, why it ended (final only) and its completion tokens."""
+        task = job.lane.task
+        ids = task.generated_ids(tokens)
+        ended = len(ids) < len(tokens)
+        if len(ids) > job.max_tokens:
+            ids, ended = ids[: job.max_tokens], False
+        text, stopped = _cut_at_stops(task.decode(torch.tensor(ids, dtype=torch.long)), job.stops, final)
+        if not final and text.endswith("\ufffd"):  # a character whose bytes are not all committed yet
+            text = text.rstrip("\ufffd")
+        return text, "stop" if ended or stopped else "length", len(ids)
+
+    def _result(self, job: Job, choice: Choice, result: DecodeResult) -> dict[str, Any]:
+        text, reason, count = self._text(job, result.tokens, final=True)
+        unsent = text[len(choice.sent):] if text.startswith(choice.sent) else text
+        self.metrics.tokens.inc(count)
+        counters = {name: getattr(result, name) for name in COUNTERS} | {"deadline_hit": result.deadline_hit}
+        return {"index": choice.index, "text": text, "unsent": unsent, "finish_reason": reason, "completion_tokens": count, **counters}
+
+    def _progress(self, job: Job, choice: Choice, tokens: torch.Tensor, settled: int) -> None:
+        block = job.lane.plan.block_length
+        if settled < len(tokens):
+            settled -= settled % block  # whole blocks only
+        if settled == 0:
+            return
+        text, _, _ = self._text(job, tokens[:settled], final=False)
+        if len(text) > len(choice.sent) and text.startswith(choice.sent):
+            delta, choice.sent = text[len(choice.sent):], text
+            job.post(("delta", choice.index, delta))
+
+    def totals(self, job: Job, done: list[dict[str, Any]]) -> dict[str, Any]:
+        """The response's usage: OpenAI's token counts, then the decode's counters summed over the choices."""
+        counters = {name: sum(c[name] for c in done) for name in COUNTERS}
+        counters |= {"deadline_hit": any(c["deadline_hit"] for c in done), "gen_length": job.choices[0].request.generation.numel(), "preset": job.lane.key.preset}
+        return usage(job.prompt_tokens, sum(c["completion_tokens"] for c in done), counters)
+
+
+def create_app(server: Server) -> FastAPI:
+    """The FastAPI application over ``server`` (its decode loop starts with the app)."""
+    app = FastAPI(title="dlmsearch", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+
+    @app.on_event("startup")
+    async def _start() -> None:
+        server.scheduler.start()
+
+    @app.on_event("shutdown")
+    async def _stop() -> None:
+        server.scheduler.stop()
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
+        return JSONResponse(APIError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", code="not_found" if error.status_code == 404 else None).body(), status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+        return JSONResponse(APIError(500, f"{type(error).__name__}: {error}", code="internal_error").body(), status_code=500)
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > server.max_body:
+            raise APIError(413, f"the request body is {declared} bytes, above this server's limit of {server.max_body} (serve.max_body_bytes)", code="body_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > server.max_body:
+                raise APIError(413, f"the request body is above this server's limit of {server.max_body} bytes (serve.max_body_bytes)", code="body_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def complete(request: Request, kind: type[Sampled], chat: bool) -> Response:
+        if server.scheduler.draining:
+            raise APIError(503, "the server is shutting down and admits no new requests", code="shutting_down")
+        body = parse(await read_body(request), kind)
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        job = await server.job(body, chat, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        server.scheduler.submit(job)
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        if body.stream:
+            include_usage = bool((body.stream_options or {}).get("include_usage", False))
+            return StreamingResponse(_sse(server, job, events, request_id, chat, include_usage), media_type="text/event-stream")
+        done: list[dict[str, Any]] = []
+        try:
+            while len(done) < len(job.choices):
+                try:
+                    event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        server.scheduler.cancel(job)
+                        return Response(status_code=499)
+                    continue
+                if event[0] == "error":
+                    raise event[1]
+                if event[0] == "choice":
+                    done.append(event[2])
+        except asyncio.CancelledError:
+            server.scheduler.cancel(job)
+            raise
+        done.sort(key=lambda c: c["index"])
+        return JSONResponse(completion_body(request_id, server.model_name, chat, done, server.totals(job, done)))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await complete(request, CompletionRequest, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, ChatRequest, chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": int(time.time()), "owned_by": "dlmsearch"}]}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        state = server.scheduler.snapshot()
+        draining = server.scheduler.draining
+        return JSONResponse({"status": "draining" if draining else "ok", **state}, status_code=503 if draining else 200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+async def _sse(server: Server, job: Job, events: asyncio.Queue, request_id: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+    """Each choice's settled text as it comes, its finish chunk, the usage chunk if asked, then ``[DONE]``."""
+    model = server.model_name
+    line = lambda data: f"data: {json.dumps(data)}\n\n"  # noqa: E731
+    done: list[dict[str, Any]] = []
+    try:
+        if chat:
+            for choice in job.choices:
+                yield line(chunk_body(request_id, model, chat, choice.index, "", None, role=True))
+        while len(done) < len(job.choices):
+            event = await events.get()
+            if event[0] == "error":
+                yield line(event[1].body())
+                break
+            if event[0] == "delta":
+                yield line(chunk_body(request_id, model, chat, event[1], event[2], None))
+            elif event[0] == "choice":
+                result = event[2]
+                done.append(result)
+                if result["unsent"]:
+                    yield line(chunk_body(request_id, model, chat, result["index"], result["unsent"], None))
+                yield line(chunk_body(request_id, model, chat, result["index"], None if chat else "", result["finish_reason"]))
+        else:
+            if include_usage:
+                body = chunk_body(request_id, model, chat, 0, None, None, server.totals(job, sorted(done, key=lambda c: c["index"])))
+                body["choices"] = []
+                yield line(body)
+        yield "data: [DONE]\n\n"
+    finally:
+        if len(done) < len(job.choices):
+            server.scheduler.cancel(job)

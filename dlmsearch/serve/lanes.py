@@ -1,0 +1,134 @@
+"""A lane: one combination of the settings that shape a decode, built once and shared.
+
+A decode's plan depends on its generation length (the presets' schedules read
+``task.gen_length``), on sampling (``engine.temperature``, ``top_p``, ``top_k``), on the preset
+and its options, and on the deadline. Requests that agree on all of these decode in one
+:class:`~dlmsearch.search.session.DecodeSession` (one forward per step for all of them, each
+with its own seed); requests that differ decode in different lanes, stepped in turn by the one
+decode loop. Each lane is composed exactly as ``python -m dlmsearch`` composes a run from
+``conf/serve.yaml`` (the server's own overrides, then the request's), so a served request
+decodes what the CLI decodes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import OrderedDict
+from typing import Any
+
+import attrs
+from omegaconf import DictConfig
+
+from dlmsearch.api import compose_settings, prompt_list
+from dlmsearch.config import ConfigError, build, decoder_presets
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.search.driver import SearchDecoder
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.plan import DecodePlan
+from dlmsearch.search.records.verifier import Verifier
+from dlmsearch.serve.protocol import APIError
+from dlmsearch.tasks.text import TextTask
+
+
+@attrs.frozen
+class LaneKey:
+    """What a lane's decode depends on (everything else is per request: prompt, seed, choices)."""
+
+    preset: str
+    gen_length: int
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs of decoder options
+    deadline_s: float | None = None
+
+
+@attrs.frozen(eq=False)
+class Lane:
+    """A built decoder, its engine over the server's model, the checked plan and the text task that reads outputs."""
+
+    key: LaneKey
+    decoder: SearchDecoder
+    engine: RolloutEngine
+    plan: DecodePlan
+    verifier: Verifier | None
+    task: TextTask
+    deadline_s: float | None
+
+    @property
+    def rows_per_sample(self) -> int:
+        """Rows one sample holds in a step: its particles, each with its lookahead branches, doubled under guidance."""
+        explores = self.decoder.trigger.explores and self.decoder.candidates is not None
+        width = 1 + (self.decoder.candidates.k if explores else 0)  # type: ignore[union-attr]
+        return self.plan.population.size * width * (2 if self.plan.guidance > 0 else 1)
+
+    @property
+    def streams_blocks(self) -> bool:
+        """Whether a committed block is final: no revision, one path (a population chooses its output at the end)."""
+        return not self.plan.revision.revises and self.plan.population.size == 1
+
+
+@attrs.define(eq=False)
+class Lanes:
+    """Builds lanes from the server's config and keeps the most recently used ``limit`` of them."""
+
+    overrides: tuple[str, ...]  # the server's own Hydra overrides (``+decoder=NAME`` among them)
+    base: DictConfig  # composed from them
+    adapter: ModelAdapter
+    allowed_presets: tuple[str, ...]
+    allowed_options: tuple[str, ...]
+    limit: int = 32
+    built: OrderedDict = attrs.field(factory=OrderedDict)
+
+    @property
+    def preset(self) -> str:
+        """The server's own decoder preset."""
+        return self.allowed_presets[0]
+
+    def key(self, preset: str | None, gen_length: int, temperature: float | None, top_p: float | None, top_k: int | None, options: dict[str, Any], deadline_s: float | None) -> LaneKey:
+        """The lane a request asks for; an option or preset the server does not allow is a 400."""
+        preset = preset or self.preset
+        if preset not in self.allowed_presets:
+            known = "" if preset in decoder_presets() else " (no such preset)"
+            raise APIError(400, f"preset {preset!r}{known} is not served here; this server allows: {', '.join(self.allowed_presets)}", param="preset", code="preset_not_allowed")
+        for name, value in options.items():
+            key = f"decoder.{name}"
+            if not any(fnmatch.fnmatchcase(key, pattern) for pattern in self.allowed_options):
+                allowed = ", ".join(self.allowed_options) or "none"
+                raise APIError(400, f"decoder option {name!r} may not be set by a request here (serve.request_options: {allowed})", param=f"decoder.{name}", code="option_not_allowed")
+            if isinstance(value, (dict, list)):
+                raise APIError(400, f"decoder option {name!r} must be a number, string or boolean", param=f"decoder.{name}")
+        if deadline_s is None:
+            deadline_s = self.base.get("deadline_s")
+        return LaneKey(preset, gen_length, temperature, top_p, top_k, tuple(sorted(options.items())), deadline_s)
+
+    def get(self, key: LaneKey) -> Lane:
+        """The lane for ``key``, built on first use (a refused combination is a 400 naming the cause)."""
+        if key in self.built:
+            self.built.move_to_end(key)
+            return self.built[key]
+        lane = self._build(key)
+        self.built[key] = lane
+        while len(self.built) > self.limit:
+            self.built.popitem(last=False)
+        return lane
+
+    def config(self, key: LaneKey) -> DictConfig:
+        """The config a lane decodes with: what ``python -m dlmsearch`` composes for the same settings."""
+        overrides = [o for o in self.overrides if not o.lstrip("+").startswith("decoder=")] + [f"+decoder={key.preset}"]
+        engine = [(f"engine.{name}", getattr(key, name)) for name in ("temperature", "top_p", "top_k") if getattr(key, name) is not None]
+        settings = [("task.gen_length", key.gen_length), *engine, *((f"decoder.{k}", v) for k, v in key.options), ("deadline_s", key.deadline_s)]
+        return compose_settings(overrides, settings, "serve")
+
+    def _build(self, key: LaneKey) -> Lane:
+        try:
+            cfg = self.config(key)
+            decoder = build(cfg, "decoder")
+            engine = build(cfg, "engine", adapter=self.adapter)
+            task = prompt_list(cfg.task)
+            verifier = task.verifier([])
+            plan = decoder.plan(engine, key.gen_length, int(cfg.task.block_length), verifier)
+        except (ConfigError, ValueError, TypeError) as error:
+            param = "decoder" if key.options else "preset" if key.preset != self.preset else None
+            raise APIError(400, f"this decoder cannot serve the request: {error}", param=param, code="decoder_refused") from None
+        return Lane(key, decoder, engine, plan, verifier, task, cfg.get("deadline_s"))

@@ -1,0 +1,273 @@
+"""The decode loop that owns the model: continuous batching over decode sessions.
+
+One thread runs it. Between steps it evicts the samples whose clients went away, admits
+waiting requests (first come, first served) while the running samples and rows stay within
+``max_batch`` and ``max_rows`` (a request that alone exceeds them is admitted when nothing else
+runs), then gives every lane's :class:`~dlmsearch.search.session.DecodeSession` one step and
+hands each finished sample's result to its request. A request never waits for a batch to
+finish, and because each sample decodes exactly as it would alone (the session's guarantee),
+what it returns does not depend on what else is served.
+
+A step that fails (out of memory even after the engine's own row splitting, NaN logits, a bug)
+fails nobody at once: a session of several samples is dissolved and its requests start again
+each in a session of its own (decoding is deterministic, so they return what they would have;
+only time is lost); a request that fails alone gets the error, and nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from typing import Any, Callable
+
+import attrs
+import torch
+
+from dlmsearch.search.driver import DecodeRequest, DecodeResult
+from dlmsearch.search.session import DecodeSession
+from dlmsearch.serve.lanes import Lane, LaneKey
+from dlmsearch.serve.metrics import ServerMetrics
+from dlmsearch.serve.protocol import APIError
+
+IDLE_WAIT_S = 0.05  # how long the loop sleeps when nothing runs (a submission wakes it at once)
+
+
+@attrs.define(eq=False)
+class Choice:
+    """One sample of a request: its uid in the sessions, its index among the response's choices."""
+
+    uid: int
+    index: int
+    request: DecodeRequest
+    sent: str = ""  # text already streamed
+    done: bool = False
+
+
+@attrs.define(eq=False)
+class Job:
+    """A request in flight. ``post`` (set by the HTTP side) receives its events from the loop's
+    thread: ``("delta", index, text)``, ``("choice", index, result)``, ``("error", APIError)``."""
+
+    lane: Lane
+    choices: list[Choice]
+    post: Callable[[tuple], None]
+    max_tokens: int
+    stops: list[str]
+    stream: bool
+    prompt_tokens: int = 0
+    arrived: float = attrs.field(factory=time.monotonic)
+    admitted: float | None = None
+    cancelled: bool = False
+    solo: bool = False  # decodes in a session of its own (after its shared session failed)
+    finished: int = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.choices) * self.lane.rows_per_sample
+
+
+class Scheduler:
+    """The queue, the sessions and the thread that steps them."""
+
+    def __init__(self, metrics: ServerMetrics, max_batch: int, max_rows: int, max_queue: int, on_result: Callable[[Job, Choice, DecodeResult], dict[str, Any]], on_progress: Callable[[Job, Choice, torch.Tensor, int], None]) -> None:
+        self.metrics = metrics
+        self.max_batch, self.max_rows, self.max_queue = max_batch, max_rows, max_queue
+        self.on_result, self.on_progress = on_result, on_progress
+        self.waiting: collections.deque[Job] = collections.deque()
+        self.sessions: dict[tuple[LaneKey, int], tuple[Lane, DecodeSession]] = {}
+        self.owner: dict[int, tuple[Job, Choice]] = {}  # uid -> its request and choice
+        self.running: list[Job] = []
+        self.uids = itertools.count()
+        self.solo_ids = itertools.count(1)
+        self.cond = threading.Condition()
+        self.draining = False
+        self.stopped = False
+        self.thread = threading.Thread(target=self._loop, name="dlmsearch-decode", daemon=True)
+
+    # ------------------------------------------------------------------ the HTTP side
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue a request; a full queue is a 429, a draining server a 503."""
+        with self.cond:
+            if self.draining or self.stopped:
+                raise APIError(503, "the server is shutting down and admits no new requests", code="shutting_down")
+            if len(self.waiting) >= self.max_queue:
+                raise APIError(429, f"the queue is full ({self.max_queue} requests waiting); retry later", code="queue_full")
+            self.waiting.append(job)
+            self.metrics.queue_depth.set(len(self.waiting))
+            self.cond.notify()
+
+    def new_uid(self) -> int:
+        return next(self.uids)
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: its samples leave at the next step."""
+        with self.cond:
+            job.cancelled = True
+            self.cond.notify()
+
+    @property
+    def idle(self) -> bool:
+        with self.cond:
+            return not self.waiting and not self.running
+
+    def drain(self) -> None:
+        """Stop admitting (new requests get 503); what is queued or running goes on."""
+        with self.cond:
+            self.draining = True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the loop; requests still waiting or running get a 503."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+        for job in list(self.waiting) + list(self.running):
+            job.post(("error", APIError(503, "the server stopped before this request finished", code="shutting_down")))
+        self.waiting.clear()
+        self.running.clear()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                if self.stopped:
+                    return
+                admitted = self._admissions()
+                if not admitted and not self.sessions:
+                    self.cond.wait(IDLE_WAIT_S)
+                    continue
+            for job in admitted:
+                self._admit(job)
+            for key in list(self.sessions):
+                self._step(key)
+            self._gauges()
+
+    def _admissions(self) -> list[Job]:
+        """Evict cancelled samples, then take waiting requests while they fit (called holding the lock)."""
+        for job in [j for j in self.running if j.cancelled]:
+            self._drop(job)
+        self.waiting = collections.deque(j for j in self.waiting if not j.cancelled)
+        samples = sum(len(j.choices) for j in self.running)
+        rows = sum(j.rows for j in self.running)
+        taken = []
+        while self.waiting:
+            job = self.waiting[0]
+            busy = samples > 0
+            if busy and (samples + len(job.choices) > self.max_batch or rows + job.rows > self.max_rows):
+                break
+            self.waiting.popleft()
+            samples, rows = samples + len(job.choices), rows + job.rows
+            job.admitted = time.monotonic()
+            self.metrics.queue_wait.observe(job.admitted - job.arrived)
+            self.running.append(job)
+            taken.append(job)
+        self.metrics.queue_depth.set(len(self.waiting))
+        return taken
+
+    def _admit(self, job: Job) -> None:
+        key = (job.lane.key, next(self.solo_ids) if job.solo else 0)
+        if key not in self.sessions:
+            lane = job.lane
+            self.sessions[key] = (lane, DecodeSession(lane.decoder, lane.engine, lane.plan, lane.verifier, lane.deadline_s))
+        _, session = self.sessions[key]
+        for choice in job.choices:
+            self.owner[choice.uid] = (job, choice)
+        try:
+            session.admit([c.request for c in job.choices])
+        except Exception as error:  # what only the request shows (it was checked on arrival; this is a last guard)
+            self._fail(job, APIError(400, f"{type(error).__name__}: {error}", code="decode_refused"))
+
+    def _drop(self, job: Job) -> None:
+        """Take a request's samples out of every session (called holding the lock or from the loop)."""
+        uids = {c.uid for c in job.choices}
+        for key, (_, session) in list(self.sessions.items()):
+            if uids & set(session.uids):
+                session.evict(sorted(uids & set(session.uids)))
+            if session.state is None:
+                del self.sessions[key]
+        for uid in uids:
+            self.owner.pop(uid, None)
+        if job in self.running:
+            self.running.remove(job)
+
+    def _fail(self, job: Job, error: APIError) -> None:
+        with self.cond:
+            self._drop(job)
+        self.metrics.requests.labels(outcome="error").inc()
+        job.post(("error", error))
+
+    def _step(self, key: tuple[LaneKey, int]) -> None:
+        lane, session = self.sessions[key]
+        if session.state is None:
+            del self.sessions[key]
+            return
+        before, held = session.state.usage, session.rows
+        tick = time.perf_counter()
+        try:
+            results = session.step()
+        except Exception as error:  # noqa: BLE001  (a step's failure must not end the server)
+            self._recover(key, session, error)
+            return
+        after = session.state.usage if session.state is not None else None
+        rows = sum(r.row_forwards for r in results) + (int(after.row_forwards.sum()) if after is not None else 0) - int(before.row_forwards.sum())
+        tokens = sum(r.token_forwards for r in results) + (int(after.token_forwards.sum()) if after is not None else 0) - int(before.token_forwards.sum())
+        self.metrics.stepped(time.perf_counter() - tick, held, rows, tokens)
+        for result in results:
+            self._finished(result)
+        if lane.streams_blocks:
+            for uid, (tokens_, settled) in session.settled().items():
+                job, choice = self.owner[uid]
+                if job.stream:
+                    self.on_progress(job, choice, tokens_, settled)
+        if session.state is None:
+            self.sessions.pop(key, None)
+
+    def _finished(self, result: DecodeResult) -> None:
+        job, choice = self.owner.pop(result.uid)
+        choice.done = True
+        job.post(("choice", choice.index, self.on_result(job, choice, result)))
+        job.finished += 1
+        if job.finished == len(job.choices):
+            with self.cond:
+                if job in self.running:
+                    self.running.remove(job)
+            self.metrics.requests.labels(outcome="ok").inc()
+            self.metrics.latency.observe(time.monotonic() - job.arrived)
+
+    def _recover(self, key: tuple[LaneKey, int], session: DecodeSession, error: Exception) -> None:
+        """A failed step: a request alone in its session fails; a shared session's requests start again alone."""
+        del self.sessions[key]
+        jobs = list(dict.fromkeys(self.owner[uid][0] for uid in session.uids if uid in self.owner))
+        for job in jobs:
+            for choice in job.choices:
+                self.owner.pop(choice.uid, None)
+        if len(jobs) == 1 and (jobs[0].solo or len(session.uids) == 1):
+            self._fail(jobs[0], APIError(500, f"decoding failed: {type(error).__name__}: {error}", code="decode_failed"))
+            return
+        with self.cond:
+            for job in jobs:
+                if job in self.running:
+                    self.running.remove(job)
+                job.solo, job.finished = True, 0
+                for choice in job.choices:
+                    choice.done = False
+            self.waiting.extendleft(reversed(jobs))  # first again, in their order
+
+    def _gauges(self) -> None:
+        with self.cond:
+            self.metrics.running_samples.set(sum(len(j.choices) - j.finished for j in self.running))
+            self.metrics.running_rows.set(sum(s.rows for _, s in self.sessions.values()))
+            self.metrics.lanes.set(len(self.sessions))
+
+    def snapshot(self) -> dict[str, int]:
+        """Queue and running counts (``/health``)."""
+        with self.cond:
+            return {"waiting": len(self.waiting), "running": sum(len(j.choices) for j in self.running), "sessions": len(self.sessions)}
