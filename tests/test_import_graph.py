@@ -23,6 +23,7 @@ LAYERS = [
     ["tasks", "records", "sweeps", "distributed"],
     ["config", "run"],
     ["api", "lm_eval", "training", "__main__"],
+    ["serve"],
 ]
 
 

@@ -31,6 +31,11 @@ def _socket(host: str, port: int) -> socket.socket:
 
 def serve(cfg: DictConfig, overrides: list[str], model_name: str) -> None:
     """Build the server, listen, and drain on SIGTERM."""
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"the server needs {', '.join(missing)}: pip install 'dlmsearch[serve]'")
     import uvicorn
 
     from dlmsearch.serve.app import Server, create_app

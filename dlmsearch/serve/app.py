@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from starlette.exceptions import HTTPException
 
 from dlmsearch.api import compose_settings, prompt_list
-from dlmsearch.config import build
+from dlmsearch.config import build, decoder_presets
 from dlmsearch.search.driver import DecodeRequest, DecodeResult
 from dlmsearch.serve.lanes import Lanes
 from dlmsearch.serve.metrics import ServerMetrics
@@ -63,9 +63,11 @@ class Server:
         decoder = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("decoder=")), None)
         if decoder is None:
             raise ValueError("no decoder chosen: add +decoder=NAME")
-        self.lanes = Lanes(
-            tuple(overrides), cfg, self.adapter, tuple(dict.fromkeys([decoder, *serve.presets])), tuple(serve.request_options), int(serve.max_lanes),
-        )
+        presets = decoder_presets() if serve.presets == "all" else list(serve.presets)
+        unknown = sorted(set(presets) - set(decoder_presets()))
+        if unknown:
+            raise ValueError(f"serve.presets names unknown preset(s) {', '.join(unknown)}; one of: {', '.join(decoder_presets())} (or all)")
+        self.lanes = Lanes(tuple(overrides), cfg, self.adapter, tuple(dict.fromkeys([decoder, *presets])), tuple(serve.request_options), int(serve.max_lanes))
         self.lane_lock = asyncio.Lock()
         own = self.lanes.get(self.lanes.key(None, self.default_tokens, None, None, None, {}, None))  # the server's own settings are checked before it listens
         self.metrics = ServerMetrics()
