@@ -202,7 +202,7 @@ def create_app(server: Server) -> FastAPI:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage", False))
-            return StreamingResponse(_sse(server, job, events, request_id, chat, include_usage), media_type="text/event-stream")
+            return StreamingResponse(_sse(server, job, events, request_id, chat, include_usage, request), media_type="text/event-stream")
         done: list[dict[str, Any]] = []
         try:
             while len(done) < len(job.choices):
@@ -248,8 +248,10 @@ def create_app(server: Server) -> FastAPI:
     return app
 
 
-async def _sse(server: Server, job: Job, events: asyncio.Queue, request_id: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
-    """Each choice's settled text as it comes, its finish chunk, the usage chunk if asked, then ``[DONE]``."""
+async def _sse(server: Server, job: Job, events: asyncio.Queue, request_id: str, chat: bool, include_usage: bool, request: Request) -> AsyncIterator[str]:
+    """Each choice's settled text as it comes, its finish chunk, the usage chunk if asked, then ``[DONE]``.
+    Between events it asks whether the client is still there (a send to a closed connection
+    alone would notice only at the next block), and frees the request's slots when it is not."""
     model = server.model_name
     line = lambda data: f"data: {json.dumps(data)}\n\n"  # noqa: E731
     done: list[dict[str, Any]] = []
@@ -258,7 +260,14 @@ async def _sse(server: Server, job: Job, events: asyncio.Queue, request_id: str,
             for choice in job.choices:
                 yield line(chunk_body(request_id, model, chat, choice.index, "", None, role=True))
         while len(done) < len(job.choices):
-            event = await events.get()
+            try:
+                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                event = None
+            if await request.is_disconnected():
+                return
+            if event is None:
+                continue
             if event[0] == "error":
                 yield line(event[1].body())
                 break

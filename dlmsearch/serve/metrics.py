@@ -40,6 +40,8 @@ class ServerMetrics:
         self.slot_steps = Counter("dlmsearch_slot_steps", "Rows decoding summed over steps (over dlmsearch_steps: the mean running rows per step)", registry=r)
         self.tokens = Counter("dlmsearch_completion_tokens", "Completion tokens returned", registry=r)
         self.requests = Counter("dlmsearch_requests", "Requests answered, by outcome", ["outcome"], registry=r)
+        for outcome in ("ok", "error"):  # exposed at 0 from the start
+            self.requests.labels(outcome=outcome)
         self.steps_per_s = Gauge("dlmsearch_steps_per_second", f"Steps per second over the last {WINDOW_S:.0f} s", registry=r)
         self.row_forwards_per_s = Gauge("dlmsearch_row_forwards_per_second", f"Row-forwards per second over the last {WINDOW_S:.0f} s", registry=r)
         self.token_forwards_per_s = Gauge("dlmsearch_token_forwards_per_second", f"Token-forwards per second over the last {WINDOW_S:.0f} s", registry=r)

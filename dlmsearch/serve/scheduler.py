@@ -170,6 +170,7 @@ class Scheduler:
             self.running.append(job)
             taken.append(job)
         self.metrics.queue_depth.set(len(self.waiting))
+        self._gauges()  # also when nothing is left to step (the condition's lock is re-entrant)
         return taken
 
     def _admit(self, job: Job) -> None:
