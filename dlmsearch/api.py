@@ -168,9 +168,10 @@ def _text_fields(task_cfg: DictConfig) -> dict[str, Any]:
     return {k: (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v) for k, v in values.items()}
 
 
-def prompt_list(task_cfg: DictConfig, prompts: Sequence[str] = ()) -> PromptList:
-    """A :class:`PromptList` with a composed ``task=prompts``'s settings (the server encodes and reads its requests with one)."""
-    return PromptList(**_text_fields(task_cfg), prompts=list(prompts))
+def prompt_list(task_cfg: DictConfig, prompts: Sequence[str] = (), **settings: Any) -> PromptList:
+    """A :class:`PromptList` with a composed ``task=prompts``'s settings, ``settings`` over them
+    (the server encodes and reads its requests with one, ``chat=False``)."""
+    return PromptList(**{**_text_fields(task_cfg), **settings}, prompts=list(prompts))
 
 
 @attrs.define(eq=False)

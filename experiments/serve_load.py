@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from serving import running_server  # noqa: E402
@@ -91,8 +91,6 @@ def main() -> None:
     rows = []
     for preset in args.presets:
         with running_server([f"+decoder={preset}", "serve.max_batch=64", "serve.max_queue=1024"], cwd=str(OUT), threads=2) as (_, url, _):
-            import openai
-
             openai.OpenAI(base_url=f"{url}/v1", api_key="unused").chat.completions.create(model="countdown", messages=[{"role": "user", "content": texts[0]}], max_tokens=args.max_tokens)
             for concurrency in args.concurrency:
                 row = {"preset": preset, **asyncio.run(load(url, texts, concurrency, args.max_tokens))}
@@ -112,10 +110,10 @@ def main() -> None:
     lines += [f"| `{r['preset']}` | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} |" for r in rows]
     (OUT / "load.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    plot(rows)
+    plot(rows, args.requests)
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], requests: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,7 +132,7 @@ def plot(rows: list[dict]) -> None:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"dlmsearch.serve on the shipped Countdown model ({statistics.mode([r['requests'] for r in rows])} requests per point, 2 CPU cores)")
+    fig.suptitle(f"dlmsearch.serve on the shipped Countdown model ({requests} requests per point, 2 CPU cores)")
     fig.tight_layout()
     fig.savefig(OUT / "load.png", dpi=120)
 

@@ -121,14 +121,12 @@ class DecodeSession:
         if self.state is None:
             return {}
         state = self.state
-        size, start = state.slots.size, state.layout.gen_start
-        out = {}
-        for sample, uid in enumerate(self.uids):
-            first, end = (start + int(c) for c in state.slots.region[sample * size])
-            masked = state.canvas.masked[sample * size, first:end]
-            leading = int(masked.long().cumsum(0).eq(0).sum())
-            out[uid] = (state.canvas.tokens[sample * size, first:end], leading)
-        return out
+        rows = torch.arange(state.slots.samples) * state.slots.size
+        first, end = (state.layout.gen_start + state.slots.region[rows]).unbind(1)
+        columns = torch.arange(state.canvas.tokens.shape[1])
+        open_ = state.canvas.masked[rows] & (columns >= first[:, None]) & (columns < end[:, None])
+        leading = torch.where(open_, columns, end[:, None]).min(dim=1).values - first
+        return {uid: (state.canvas.tokens[row, a:b], int(n)) for uid, row, a, b, n in zip(self.uids, rows.tolist(), first.tolist(), end.tolist(), leading)}
 
     def admit(self, requests: list[DecodeRequest]) -> None:
         """Join these requests to the decode; they start at their first round."""

@@ -11,6 +11,7 @@ nothing a request does can stop the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -22,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from omegaconf import DictConfig
 from starlette.exceptions import HTTPException
 
-from dlmsearch.api import compose_settings, prompt_list
+from dlmsearch.api import prompt_list
 from dlmsearch.config import build, decoder_presets
 from dlmsearch.search.driver import DecodeRequest, DecodeResult
 from dlmsearch.serve.lanes import Lanes
@@ -55,7 +56,9 @@ class Server:
         serve = cfg.serve
         self.cfg, self.model_name = cfg, str(serve.model_name or model_name)
         self.adapter = build(cfg, "model")
-        self.tasks: dict[bool, TextTask] = {chat: prompt_list(compose_settings(overrides, [("task.chat", chat)], "serve").task) for chat in (True, False)}
+        # One tokenizer: completions encode raw text (``task.chat=false``), chat requests go through
+        # ``encode_messages`` (the chat template, as ``task.chat=true`` encodes one user message)
+        self.task: TextTask = prompt_list(cfg.task, chat=False)
         self.block_length = int(cfg.task.block_length)
         self.default_tokens = int(cfg.task.gen_length)
         self.max_n, self.max_body = int(serve.max_n), int(serve.max_body_bytes)
@@ -67,7 +70,7 @@ class Server:
         unknown = sorted(set(presets) - set(decoder_presets()))
         if unknown:
             raise ValueError(f"serve.presets names unknown preset(s) {', '.join(unknown)}; one of: {', '.join(decoder_presets())} (or all)")
-        self.lanes = Lanes(tuple(overrides), cfg, self.adapter, tuple(dict.fromkeys([decoder, *presets])), tuple(serve.request_options), int(serve.max_lanes))
+        self.lanes = Lanes(tuple(overrides), cfg, self.adapter, self.task, tuple(dict.fromkeys([decoder, *presets])), tuple(serve.request_options), int(serve.max_lanes))
         self.lane_lock = asyncio.Lock()
         own = self.lanes.get(self.lanes.key(None, self.default_tokens, None, None, None, {}, None))  # the server's own settings are checked before it listens
         self.metrics = ServerMetrics()
@@ -76,27 +79,26 @@ class Server:
 
     # ------------------------------------------------------------------ requests into jobs
 
-    def _prompts(self, body: Sampled, chat: bool) -> list[torch.Tensor]:
-        task = self.tasks[chat]
+    def _prompts(self, body: Sampled) -> list[torch.Tensor]:
+        task = self.task
         if isinstance(body, ChatRequest):
             try:
-                messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            except ValueError as error:
+                return [task.encode_messages([{"role": m.role, "content": m.text()} for m in body.messages])]
+            except ValueError as error:  # a content part that is not text, or a tokenizer without a chat template
                 raise APIError(400, f"messages: {error}", param="messages") from None
-            return [task.encode_messages(messages)]
         assert isinstance(body, CompletionRequest)
         texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if any(not t for t in texts):
             raise APIError(400, "prompt: an empty prompt gives the model nothing to condition on", param="prompt")
         return [task.encode(t) for t in texts]
 
-    async def job(self, body: Sampled, chat: bool, post: Any) -> Job:
+    async def job(self, body: Sampled, post: Any) -> Job:
         """Check a request against the server and build its job (nothing is queued yet)."""
         if body.model != self.model_name:
             raise APIError(404, f"the model {body.model!r} does not exist here; this server serves {self.model_name!r}", param="model", code="model_not_found")
         if body.n > self.max_n:
             raise APIError(400, f"n={body.n} is above this server's limit of {self.max_n} (serve.max_n)", param="n")
-        prompts = self._prompts(body, chat)
+        prompts = self._prompts(body)
         max_tokens = body.max_tokens or self.default_tokens
         gen_length = -(-max_tokens // self.block_length) * self.block_length
         longest = max(len(p) for p in prompts)
@@ -157,16 +159,14 @@ class Server:
 
 def create_app(server: Server) -> FastAPI:
     """The FastAPI application over ``server`` (its decode loop starts with the app)."""
-    app = FastAPI(title="dlmsearch", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.server = server
-
-    @app.on_event("startup")
-    async def _start() -> None:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         server.scheduler.start()
-
-    @app.on_event("shutdown")
-    async def _stop() -> None:
+        yield
         server.scheduler.stop()
+
+    app = FastAPI(title="dlmsearch", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.server = server
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError) -> JSONResponse:
@@ -193,11 +193,10 @@ def create_app(server: Server) -> FastAPI:
         return b"".join(chunks)
 
     async def complete(request: Request, kind: type[Sampled], chat: bool) -> Response:
-        if server.scheduler.draining:
-            raise APIError(503, "the server is shutting down and admits no new requests", code="shutting_down")
+        server.scheduler.check_open()
         body = parse(await read_body(request), kind)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        job = await server.job(body, chat, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        job = await server.job(body, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
         server.scheduler.submit(job)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         if body.stream:

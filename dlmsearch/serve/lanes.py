@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 from omegaconf import DictConfig
 
-from dlmsearch.api import compose_settings, prompt_list
+from dlmsearch.api import compose_settings
 from dlmsearch.config import ConfigError, build, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.driver import SearchDecoder
@@ -75,6 +75,7 @@ class Lanes:
     overrides: tuple[str, ...]  # the server's own Hydra overrides (``+decoder=NAME`` among them)
     base: DictConfig  # composed from them
     adapter: ModelAdapter
+    task: TextTask  # reads every lane's outputs (a lane's settings never change the tokenizer or the stop ids)
     allowed_presets: tuple[str, ...]
     allowed_options: tuple[str, ...]
     limit: int = 32
@@ -125,10 +126,9 @@ class Lanes:
             cfg = self.config(key)
             decoder = build(cfg, "decoder")
             engine = build(cfg, "engine", adapter=self.adapter)
-            task = prompt_list(cfg.task)
-            verifier = task.verifier([])
+            verifier = self.task.verifier([])
             plan = decoder.plan(engine, key.gen_length, int(cfg.task.block_length), verifier)
         except (ConfigError, ValueError, TypeError) as error:
             param = "decoder" if key.options else "preset" if key.preset != self.preset else None
             raise APIError(400, f"this decoder cannot serve the request: {error}", param=param, code="decoder_refused") from None
-        return Lane(key, decoder, engine, plan, verifier, task, cfg.get("deadline_s"))
+        return Lane(key, decoder, engine, plan, verifier, self.task, cfg.get("deadline_s"))

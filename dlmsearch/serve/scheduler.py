@@ -42,7 +42,6 @@ class Choice:
     index: int
     request: DecodeRequest
     sent: str = ""  # text already streamed
-    done: bool = False
 
 
 @attrs.define(eq=False)
@@ -91,11 +90,15 @@ class Scheduler:
     def start(self) -> None:
         self.thread.start()
 
+    def check_open(self) -> None:
+        """A draining or stopped server admits nothing: a 503 (checked before a request's work and again at submission)."""
+        if self.draining or self.stopped:
+            raise APIError(503, "the server is shutting down and admits no new requests", code="shutting_down")
+
     def submit(self, job: Job) -> None:
         """Queue a request; a full queue is a 429, a draining server a 503."""
         with self.cond:
-            if self.draining or self.stopped:
-                raise APIError(503, "the server is shutting down and admits no new requests", code="shutting_down")
+            self.check_open()
             if len(self.waiting) >= self.max_queue:
                 raise APIError(429, f"the queue is full ({self.max_queue} requests waiting); retry later", code="queue_full")
             self.waiting.append(job)
@@ -190,8 +193,9 @@ class Scheduler:
         """Take a request's samples out of every session (called holding the lock or from the loop)."""
         uids = {c.uid for c in job.choices}
         for key, (_, session) in list(self.sessions.items()):
-            if uids & set(session.uids):
-                session.evict(sorted(uids & set(session.uids)))
+            leaving = sorted(uids & set(session.uids))
+            if leaving:
+                session.evict(leaving)
             if session.state is None:
                 del self.sessions[key]
         for uid in uids:
@@ -223,7 +227,7 @@ class Scheduler:
         self.metrics.stepped(time.perf_counter() - tick, held, rows, tokens)
         for result in results:
             self._finished(result)
-        if lane.streams_blocks:
+        if lane.streams_blocks and any(self.owner[uid][0].stream for uid in session.uids):
             for uid, (tokens_, settled) in session.settled().items():
                 job, choice = self.owner[uid]
                 if job.stream:
@@ -233,7 +237,6 @@ class Scheduler:
 
     def _finished(self, result: DecodeResult) -> None:
         job, choice = self.owner.pop(result.uid)
-        choice.done = True
         job.post(("choice", choice.index, self.on_result(job, choice, result)))
         job.finished += 1
         if job.finished == len(job.choices):
@@ -258,8 +261,6 @@ class Scheduler:
                 if job in self.running:
                     self.running.remove(job)
                 job.solo, job.finished = True, 0
-                for choice in job.choices:
-                    choice.done = False
             self.waiting.extendleft(reversed(jobs))  # first again, in their order
 
     def _gauges(self) -> None:
