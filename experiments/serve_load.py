@@ -1,10 +1,15 @@
 """The server under load: throughput and latency against concurrency, beside one-at-a-time
 serving and the offline decode of the same requests at batch 16, measured in one run.
 
-    python experiments/serve_load.py                      # shipped Countdown model, fast_dllm and adalook
-    python experiments/serve_load.py --requests 32 --concurrency 1 16
+    python experiments/serve_load.py                      # both models, fast_dllm and adalook
+    python experiments/serve_load.py --models countdown --requests 32 --concurrency 1 16
 
-Starts ``python -m dlmsearch.serve`` on 127.0.0.1 (an ephemeral port), sends ``--requests``
+Two models: the shipped Countdown model, and a tiny random LLaDA (LLaDA's architecture at the
+benchmark's ``tiny`` shape, 256 wide and 4 layers, initialised by
+:func:`bench.random_model.initialise` so that it decodes like a trained one, over the Countdown
+tokenizer so that the same chat requests apply; written to a temporary directory as a LLaDA
+checkpoint and served as ``model=llada model.path=DIR``). Starts ``python -m dlmsearch.serve``
+on 127.0.0.1 (an ephemeral port), sends ``--requests``
 distinct chat requests (Countdown problems, each its own seed) from N concurrent clients
 (httpx; one request through the official ``openai`` client first), and reads the server's
 ``/metrics`` for the mean rows per step. Concurrency 1 is one-at-a-time serving. The offline
@@ -17,7 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
+from importlib import resources
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,17 +35,46 @@ import openai
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from serving import running_server  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import attrs  # noqa: E402
+
+from bench.random_model import initialise, model_config  # noqa: E402
 from dlmsearch.api import Decoder, Model  # noqa: E402
+from dlmsearch.models.llada_checkpoint import save_llada  # noqa: E402
+from dlmsearch.models.transformer import BidirectionalTransformer  # noqa: E402
 from dlmsearch.records import percentile  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "serve"
+BLOCK = 8  # the Countdown model's block length; the random LLaDA is served with the same
+MODELS = ("countdown", "random_llada")
+
+
+def random_llada(directory: Path) -> Path:
+    """A tiny random LLaDA over the Countdown tokenizer, written as a LLaDA checkpoint (float32)."""
+    shipped = Path(str(resources.files("dlmsearch") / "data" / "countdown_model"))
+    ids = json.loads((shipped / "config.json").read_text())
+    config = attrs.evolve(model_config("tiny"), vocab_size=ids["vocab_size"])
+    model = BidirectionalTransformer(config)
+    initialise(model, seed=0, mask_id=ids["mask_token_id"])
+    eos, eot = json.loads((shipped / "generation_config.json").read_text())["eos_token_id"]
+    save_llada(directory, model.eval(), mask_id=ids["mask_token_id"], eos_id=eos, eot_id=eot)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(shipped / name, directory / name)
+    return directory
+
+
+def served(name: str, directory: Path | None) -> tuple[list[str], Model]:
+    """The server overrides and the offline model for one of :data:`MODELS`."""
+    if name == "countdown":
+        return [], Model.load("countdown")
+    return ["model=llada", f"model.path={directory}", f"task.block_length={BLOCK}"], Model.load("llada", path=directory)
 
 
 def prompts(count: int) -> list[str]:
     return [f"Make {10 + (i * 7) % 40} from {1 + i % 9} {2 + (i * 3) % 8} {3 + (i * 5) % 7}." for i in range(count)]
 
 
-async def load(url: str, texts: list[str], concurrency: int, max_tokens: int) -> dict:
+async def load(url: str, model: str, texts: list[str], concurrency: int, max_tokens: int) -> dict:
     gate = asyncio.Semaphore(concurrency)
     latencies, tokens = [], 0
 
@@ -45,7 +82,7 @@ async def load(url: str, texts: list[str], concurrency: int, max_tokens: int) ->
         nonlocal tokens
         async with gate:
             tick = time.perf_counter()
-            r = await client.post("/v1/chat/completions", json={"model": "countdown", "messages": [{"role": "user", "content": texts[i]}], "max_tokens": max_tokens, "seed": i})
+            r = await client.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": texts[i]}], "max_tokens": max_tokens, "seed": i})
             r.raise_for_status()
             latencies.append(time.perf_counter() - tick)
             tokens += r.json()["usage"]["completion_tokens"]
@@ -71,43 +108,51 @@ async def metric(client: httpx.AsyncClient, name: str) -> float:
     return 0.0
 
 
-def offline(preset: str, texts: list[str], max_tokens: int, block: int) -> float:
+def offline(model: Model, preset: str, texts: list[str], max_tokens: int) -> float:
     """Requests per second of the offline decode of the same prompts at batch 16 (greedy: the seeds do not matter)."""
-    model, decoder = Model.load("countdown"), Decoder.from_preset(preset)
+    decoder = Decoder.from_preset(preset)
+    decoder.generate(model, texts[:16], gen_length=max_tokens, block_length=BLOCK, batch_size=16, seed=0)  # warm-up, as the server's first request
     tick = time.perf_counter()
-    decoder.generate(model, texts, gen_length=max_tokens, block_length=block, batch_size=16, seed=0)
+    decoder.generate(model, texts, gen_length=max_tokens, block_length=BLOCK, batch_size=16, seed=0)
     return len(texts) / (time.perf_counter() - tick)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--presets", nargs="+", default=["fast_dllm", "adalook"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 64])
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--batch-wait-ms", type=float, nargs="+", default=[0.0], help="serve.batch_wait_ms values, each measured")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     texts = prompts(args.requests)
     rows = []
-    for preset in args.presets:
-        with running_server([f"+decoder={preset}", "serve.max_batch=64", "serve.max_queue=1024"], cwd=str(OUT), threads=2) as (_, url, _):
-            openai.OpenAI(base_url=f"{url}/v1", api_key="unused").chat.completions.create(model="countdown", messages=[{"role": "user", "content": texts[0]}], max_tokens=args.max_tokens)
-            for concurrency in args.concurrency:
-                row = {"preset": preset, **asyncio.run(load(url, texts, concurrency, args.max_tokens))}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-        rate = offline(preset, texts, args.max_tokens, 8)
-        for row in rows:
-            if row["preset"] == preset:
-                row["offline_batch16_requests_per_s"] = round(rate, 3)
-        print(f"{preset}: offline at batch 16 {rate:.2f} requests/s", flush=True)
-    base = {r["preset"]: r["requests_per_s"] for r in rows if r["concurrency"] == 1}
-    for row in rows:
-        row["vs_one_at_a_time"] = round(row["requests_per_s"] / base[row["preset"]], 2) if row["preset"] in base else None
-        row["vs_offline_batch16"] = round(row["requests_per_s"] / row["offline_batch16_requests_per_s"], 2)
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = random_llada(Path(scratch)) if "random_llada" in args.models else None
+        for name in args.models:
+            overrides, model = served(name, directory)
+            for preset in args.presets:
+                mine = []
+                for wait in args.batch_wait_ms:
+                    settings = [*overrides, f"+decoder={preset}", "serve.max_batch=64", "serve.max_queue=1024", f"serve.batch_wait_ms={wait}"]
+                    with running_server(settings, cwd=str(OUT), threads=2) as (_, url, _):
+                        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+                        served_as = client.models.list().data[0].id
+                        client.chat.completions.create(model=served_as, messages=[{"role": "user", "content": texts[0]}], max_tokens=args.max_tokens)  # warm-up
+                        mine += [{"model": name, "preset": preset, "batch_wait_ms": wait, **asyncio.run(load(url, served_as, texts, c, args.max_tokens))} for c in args.concurrency]
+                rate = offline(model, preset, texts, args.max_tokens)
+                for row in mine:
+                    base = next((r["requests_per_s"] for r in mine if r["concurrency"] == 1 and r["batch_wait_ms"] == row["batch_wait_ms"]), None)
+                    row["offline_batch16_requests_per_s"] = round(rate, 3)
+                    row["vs_one_at_a_time"] = round(row["requests_per_s"] / base, 2) if base else None
+                    row["vs_offline_batch16"] = round(row["requests_per_s"] / rate, 2)
+                    print(json.dumps(row), flush=True)
+                rows += mine
     (OUT / "load.json").write_text(json.dumps(rows, indent=2) + "\n")
-    lines = ["| preset | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | p50 s | p95 s | p99 s | mean rows/step |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| `{r['preset']}` | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} |" for r in rows]
+    lines = ["| model | preset | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | p50 s | p95 s | p99 s | mean rows/step |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['model']} | `{r['preset']}` | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} |" for r in rows]
     (OUT / "load.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(rows, args.requests)
@@ -119,20 +164,25 @@ def plot(rows: list[dict], requests: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for preset in dict.fromkeys(r["preset"] for r in rows):
-        mine = [r for r in rows if r["preset"] == preset]
-        x = [r["concurrency"] for r in mine]
-        left.plot(x, [r["requests_per_s"] for r in mine], marker="o", label=preset)
-        left.axhline(mine[0]["offline_batch16_requests_per_s"], linestyle=":", color=left.lines[-1].get_color(), label=f"{preset} offline, batch 16")
-        right.plot(x, [r["p95_s"] for r in mine], marker="o", label=preset)
-    for ax, label in ((left, "requests / s"), (right, "p95 latency (s)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent clients")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"dlmsearch.serve on the shipped Countdown model ({requests} requests per point, 2 CPU cores)")
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(len(models), 2, figsize=(10, 4 * len(models)), squeeze=False)
+    for (left, right), name in zip(axes, models):
+        for preset in dict.fromkeys(r["preset"] for r in rows if r["model"] == name):
+            for wait in dict.fromkeys(r["batch_wait_ms"] for r in rows):
+                mine = [r for r in rows if r["model"] == name and r["preset"] == preset and r["batch_wait_ms"] == wait]
+                x, label = [r["concurrency"] for r in mine], f"{preset}, wait {wait:g} ms"
+                left.plot(x, [r["requests_per_s"] for r in mine], marker="o", linestyle="-" if wait == 0 else "--", label=label)
+                right.plot(x, [r["p95_s"] for r in mine], marker="o", linestyle="-" if wait == 0 else "--", label=label)
+            left.axhline(mine[0]["offline_batch16_requests_per_s"], linestyle=":", color="grey")
+            left.annotate(f"{preset} offline, batch 16", (x[0], mine[0]["offline_batch16_requests_per_s"]), fontsize=7, va="bottom")
+        for ax, label in ((left, "requests / s"), (right, "p95 latency (s)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent clients")
+            ax.set_ylabel(label)
+            ax.set_title(name)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(f"dlmsearch.serve under load ({requests} chat requests per point, 16 new tokens, 2 CPU cores)")
     fig.tight_layout()
     fig.savefig(OUT / "load.png", dpi=120)
 

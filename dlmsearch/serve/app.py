@@ -49,11 +49,27 @@ def _cut_at_stops(text: str, stops: list[str], final: bool) -> tuple[str, bool]:
     return text, False
 
 
+POSITIVE = ("max_batch", "max_queue", "max_n", "max_body_bytes", "max_lanes")
+NON_NEGATIVE = ("batch_wait_ms", "grace_s")
+
+
+def check_limits(serve: DictConfig) -> None:
+    """The server's limits as numbers in range, checked before the model loads (one line naming the key)."""
+    for key in POSITIVE + NON_NEGATIVE:
+        value = serve.get(key)
+        floor = 1 if key in POSITIVE else 0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < floor:
+            raise ValueError(f"serve.{key}={value!r}: must be a number >= {floor}")
+    if serve.get("max_rows") is not None and (not isinstance(serve.max_rows, int) or serve.max_rows < 1):
+        raise ValueError(f"serve.max_rows={serve.max_rows!r}: must be an integer >= 1, or null for engine.row_budget")
+
+
 class Server:
     """The model, the lanes built over it, the decode loop, and how requests become jobs and results become bodies."""
 
     def __init__(self, cfg: DictConfig, overrides: list[str], model_name: str) -> None:
         serve = cfg.serve
+        check_limits(serve)
         self.cfg, self.model_name = cfg, str(serve.model_name or model_name)
         self.adapter = build(cfg, "model")
         # One tokenizer: completions encode raw text (``task.chat=false``), chat requests go through
@@ -75,7 +91,7 @@ class Server:
         own = self.lanes.get(self.lanes.key(None, self.default_tokens, None, None, None, {}, None))  # the server's own settings are checked before it listens
         self.metrics = ServerMetrics()
         max_rows = int(serve.max_rows or own.engine.max_rows)
-        self.scheduler = Scheduler(self.metrics, int(serve.max_batch), max_rows, int(serve.max_queue), self._result, self._progress)
+        self.scheduler = Scheduler(self.metrics, int(serve.max_batch), max_rows, int(serve.max_queue), self._result, self._progress, float(serve.batch_wait_ms) / 1000)
 
     # ------------------------------------------------------------------ requests into jobs
 

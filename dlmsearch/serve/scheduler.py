@@ -8,6 +8,12 @@ hands each finished sample's result to its request. A request never waits for a 
 finish, and because each sample decodes exactly as it would alone (the session's guarantee),
 what it returns does not depend on what else is served.
 
+Slots that the last step freed are worth refilling before the next step: a client that got its
+answer usually sends its next request within milliseconds, and a step taken without it runs a
+row short. So when samples finished and nobody waits, the loop waits up to ``batch_wait_s`` for
+as many arrivals as slots were freed (Triton's dynamic-batching queue delay; 0 steps at once).
+It bounds the latency this adds to every running request by ``batch_wait_s`` per such step.
+
 A step that fails (out of memory even after the engine's own row splitting, NaN logits, a bug)
 fails nobody at once: a session of several samples is dissolved and its requests start again
 each in a session of its own (decoding is deterministic, so they return what they would have;
@@ -70,9 +76,11 @@ class Job:
 class Scheduler:
     """The queue, the sessions and the thread that steps them."""
 
-    def __init__(self, metrics: ServerMetrics, max_batch: int, max_rows: int, max_queue: int, on_result: Callable[[Job, Choice, DecodeResult], dict[str, Any]], on_progress: Callable[[Job, Choice, torch.Tensor, int], None]) -> None:
+    def __init__(self, metrics: ServerMetrics, max_batch: int, max_rows: int, max_queue: int, on_result: Callable[[Job, Choice, DecodeResult], dict[str, Any]], on_progress: Callable[[Job, Choice, torch.Tensor, int], None], batch_wait_s: float = 0.0) -> None:
         self.metrics = metrics
         self.max_batch, self.max_rows, self.max_queue = max_batch, max_rows, max_queue
+        self.batch_wait_s = batch_wait_s
+        self.freed = 0  # samples the last steps finished, not yet refilled
         self.on_result, self.on_progress = on_result, on_progress
         self.waiting: collections.deque[Job] = collections.deque()
         self.sessions: dict[tuple[LaneKey, int], tuple[Lane, DecodeSession]] = {}
@@ -143,6 +151,7 @@ class Scheduler:
             with self.cond:
                 if self.stopped:
                     return
+                self._await_refill()
                 admitted = self._admissions()
                 if not admitted and not self.sessions:
                     self.cond.wait(IDLE_WAIT_S)
@@ -152,6 +161,18 @@ class Scheduler:
             for key in list(self.sessions):
                 self._step(key)
             self._gauges()
+
+    def _await_refill(self) -> None:
+        """Wait up to ``batch_wait_s`` for as many arrivals as the last step freed slots (called holding the lock)."""
+        running = sum(len(j.choices) for j in self.running)
+        wanted = min(self.freed, self.max_batch - running) if running else 0
+        self.freed = 0
+        deadline = time.monotonic() + self.batch_wait_s
+        while wanted > 0 and len(self.waiting) < wanted and not self.stopped:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.cond.wait(left)
 
     def _admissions(self) -> list[Job]:
         """Evict cancelled samples, then take waiting requests while they fit (called holding the lock)."""
@@ -237,6 +258,7 @@ class Scheduler:
 
     def _finished(self, result: DecodeResult) -> None:
         job, choice = self.owner.pop(result.uid)
+        self.freed += 1
         job.post(("choice", choice.index, self.on_result(job, choice, result)))
         job.finished += 1
         if job.finished == len(job.choices):

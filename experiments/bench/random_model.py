@@ -83,7 +83,7 @@ def build_model(size: str, device: str, dtype: torch.dtype, seed: int = 0) -> Bi
 
 
 @torch.no_grad()
-def initialise(model: BidirectionalTransformer, seed: int) -> None:
+def initialise(model: BidirectionalTransformer, seed: int, mask_id: int = MASK_ID) -> None:
     """N(0, 0.02) weights and unit norms, with three adjustments that make a random model decode
     like a trained one (the same ideas as ``tests/tiny_checkpoints.py``):
 
@@ -97,6 +97,9 @@ def initialise(model: BidirectionalTransformer, seed: int) -> None:
       written by a block, read by the head for the mask token only) that puts the mask token's
       logit hundreds below the rest, so that the mask is never proposed, not even by the
       reference loop (which does not exclude it).
+
+    ``mask_id`` is LLaDA's unless the model has another vocabulary (a random LLaDA over a
+    shipped tokenizer).
     """
     config = model.config
     width = config.hidden_size
@@ -124,8 +127,8 @@ def initialise(model: BidirectionalTransformer, seed: int) -> None:
     head = model.head.weight
     head.mul_(LOGIT_STD / (INIT_STD * math.sqrt(width)))
     head[:, j] = 0.0  # the constant channel feeds the mask logit only
-    head[MASK_ID] = 0.0
-    head[MASK_ID, j] = MASK_LOGIT_WEIGHT
+    head[mask_id] = 0.0
+    head[mask_id, j] = MASK_LOGIT_WEIGHT
     model.norm.weight[j] = 1.0 / CONSTANT_VALUE  # mask logit about -1e4 / rms of the last hidden state
 
 

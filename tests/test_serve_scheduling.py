@@ -1,0 +1,93 @@
+"""The decode loop's batching window and the server's limits, without a model or a socket.
+
+The window (``serve.batch_wait_ms``) waits, after a step that freed slots, for as many new
+requests as slots were freed, and never longer than the window; with nothing running it never
+waits (a lone client pays nothing). The limits fail before a model loads, one line naming the key.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from dlmsearch.serve.app import check_limits  # noqa: E402
+from dlmsearch.serve.metrics import ServerMetrics  # noqa: E402
+from dlmsearch.serve.scheduler import Scheduler  # noqa: E402
+
+LIMITS = {"max_batch": 4, "max_rows": None, "max_queue": 8, "max_n": 2, "max_body_bytes": 1024, "max_lanes": 2, "batch_wait_ms": 0, "grace_s": 1}
+FOREVER_S = 3600.0  # a window no test may sit out: returning at all shows the wait was skipped or cut short
+
+
+def scheduler(window_s: float, running: int, freed: int) -> Scheduler:
+    s = Scheduler(ServerMetrics(), max_batch=4, max_rows=64, max_queue=8, on_result=lambda *a: {}, on_progress=lambda *a: None, batch_wait_s=window_s)
+    s.running = [SimpleNamespace(choices=[object()]) for _ in range(running)]
+    s.freed = freed
+    return s
+
+
+def refill(s: Scheduler) -> None:
+    with s.cond:
+        s._await_refill()
+
+
+def test_nothing_running_never_waits() -> None:
+    s = scheduler(FOREVER_S, running=0, freed=3)
+    refill(s)
+    assert s.freed == 0
+
+
+def test_no_freed_slot_never_waits() -> None:
+    refill(scheduler(FOREVER_S, running=2, freed=0))
+
+
+def test_the_wait_ends_when_the_freed_slots_are_claimed() -> None:
+    s = scheduler(FOREVER_S, running=2, freed=2)
+
+    def arrive() -> None:
+        for _ in range(2):
+            with s.cond:
+                s.waiting.append(object())
+                s.cond.notify()
+
+    threading.Timer(0.05, arrive).start()
+    refill(s)
+    assert len(s.waiting) == 2
+
+
+def test_the_wait_is_bounded_by_the_window() -> None:
+    s = scheduler(0.02, running=1, freed=1)
+    tick = time.monotonic()
+    refill(s)
+    assert time.monotonic() - tick >= 0.02 and not s.waiting
+
+
+def test_a_stop_ends_the_wait() -> None:
+    s = scheduler(FOREVER_S, running=1, freed=1)
+
+    def stop() -> None:  # what Scheduler.stop does to the loop (its thread is not started here)
+        with s.cond:
+            s.stopped = True
+            s.cond.notify()
+
+    threading.Timer(0.05, stop).start()
+    refill(s)
+    assert s.stopped
+
+
+@pytest.mark.parametrize(("key", "value", "floor"), [("max_batch", 0, 1), ("max_queue", -1, 1), ("batch_wait_ms", -5, 0), ("max_n", "two", 1), ("grace_s", True, 0)])
+def test_a_limit_out_of_range_names_its_key(key: str, value: object, floor: int) -> None:
+    with pytest.raises(ValueError, match=rf"^serve\.{key}=.*must be a number >= {floor}$"):
+        check_limits(OmegaConf.create({**LIMITS, key: value}))
+
+
+def test_max_rows_is_an_integer_or_null() -> None:
+    check_limits(OmegaConf.create(LIMITS))
+    with pytest.raises(ValueError, match=r"^serve\.max_rows=0: must be an integer >= 1"):
+        check_limits(OmegaConf.create({**LIMITS, "max_rows": 0}))
