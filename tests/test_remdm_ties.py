@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dlmsearch.search.components.commit import REMDM_SCORE_BITS, ReMDMSchedule, on_grid, top_k_mask
 from dlmsearch.search.components.revision import LoopRemask
-from dlmsearch.search.records.state import Evaluation, Layout, initial_canvas
+from dlmsearch.search.records.state import BlockMoves, Evaluation, Layout, initial_canvas
 
 MASK, LAYOUT = 9, Layout(gen_start=2, gen_length=8, block_length=8)
 GRID = 2.0**-REMDM_SCORE_BITS  # the grid's step on [0.5, 1)
@@ -32,7 +32,7 @@ def remasked(confidence: torch.Tensor) -> list[int]:
     revision = LoopRemask(k=1).bind(LAYOUT, 16)  # 8 plain steps and 8 loop steps; the loop starts at step 7
     scores = torch.cat([torch.zeros(2, dtype=confidence.dtype), confidence])[None]
     canvas = fresh()
-    after = canvas.commit(canvas.masked, torch.ones_like(canvas.tokens), scores, torch.tensor([7]), 0, 0, LAYOUT, 16, hold=True, advance=False)
+    after = canvas.commit(canvas.masked, torch.ones_like(canvas.tokens), scores, torch.tensor([7]), 0, 0, LAYOUT, BlockMoves(block_budget=16, holds_block=True), advance=False)
     after = attrs.evolve(after, block_step=torch.tensor([7]))
     evaluation = Evaluation.empty(1, LAYOUT.width, frozenset())
     positions = revision.revise(after, after, LAYOUT, evaluation, evaluation)

@@ -288,14 +288,14 @@ class SearchDecoder:
             proposals, population = plan.population.perturb(sub_eval, sub, base, slots, population, call, layout)
             chosen = commit.select(sub, proposals, layout)
             revising = revision.revises
-            committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, commit.block_budget, commit.holds_block, advance=not revising, whole_prefix=commit.whole_prefix)
+            committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, commit, advance=not revising)
             if revising:  # the revision acts on the round's block, then the blocks advance
                 remask = revision.revise(sub, committed, layout, sub_eval, prior.take(base))
                 if remask is not None:
                     committed = committed.remask(remask, mask_id=engine.mask_id)
                 if revision.rewrites:
                     committed = revision.rewrite(sub, committed, layout, sub_eval, call)
-                committed = committed.advance_blocks(layout, commit.block_budget, commit.holds_block, commit.whole_prefix)
+                committed = committed.advance_blocks(layout, commit)
             canvas = canvas.put(base, committed)
             fresh[base] = False
         if plan.stop_ids:
@@ -386,7 +386,7 @@ class SearchDecoder:
         token = evaluation.token.repeat_interleave(width, dim=0)
         confidence = evaluation.confidence.repeat_interleave(width, dim=0)
         branch_id = torch.arange(width).repeat(samples)
-        branches = root.repeat(width).commit(first, token, confidence, calls.repeat_interleave(width), 1, branch_id, layout, commit.block_budget, commit.holds_block, whole_prefix=commit.whole_prefix)
+        branches = root.repeat(width).commit(first, token, confidence, calls.repeat_interleave(width), 1, branch_id, layout, commit)
         return Lookahead(
             slots=slots,
             width=width,
@@ -441,7 +441,7 @@ class SearchDecoder:
         step_log_conf = look.step_log_conf.clone()
         step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
         depth = look.depth + 1
-        rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, usage.steps[state.slots.owner[slot_row[rows]]], depth, branch_id[rows], layout, commit.block_budget, commit.holds_block, whole_prefix=commit.whole_prefix)
+        rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, usage.steps[state.slots.owner[slot_row[rows]]], depth, branch_id[rows], layout, commit)
         return attrs.evolve(look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth), usage
 
     def _result(self, canvas: Canvas, usage: Usage, slots: Slots, outcome: PopulationOutcome, slot: int, sample: int, layout: Layout, late: bool) -> DecodeResult:

@@ -16,7 +16,7 @@ import attrs
 import torch
 
 from dlmsearch.search.components.bound import with_layout
-from dlmsearch.search.records.state import Canvas, Evaluation, Layout
+from dlmsearch.search.records.state import BlockRule, Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, check_type, number
 
 ORDERINGS = ("confidence", "margin", "neg_entropy", "random")
@@ -72,11 +72,10 @@ def at_least_one(chosen: torch.Tensor, scores: torch.Tensor, canvas: Canvas, lay
     return chosen | (best & ~chosen.any(dim=1, keepdim=True))
 
 
-class CommitRule(Protocol):
-    block_budget: int | None
+class CommitRule(BlockRule, Protocol):
+    """Which positions to commit, and (its :class:`BlockRule` fields) when a row leaves its block."""
+
     statistics: frozenset[str]
-    holds_block: bool  # stay in a block for the whole budget even when it is full (rules paired with a revision)
-    whole_prefix: bool  # a block is full only when no mask is left before its end, earlier blocks' too (Saber)
 
     def bind(self, layout: Layout) -> "CommitRule":
         """The rule for this canvas layout (checked; a bound copy where it counts steps per block): the decode plan's, never written."""

@@ -213,7 +213,7 @@ class ConfidenceDrop:
 
     def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
         committed_now = (before.masked & ~after.masked).sum(dim=1)
-        prefix_full = ~(after.masked & before.unlocked(layout)).any(dim=1)
+        prefix_full = after.masks_left(layout, before.block, whole_prefix=True) == 0
         count = torch.minimum(torch.maximum(torch.full_like(committed_now, self.n // 2), (committed_now + 7) // 8), committed_now - 1)
         count = torch.where(prefix_full, 0, count.clamp(min=0))
         if not bool((count > 0).any()):

@@ -14,6 +14,8 @@ shorter region is right-padded with columns that are no token at all (:data:`ABS
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import attrs
 import torch
 
@@ -86,6 +88,27 @@ class Layout:
         return self.gen_start + block * self.block_length
 
 
+class BlockRule(Protocol):
+    """When a row leaves its block; every commit rule carries these (the rule itself is passed)."""
+
+    block_budget: int | None  # commits a row may spend in one block (fast block diffusion); None: no budget
+    holds_block: bool  # stay for the whole budget even when the block is full (rules paired with a revision)
+    whole_prefix: bool  # a block is full only when no mask is left before its end, earlier blocks' too (Saber)
+
+
+@attrs.frozen
+class BlockMoves:
+    """A :class:`BlockRule` on its own (a canvas set up before any rule, tests): by default a row
+    moves when its block is full."""
+
+    block_budget: int | None = None
+    holds_block: bool = False
+    whole_prefix: bool = False
+
+
+FULL_BLOCKS = BlockMoves()
+
+
 @attrs.frozen
 class Canvas:
     """Rows of canvases plus the record of how each position was committed.
@@ -134,6 +157,13 @@ class Canvas:
         blocks = layout.block_of_column(self.tokens.device)
         return (blocks[None, :] >= 0) & (blocks[None, :] <= self.block[:, None])
 
+    def masks_left(self, layout: Layout, block: torch.Tensor, whole_prefix: bool = False) -> torch.Tensor:
+        """``[R]`` masks left in each row's block ``block`` (``whole_prefix``: in blocks ``0..block``,
+        Saber's rule); a block is full when this is 0 (the one definition advancing and revising share)."""
+        blocks = layout.block_of_column(self.tokens.device)[None, :]
+        counted = (blocks >= 0) & (blocks <= block[:, None]) if whole_prefix else blocks == block[:, None]
+        return (self.masked & counted).sum(dim=1)
+
     def window(self, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
         """First and end column of the blocks being decoded: from the earliest block that still
         holds a mask (fast block diffusion may leave some behind) to the end of the current one."""
@@ -155,19 +185,12 @@ class Canvas:
         depth: int | torch.Tensor,
         branch: int | torch.Tensor,
         layout: Layout,
-        block_budget: int | None,
-        hold: bool = False,
+        rule: BlockRule = FULL_BLOCKS,
         advance: bool = True,
-        whole_prefix: bool = False,
     ) -> "Canvas":
-        """Write ``proposal`` where ``chosen`` (masked positions only), then advance blocks.
-
-        A row moves to its next block when its current block has no mask left, or when it has
-        used ``block_budget`` commits there (fast block diffusion); the last block never moves.
-        With ``hold`` (rules that revise: RCR, ReMDM) a row moves only once the budget is spent;
-        with ``whole_prefix`` (Saber) a block is full only when no mask is left before its end.
-        ``advance=False`` leaves the blocks for the caller (a revision acts first).
-        """
+        """Write ``proposal`` where ``chosen`` (masked positions only), then advance blocks by
+        ``rule`` (:meth:`advance_blocks`). ``advance=False`` leaves the blocks for the caller (a
+        revision acts first)."""
         chosen = chosen & self.masked
         depth = torch.as_tensor(depth, device=chosen.device).expand(self.rows)
         branch = torch.as_tensor(branch, device=chosen.device).expand(self.rows)
@@ -185,7 +208,7 @@ class Canvas:
             review=self.review,
             post_steps=self.post_steps,
         )
-        return canvas.advance_blocks(layout, block_budget, hold, whole_prefix) if advance else canvas
+        return canvas.advance_blocks(layout, rule) if advance else canvas
 
     def remask(self, positions: torch.Tensor, mask_id: int) -> "Canvas":
         """Return committed ``positions`` to the mask (a revision), counting it; blocks never move
@@ -216,16 +239,17 @@ class Canvas:
             post_steps=post_steps,
         )
 
-    def advance_blocks(self, layout: Layout, block_budget: int | None, hold: bool = False, whole_prefix: bool = False) -> "Canvas":
-        """Move rows past full blocks (and past spent budgets; with ``hold``, past spent budgets only).
-        ``whole_prefix``: a block is full when no mask is left in it or any block before it."""
+    def advance_blocks(self, layout: Layout, rule: BlockRule = FULL_BLOCKS) -> "Canvas":
+        """Move rows to their next block when the current one is full (no mask left; with
+        ``rule.whole_prefix``, none before its end: Saber), or when they have used
+        ``rule.block_budget`` commits there (fast block diffusion); with ``rule.holds_block`` (rules
+        that revise: RCR, ReMDM) only once the budget is spent. The last block never moves."""
         block, block_step, post_steps = self.block, self.block_step, self.post_steps
-        blocks = layout.block_of_column(self.tokens.device)
+        budget = rule.block_budget
         for _ in range(layout.num_blocks):
-            counted = (blocks[None, :] >= 0) & (blocks[None, :] <= block[:, None]) if whole_prefix else blocks[None, :] == block[:, None]
-            remaining = (self.masked & counted).sum(dim=1)
-            spent = block_step >= block_budget if block_budget is not None else torch.zeros_like(remaining, dtype=torch.bool)
-            full = (remaining == 0) & ~torch.tensor(hold and block_budget is not None)
+            remaining = self.masks_left(layout, block, rule.whole_prefix)
+            spent = block_step >= budget if budget is not None else torch.zeros_like(remaining, dtype=torch.bool)
+            full = (remaining == 0) & ~torch.tensor(rule.holds_block and budget is not None)
             move = (full | spent) & ~self.review & (block < layout.num_blocks - 1)
             if not bool(move.any()):
                 break
@@ -294,4 +318,4 @@ def initial_canvas(prompts: list[torch.Tensor], generation: list[torch.Tensor], 
         review=torch.zeros(rows, dtype=torch.bool),
         post_steps=zeros,
     )
-    return canvas.advance_blocks(layout, None)
+    return canvas.advance_blocks(layout)
