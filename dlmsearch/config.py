@@ -10,11 +10,13 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from dlmsearch.shipped import package_data
+
 # Inside the package, so a wheel carries every config (found through importlib.resources).
 CONF_DIR = Path(str(resources.files("dlmsearch") / "conf"))
 
-# ${package_data:NAME}: a directory shipped inside the package (dlmsearch/data/NAME), e.g. model=countdown's weights.
-OmegaConf.register_new_resolver("package_data", lambda name: str(resources.files("dlmsearch") / "data" / name), replace=True)
+# ${package_data:NAME} in a config: a directory shipped inside the package, as a string.
+OmegaConf.register_new_resolver("package_data", lambda name: str(package_data(name)), replace=True)
 
 
 def _checkpoint_id(key: str, _parent_: DictConfig) -> Any:

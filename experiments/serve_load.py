@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import shutil
-from importlib import resources
 import sys
 import tempfile
 import time
@@ -40,9 +39,11 @@ import attrs  # noqa: E402
 
 from bench.random_model import initialise, model_config  # noqa: E402
 from dlmsearch.api import Decoder, Model  # noqa: E402
+from dlmsearch.models.loading import checkpoint_ids  # noqa: E402
 from dlmsearch.models.llada_checkpoint import save_llada  # noqa: E402
 from dlmsearch.models.transformer import BidirectionalTransformer  # noqa: E402
 from dlmsearch.records import percentile  # noqa: E402
+from dlmsearch.shipped import package_data  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "serve"
 BLOCK = 8  # the Countdown model's block length; the random LLaDA is served with the same
@@ -51,13 +52,13 @@ MODELS = ("countdown", "random_llada")
 
 def random_llada(directory: Path) -> Path:
     """A tiny random LLaDA over the Countdown tokenizer, written as a LLaDA checkpoint (float32)."""
-    shipped = Path(str(resources.files("dlmsearch") / "data" / "countdown_model"))
-    ids = json.loads((shipped / "config.json").read_text())
-    config = attrs.evolve(model_config("tiny"), vocab_size=ids["vocab_size"])
-    model = BidirectionalTransformer(config)
-    initialise(model, seed=0, mask_id=ids["mask_token_id"])
-    eos, eot = json.loads((shipped / "generation_config.json").read_text())["eos_token_id"]
-    save_llada(directory, model.eval(), mask_id=ids["mask_token_id"], eos_id=eos, eot_id=eot)
+    shipped = package_data("countdown_model")
+    ids = checkpoint_ids(shipped, "llada")
+    assert ids.mask_id is not None and ids.vocab_size is not None and len(ids.eos_ids) == 2, ids
+    model = BidirectionalTransformer(attrs.evolve(model_config("tiny"), vocab_size=ids.vocab_size))
+    initialise(model, seed=0, mask_id=ids.mask_id)
+    eos, eot = ids.eos_ids
+    save_llada(directory, model.eval(), mask_id=ids.mask_id, eos_id=eos, eot_id=eot)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(shipped / name, directory / name)
     return directory

@@ -81,13 +81,13 @@ def test_a_stop_ends_the_wait() -> None:
     assert s.stopped
 
 
-@pytest.mark.parametrize(("key", "value", "floor"), [("max_batch", 0, 1), ("max_queue", -1, 1), ("batch_wait_ms", -5, 0), ("max_n", "two", 1), ("grace_s", True, 0)])
-def test_a_limit_out_of_range_names_its_key(key: str, value: object, floor: int) -> None:
-    with pytest.raises(ValueError, match=rf"^serve\.{key}=.*must be a number >= {floor}$"):
+@pytest.mark.parametrize(("key", "value", "expected"), [("max_batch", 0, r"within \[1, inf\], got 0"), ("max_queue", -1, r"within \[1, inf\], got -1"), ("batch_wait_ms", -5, r"within \[0, inf\], got -5"), ("max_n", "two", r"an integer, got 'two'"), ("grace_s", True, r"a number, got True")])
+def test_a_limit_out_of_range_names_its_key(key: str, value: object, expected: str) -> None:
+    with pytest.raises(ValueError, match=rf"^serve\.{key} must be {expected}"):
         check_limits(OmegaConf.create({**LIMITS, key: value}))
 
 
 def test_max_rows_is_an_integer_or_null() -> None:
     check_limits(OmegaConf.create(LIMITS))
-    with pytest.raises(ValueError, match=r"^serve\.max_rows=0: must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"^serve\.max_rows must be within \[1, inf\], got 0"):
         check_limits(OmegaConf.create({**LIMITS, "max_rows": 0}))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ import attrs
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.denoiser import BidirectionalDenoiser
 from dlmsearch.core.sampling import Sampling
+from dlmsearch.shipped import package_data
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def shipped_sudoku_model_path() -> Path:
     """Directory of the Sudoku denoiser shipped inside the package."""
-    return Path(str(resources.files("dlmsearch") / "data" / "sudoku_model"))
+    return package_data("sudoku_model")
 
 
 def load_denoiser(path: str | None, mask_id: int, vocab_size: int, device: str = "cpu", dtype: str = "float32") -> ModelAdapter:

@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
+import attrs
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -31,6 +32,7 @@ from dlmsearch.serve.metrics import ServerMetrics
 from dlmsearch.serve.protocol import APIError, ChatRequest, CompletionRequest, Sampled, chunk_body, completion_body, parse, usage
 from dlmsearch.serve.scheduler import Choice, Job, Scheduler
 from dlmsearch.tasks.text import TextTask
+from dlmsearch.validation import number
 
 DISCONNECT_POLL_S = 0.25
 COUNTERS = ("steps", "row_forwards", "token_forwards", "tokens_committed")
@@ -49,19 +51,26 @@ def _cut_at_stops(text: str, stops: list[str], final: bool) -> tuple[str, bool]:
     return text, False
 
 
-POSITIVE = ("max_batch", "max_queue", "max_n", "max_body_bytes", "max_lanes")
-NON_NEGATIVE = ("batch_wait_ms", "grace_s")
+@attrs.frozen(kw_only=True)
+class ServeLimits:
+    """The server's limits (``serve.*``), typed and in range before the model loads."""
+
+    max_batch: int = number(int, 1)
+    max_queue: int = number(int, 1)
+    max_n: int = number(int, 1)
+    max_body_bytes: int = number(int, 1)
+    max_lanes: int = number(int, 1)
+    batch_wait_ms: float = number(float, 0)
+    grace_s: float = number(float, 0)
+    max_rows: int | None = number(int, 1, optional=True)  # None: the engine's row budget
 
 
-def check_limits(serve: DictConfig) -> None:
-    """The server's limits as numbers in range, checked before the model loads (one line naming the key)."""
-    for key in POSITIVE + NON_NEGATIVE:
-        value = serve.get(key)
-        floor = 1 if key in POSITIVE else 0
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < floor:
-            raise ValueError(f"serve.{key}={value!r}: must be a number >= {floor}")
-    if serve.get("max_rows") is not None and (not isinstance(serve.max_rows, int) or serve.max_rows < 1):
-        raise ValueError(f"serve.max_rows={serve.max_rows!r}: must be an integer >= 1, or null for engine.row_budget")
+def check_limits(serve: DictConfig) -> ServeLimits:
+    """``serve``'s limits, or one line naming the key that is out of range (``serve.KEY must be ...``)."""
+    try:
+        return ServeLimits(**{field.name: serve.get(field.name) for field in attrs.fields(ServeLimits)})
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"serve.{error}") from None
 
 
 class Server:
@@ -69,7 +78,7 @@ class Server:
 
     def __init__(self, cfg: DictConfig, overrides: list[str], model_name: str) -> None:
         serve = cfg.serve
-        check_limits(serve)
+        limits = check_limits(serve)
         self.cfg, self.model_name = cfg, str(serve.model_name or model_name)
         self.adapter = build(cfg, "model")
         # One tokenizer: completions encode raw text (``task.chat=false``), chat requests go through
@@ -77,8 +86,7 @@ class Server:
         self.task: TextTask = prompt_list(cfg.task, chat=False)
         self.block_length = int(cfg.task.block_length)
         self.default_tokens = int(cfg.task.gen_length)
-        self.max_n, self.max_body = int(serve.max_n), int(serve.max_body_bytes)
-        self.grace_s = float(serve.grace_s)
+        self.max_n, self.max_body, self.grace_s = limits.max_n, limits.max_body_bytes, limits.grace_s
         decoder = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("decoder=")), None)
         if decoder is None:
             raise ValueError("no decoder chosen: add +decoder=NAME")
@@ -86,12 +94,12 @@ class Server:
         unknown = sorted(set(presets) - set(decoder_presets()))
         if unknown:
             raise ValueError(f"serve.presets names unknown preset(s) {', '.join(unknown)}; one of: {', '.join(decoder_presets())} (or all)")
-        self.lanes = Lanes(tuple(overrides), cfg, self.adapter, self.task, tuple(dict.fromkeys([decoder, *presets])), tuple(serve.request_options), int(serve.max_lanes))
+        self.lanes = Lanes(tuple(overrides), cfg, self.adapter, self.task, tuple(dict.fromkeys([decoder, *presets])), tuple(serve.request_options), limits.max_lanes)
         self.lane_lock = asyncio.Lock()
         own = self.lanes.get(self.lanes.key(None, self.default_tokens, None, None, None, {}, None))  # the server's own settings are checked before it listens
         self.metrics = ServerMetrics()
-        max_rows = int(serve.max_rows or own.engine.max_rows)
-        self.scheduler = Scheduler(self.metrics, int(serve.max_batch), max_rows, int(serve.max_queue), self._result, self._progress, float(serve.batch_wait_ms) / 1000)
+        max_rows = limits.max_rows or own.engine.max_rows
+        self.scheduler = Scheduler(self.metrics, limits.max_batch, max_rows, limits.max_queue, self._result, self._progress, limits.batch_wait_ms / 1000)
 
     # ------------------------------------------------------------------ requests into jobs
 

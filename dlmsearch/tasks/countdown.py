@@ -12,7 +12,6 @@ judge alone.
 from __future__ import annotations
 
 import string
-from importlib import resources
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,6 +23,7 @@ from dlmsearch.tasks.arithmetic import InvalidExpression, evaluate, extract_equa
 from dlmsearch.tasks.base import TaskItem
 from dlmsearch.tasks.countdown_problems import CountdownProblem
 from dlmsearch.tasks.text import TaskFileError, TextTask, read_jsonl
+from dlmsearch.shipped import package_data
 from dlmsearch.validation import check_choice, check_type
 
 # Our wording, in the spirit of d1's Countdown prompt: the rules, then the answer format.
@@ -49,7 +49,7 @@ def shipped_countdown_path(tier: str = "d1") -> Path:
     """A Countdown tier shipped inside the package."""
     if tier not in TIERS:
         raise ValueError(f"task.tier must be one of {', '.join(TIERS)}; got {tier!r}")
-    return Path(str(resources.files("dlmsearch") / "data" / "countdown" / TIERS[tier][0]))
+    return package_data("countdown") / TIERS[tier][0]
 
 
 @attrs.frozen

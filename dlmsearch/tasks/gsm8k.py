@@ -8,13 +8,13 @@ sees only the model's text, and compared to the reference number exactly.
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
 import torch
 
+from dlmsearch.shipped import package_data
 from dlmsearch.tasks.answers import extract_answer, gsm8k_reference, numbers_equal
 from dlmsearch.tasks.base import TaskItem
 from dlmsearch.tasks.text import TaskFileError, TextTask, read_jsonl, shorten
@@ -27,7 +27,7 @@ DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer aft
 
 def shipped_gsm8k_path() -> Path:
     """The GSM8K test split shipped inside the package."""
-    return Path(str(resources.files("dlmsearch") / "data" / "gsm8k" / "test.jsonl"))
+    return package_data("gsm8k") / "test.jsonl"
 
 
 @attrs.frozen

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import csv
 import io
-from importlib import resources
 from pathlib import Path
 from typing import Iterator
 
 import attrs
 import numpy as np
 
+from dlmsearch.shipped import package_data
 from dlmsearch.tasks.sudoku_grids import CELLS, clue_conflict
 
 TIERS = ("easy", "hard")
@@ -116,4 +116,4 @@ def tier_path(tier: str) -> Path:
     """Path of a shipped held-out tier (``easy`` or ``hard``)."""
     if tier not in TIERS:
         raise ValueError(f"unknown Sudoku tier {tier!r}; available: {', '.join(TIERS)}")
-    return Path(str(resources.files("dlmsearch") / "data" / f"sudoku_{tier}.csv"))
+    return package_data(f"sudoku_{tier}.csv")
