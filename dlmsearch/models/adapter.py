@@ -20,6 +20,7 @@ from dlmsearch.core import attention as pattern
 from dlmsearch.core.capabilities import NO_FEATURES, ModelCapabilities, ModuleFeatures
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.kv_storage import KVStorage
+from dlmsearch.models.layerwise import LayerRule, layerwise_logits
 from dlmsearch.validation import check_choice, check_type
 
 CACHE_POLICIES = ("none", "prefix", "dual")  # what a full-attention module that keeps keys and values can run
@@ -70,6 +71,7 @@ class ModelAdapter:
             honours_padding=self.honours_padding,
             compiles=self.features.compiles,
             attention_block=self.attention_block,
+            layerwise=self.features.layerwise and self.attention_block is None and getattr(self.module.config, "moe", None) is None,
         )
 
     def empty_kv(self, slots: int, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -163,6 +165,24 @@ class ModelAdapter:
             read = ((low[:, None] + offset[None, : int((high - low).max())]) - 1 - first[:, None]).clamp(min=0)
             raw = raw.gather(1, read.to(raw.device)[..., None].expand(-1, -1, raw.shape[-1]))
         return raw[:, : int((high - low).max())]
+
+    @torch.no_grad()
+    def layerwise_logits(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: torch.Tensor, high: torch.Tensor, rule: "LayerRule",
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Float32 logits ``[rows, max(high - low), vocab_size]`` of each row's columns ``low:high``
+        (left-aligned) from the layerwise forward of the whole canvas under ``rule`` (an adaptive
+        KV cache's per-layer choices), which of them are current, and the columns each row
+        recomputed per layer ``[rows, layers]``. A shifted model's column reads its left neighbour's query."""
+        first = self._forwarded(low, high)
+        raw, read, recomputed = layerwise_logits(self.module, tokens.to(self.device), attention_mask.bool().to(self.device), rule, first.to(self.device), high.to(self.device))
+        raw = raw[..., : self.vocab_size].float()
+        length = int((high - low).max())
+        if self.shift_logits:  # column c reads query c - 1 (the canvas's first column its own)
+            read_at = ((low[:, None] + torch.arange(length)[None, :]) - 1 - first[:, None]).clamp(min=0).to(raw.device)
+            raw = raw.gather(1, read_at[..., None].expand(-1, -1, raw.shape[-1]))
+            read = read.gather(1, read_at)
+        return raw[:, :length], read[:, :length].cpu(), recomputed.cpu()
 
     @torch.no_grad()
     def shadow_logits(

@@ -70,8 +70,13 @@ def block_output(
 ) -> torch.Tensor:
     """The block's output for ``x [tokens, hidden]`` given its attention ``[tokens, hidden]``."""
     x = x + F.linear(attended, wo)
+    return x + mlp(x, norm, eps, gate, up, down, activation)
+
+
+def mlp(x: torch.Tensor, norm: torch.Tensor, eps: float, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str) -> torch.Tensor:
+    """The gated MLP's output (before its residual) for ``x [tokens, hidden]``, the stream after attention."""
     h = rms_norm(x, norm, eps)
-    return x + F.linear(ACTIVATIONS[activation](F.linear(h, gate)) * F.linear(h, up), down)
+    return F.linear(ACTIVATIONS[activation](F.linear(h, gate)) * F.linear(h, up), down)
 
 
 def routed_experts(

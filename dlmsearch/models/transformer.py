@@ -195,7 +195,7 @@ class BidirectionalTransformer(nn.Module):
 
     # logits of the generation region only; keys and values kept between calls (cache policies);
     # an explicit attention mask and positions (WINO's shadow block); compiled per-token work
-    features = ModuleFeatures(kv_cache=True, explicit_attention=True, logits_from=True, compiles=True)
+    features = ModuleFeatures(kv_cache=True, explicit_attention=True, logits_from=True, compiles=True, layerwise=True)
 
     def compile_blocks(self) -> None:
         """Run every block's per-token work compiled (fused norms, rotation and MLP), one graph
@@ -254,7 +254,7 @@ class BidirectionalTransformer(nn.Module):
     def _layers(
         self, input_ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor | None, window: "CachedWindow | None", logits_from: int | torch.Tensor
     ) -> tuple[torch.Tensor, list[KeyValues]]:
-        cos, sin = rotary_tables(positions, self.config.rotary_dim or self.config.head_dim, self.config.rope_theta)
+        cos, sin = self.rotary(positions)
         x = self.embed(input_ids)
         kv = []
         for index, block in enumerate(self.blocks):
@@ -267,5 +267,13 @@ class BidirectionalTransformer(nn.Module):
             x = x.gather(1, index[..., None].expand(-1, -1, x.shape[2]))
         else:
             x = x[:, logits_from:]
+        return self.logits_of(x), kv
+
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin`` ``[rows, 1, length, rotary_dim]`` of these positions."""
+        return rotary_tables(positions, self.config.rotary_dim or self.config.head_dim, self.config.rope_theta)
+
+    def logits_of(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm and the vocabulary head over the last layer's stream ``x``."""
         x = self.norm(x)
-        return (F.linear(x, self.embed.weight) if self.head is None else self.head(x)), kv
+        return F.linear(x, self.embed.weight) if self.head is None else self.head(x)

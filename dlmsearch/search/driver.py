@@ -45,13 +45,13 @@ from dlmsearch.search.engine.guidance import Guidance
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.plan import DecodePlan, make_plan
+from dlmsearch.search.records.randomness import BRANCH_KEYS
 from dlmsearch.search.records.slots import Slots
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout, block_aligned, initial_canvas
 from dlmsearch.search.records.usage import Usage
 from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.search.width.population_hook import PopulationHook, PopulationOutcome, SinglePath
 
-BRANCH_KEYS = 1 << 16  # a row's randomness key: particle * BRANCH_KEYS + (0 for the root, 1 + branch)
 RECHECK_KEY = BRANCH_KEYS - 1  # the rows of a population's final re-check by the model
 
 

@@ -159,7 +159,13 @@ class BlockCache:
         return root & ~torch.tensor(self.fuse_write) & (self.stored_end(storage, slot, first) < start)
 
 
-POLICIES: dict[str, type] = {policy.name: policy for policy in (NoCache, PrefixCache, DualCache, BlockCache)}
+def _policies() -> dict[str, type]:
+    from dlmsearch.search.engine.adaptive import ADAPTIVE_POLICIES
+
+    return {policy.name: policy for policy in (NoCache, PrefixCache, DualCache, BlockCache, *ADAPTIVE_POLICIES)}
+
+
+POLICIES: dict[str, type] = _policies()
 
 
 def cache_policy(value: object) -> CachePolicy:
@@ -167,7 +173,8 @@ def cache_policy(value: object) -> CachePolicy:
     if isinstance(value, str):
         if value not in POLICIES:
             raise ValueError(f"unknown cache policy {value!r}; available: {', '.join(POLICIES)} (choose one with cache=NAME)")
-        return POLICIES[value]()
+        chosen = POLICIES[value]
+        return chosen.for_family() if hasattr(chosen, "for_family") else chosen()
     if not all(hasattr(value, name) for name in ("name", "stores", "exact", "columns", "hits", "refreshes", "settled")):
-        raise TypeError(f"cache must be a cache policy (cache=none|prefix|dual|block) or its name; got {type(value).__name__}")
+        raise TypeError(f"cache must be a cache policy (cache={'|'.join(POLICIES)}) or its name; got {type(value).__name__}")
     return value  # type: ignore[return-value]

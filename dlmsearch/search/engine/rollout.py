@@ -26,6 +26,7 @@ from dlmsearch.core.capabilities import ModelCapabilities
 from dlmsearch.core.sampling import CONFIDENCE_SOURCES, Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.kv_storage import KVStorage
+from dlmsearch.search.engine.adaptive.layer_rules import LayerCall
 from dlmsearch.search.engine.cache_policy import BlockCache, CachePolicy, NoCache, cache_policy
 from dlmsearch.search.engine.guidance import combine, unconditional
 from dlmsearch.search.engine.host_memory import keep_freed_memory
@@ -34,7 +35,7 @@ from dlmsearch.search.engine.profile import ForwardProfile
 from dlmsearch.search.engine import statistics as statistics_registry
 from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.engine.summaries import summarise_logits
-from dlmsearch.search.records.randomness import Stream, hashed_uniform
+from dlmsearch.search.records.randomness import Stream, hashed_uniform, is_root
 from dlmsearch.search.records.state import Evaluation
 from dlmsearch.search.records.usage import CallCost
 from dlmsearch.validation import check_choice, check_type, number
@@ -56,6 +57,18 @@ class Forward:
     distinct: int | None = None  # rows to compute, where some rows repeat others (None: all of them)
     settled: torch.Tensor | None = None  # [rows] a cached forward's refreshing rows: where their slot's exact store ends afterwards
     logits_from: torch.Tensor | None = None  # [rows] an exact store's cached forward: the first column whose logits are read (its window)
+    layerwise: bool = False  # a layerwise policy's forward (adaptive KV caches): the whole canvas, each layer recomputing what the policy selects
+
+
+@attrs.frozen
+class LayerwiseForward:
+    """What a layerwise forward needs beyond its rows' tokens: the slots' stores, which rows write
+    theirs back (a slot's own canvas), the policy and the generation's first column."""
+
+    memory: SlotMemory
+    slot: torch.Tensor
+    root: torch.Tensor
+    gen_start: int
 
 
 _OUT_OF_MEMORY = tuple({torch.OutOfMemoryError, getattr(torch.cuda, "OutOfMemoryError", torch.OutOfMemoryError)})
@@ -115,10 +128,27 @@ class RolloutEngine:
     auto_key: tuple[int, int] | None = attrs.field(init=False, default=None)  # the canvas shape auto_budget was estimated for
     regrow_after: int = attrs.field(init=False, default=20)  # successful forwards before a lowered budget doubles again
     successes: int = attrs.field(init=False, default=0)  # successful forwards since the budget last changed
+    # A layerwise policy's cost beyond the counters: columns recomputed per layer, and the most its store held (bytes)
+    layer_forwards: torch.Tensor | None = attrs.field(init=False, default=None, eq=False)
+    store_peak_bytes: int = attrs.field(init=False, default=0)
+
+    @property
+    def layerwise(self) -> bool:
+        """The cache policy decides per layer inside the forward (dllm_cache, d2cache, elastic, dkv)."""
+        return bool(getattr(self.cache, "layerwise", False))
 
     def __attrs_post_init__(self) -> None:
         able = self.capabilities
-        if self.cache.name not in able.cache_policies:
+        if self.layerwise:
+            if not able.layerwise:
+                if able.attention_block is not None:
+                    raise ValueError(
+                        f"cache={self.cache.name} recomputes stale keys and values of a full-attention model; this block-diffusion model "
+                        f"(blocks of {able.attention_block}) has an exact cache instead, which needs no refresh: use cache=block (or cache=none)"
+                    )
+                raise ValueError(f"cache={self.cache.name} runs the layerwise forward of the native LLaDA and Dream models; {able.name} cannot: use cache=none")
+            self.layer_forwards = torch.zeros(self.adapter.module.config.num_layers, dtype=torch.long)
+        elif self.cache.name not in able.cache_policies:
             if able.attention_block is not None:
                 raise ValueError(
                     f"cache={self.cache.name} is a full-attention model's cache; this block-diffusion model (blocks of "
@@ -222,7 +252,7 @@ class RolloutEngine:
         """
         statistics_registry.check(statistics)
         if isinstance(self.cache, BlockCache) and window is not None and not write_only:
-            writes = self.cache.pending_writes(memory.kv, sample, attention.long().argmax(dim=1), window[0], row_key == 0)
+            writes = self.cache.pending_writes(memory.kv, sample, attention.long().argmax(dim=1), window[0], is_root(row_key))
             if bool(writes.any()):  # the reference loops' separate forward that writes a finished block (or the prompt's whole blocks)
                 at = writes.nonzero().squeeze(1)
                 start = window[0][at]
@@ -265,6 +295,12 @@ class RolloutEngine:
             source = _within(index, None if forward.cached or shadow_length else copy_of)  # shadow rows are all computed
             computed = source == torch.arange(len(index))
             low, high = (forward.query[:, 0], forward.query[:, 1]) if forward.cached else forward.columns
+            if forward.layerwise:
+                cache = LayerwiseForward(memory, sample[index], is_root(row_key[index]), from_column)
+            elif forward.cached:
+                cache = (memory.kv, sample[index], forward.refresh if self.cache.exact else None, forward.logits_from)
+            else:
+                cache = None
             part, kv = self._summarise(
                 tokens[index, first:],
                 attention[index, first:],
@@ -274,7 +310,7 @@ class RolloutEngine:
                 sample_uid[index],
                 low - first,
                 high - first,
-                (memory.kv, sample[index], forward.refresh if self.cache.exact else None, forward.logits_from) if forward.cached else None,
+                cache,
                 sampling,
                 None if temperature is None else temperature[index],
                 None if bool(computed.all()) else source,
@@ -283,6 +319,9 @@ class RolloutEngine:
                 (memory, sample[index], row_key[index] == 0) if "kl" in statistics else None,
                 (window[0][index] - first, shadow_length) if shadow_length else None,
             )
+            if forward.layerwise:  # columns the policy did not bring up to date read as the mask
+                read, _ = kv
+                real = real & read
             return part, kv, computed, (span, real)
 
         if self.row_budget == "auto":
@@ -302,12 +341,19 @@ class RolloutEngine:
                 counted = index[computed]
                 copies = 2 if guidance > 0 else 1  # a guided row is forwarded with its unconditional copy
                 row_cost[counted] += copies
-                if forward.cached:  # the window (one column earlier for a shifted model), and a shadow block
+                if forward.layerwise:  # the columns recomputed, summed over layers, in whole-canvas forwards' units (rounded up)
+                    recomputed = kv[1][computed]
+                    layers = recomputed.shape[1]
+                    token_cost[counted] += (recomputed.sum(dim=1) + layers - 1) // layers
+                    self.layer_forwards += recomputed.sum(dim=0)
+                elif forward.cached:  # the window (one column earlier for a shifted model), and a shadow block
                     low, high = forward.query[computed, 0], forward.query[computed, 1]
                     token_cost[counted] += copies * (high - low + (shifted & (low > 0)).long()) + shadow_length
                 else:  # a shadow block is part of its row: more token-forwards, not more rows
                     token_cost[counted] += copies * attention[counted].sum(dim=1) + shadow_length
-                if forward.cached and forward.settled is not None:  # the exact block cache: written in place by the forward itself
+                if forward.layerwise:
+                    pass  # the policy's store was written by the forward itself
+                elif forward.cached and forward.settled is not None:  # the exact block cache: written in place by the forward itself
                     memory.kv.window_of[sample[index][forward.refresh], 1] = forward.settled[forward.refresh]
                 elif forward.refresh.any():
                     keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
@@ -430,12 +476,16 @@ class RolloutEngine:
         """
         rows, width = attention.shape
         first = attention.long().argmax(dim=1)  # first real column of each row
+        if self.layerwise and window is not None:  # one forward of every row, each layer recomputing what the policy selects per row
+            query = torch.stack(window, dim=1)
+            no_refresh = torch.zeros(rows, dtype=torch.bool)
+            return [Forward(part, 0, (from_column, width), True, no_refresh[part], query[part], layerwise=True) for part in self._chunks(torch.arange(rows), None)]
         policy = self.cache if window is not None else NoCache()
         if isinstance(policy, BlockCache) and not storage.layers:  # filled by cached forwards alone
             storage.allocate(self.adapter.empty_kv(len(storage.window_of), width))
         query = policy.columns(window[0], window[1], width, first, storage, sample) if window is not None else torch.zeros(rows, 2, dtype=torch.long)
         hit = policy.hits(storage, sample, query)
-        refreshes = policy.refreshes(hit, row_key == 0)
+        refreshes = policy.refreshes(hit, is_root(row_key))
         groups: list[tuple[torch.Tensor, bool]] = []
         full = (~hit).nonzero().squeeze(1)
         if self.capabilities.honours_padding:
@@ -529,7 +579,23 @@ class RolloutEngine:
             logits, _ = self._model(both, torch.cat([attention, attention]), low, high, None, prompt_end, 0.0)
             return combine(logits[:rows], logits[rows:], guidance), None
         with self._timed("model"):
+            if isinstance(cache, LayerwiseForward):
+                device = self.adapter.device
+                return self._layerwise(tokens.to(device), attention.to(device), low.to(device), high.to(device), cache)
             if cache is not None:
                 return self.adapter.cached_logits(tokens, attention, low, high, *cache), None
             return self.adapter.window_logits(tokens, attention, low, high)
 
+    def _layerwise(self, tokens: torch.Tensor, attention: torch.Tensor, low: torch.Tensor, high: torch.Tensor, forward: LayerwiseForward) -> tuple[torch.Tensor, tuple]:
+        """The rows' logits under a layerwise policy: each row computes on a copy of its slot's
+        store; a slot's own canvas writes its copy back (a branch never does)."""
+        module, store = self.adapter.module, forward.memory.layers
+        call = LayerCall(tokens, attention.bool(), low, high, forward.gen_start, self.mask_id, self.capabilities.shift_logits, module.config)
+        self.cache.prepare(store, call, getattr(torch, self.adapter.dtype), self.adapter.device)
+        self.store_peak_bytes = max(self.store_peak_bytes, store.nbytes)
+        fields = store.take(forward.slot)
+        rule = self.cache.rule(fields, call)
+        logits, read, recomputed = self.adapter.layerwise_logits(tokens, attention, low, high, rule)
+        rule.finish(logits, read)
+        store.put(forward.slot, fields, forward.root)
+        return logits, (read, recomputed)

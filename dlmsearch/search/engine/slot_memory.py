@@ -13,36 +13,43 @@ import attrs
 import torch
 
 from dlmsearch.models.kv_storage import KVStorage
+from dlmsearch.models.layer_store import LayerStore
 from dlmsearch.search.engine.stability import DistributionHistory
 
 
 @attrs.define(eq=False)
 class SlotMemory:
-    """Per slot: the key/value storage a cache policy reads and refreshes, and the ``kl`` statistic's memory."""
+    """Per slot: the key/value storage a cache policy reads and refreshes, a layerwise policy's
+    store (adaptive KV caches), and the ``kl`` statistic's memory."""
 
     kv: KVStorage = attrs.field(factory=KVStorage)
     history: DistributionHistory = attrs.field(factory=DistributionHistory)
+    layers: LayerStore = attrs.field(factory=LayerStore)
 
     @classmethod
     def for_slots(cls, slots: int) -> "SlotMemory":
         memory = cls()
         memory.kv.reset(slots)
         memory.history.reset(slots)
+        memory.layers.reset(slots)
         return memory
 
     def reorder(self, source: torch.Tensor) -> None:
         """Slot ``i`` takes over slot ``source[i]``'s stores (a population resampled, or slots were evicted)."""
         self.kv.reorder(source)
         self.history.reorder(source)
+        self.layers.reorder(source)
 
     def admit(self, slots: int, widen: int = 0) -> None:
         """``slots`` new empty slots after the others; ``widen`` more columns of left padding in every canvas."""
         self.kv.widen(widen)
         self.kv.admit(slots)
         self.history.admit(slots)
+        self.layers.widen(widen)
+        self.layers.admit(slots)
 
     def split(self, slots: torch.Tensor) -> "SlotMemory":
         """A copy holding only these slots' stores (finished samples taken out of a decode); this one is unchanged."""
-        part = SlotMemory(attrs.evolve(self.kv), attrs.evolve(self.history))
+        part = SlotMemory(attrs.evolve(self.kv), attrs.evolve(self.history), attrs.evolve(self.layers))
         part.reorder(slots)
         return part

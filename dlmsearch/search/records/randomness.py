@@ -21,6 +21,14 @@ class Stream(IntEnum):
     RESAMPLING = 3  # a population's systematic resampling offset
 
 
+BRANCH_KEYS = 1 << 16  # a row's key: particle * BRANCH_KEYS + (0 for the particle's own canvas, 1 + branch for a lookahead branch)
+
+
+def is_root(row_key: torch.Tensor) -> torch.Tensor:
+    """Rows that are their slot's own canvas (a particle's root), not a lookahead branch or a re-check."""
+    return row_key % BRANCH_KEYS == 0
+
+
 _MASK64 = (1 << 64) - 1
 
 

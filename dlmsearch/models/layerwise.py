@@ -1,0 +1,137 @@
+"""The layerwise forward: at each layer, each row recomputes only the columns its cache policy selects.
+
+Adaptive KV caches decide per layer and per row what to recompute (dLLM-Cache: the rows whose values
+drifted; Elastic-Cache: every row from the layer whose attention drifted on; d2Cache and dKV-Cache:
+the same few rows at every layer). One loop serves them all. The hidden state of every column is
+carried through every layer (elementwise work only); at layer ``l`` a :class:`LayerRule` names:
+
+* ``layer_input``: the stream entering the layer (Elastic-Cache: the cached input where a column is
+  not fresh);
+* ``probe``: columns whose values are projected before the selection (dLLM-Cache's value drift);
+* ``select``: the columns whose query, key, value, attention and MLP are recomputed; their keys
+  and values are written into the rows' stored ones (the probed values too), and their queries
+  attend over every stored key of their row;
+* ``layer_output``: the stream leaving the layer (dLLM-Cache: cached attention and MLP outputs where
+  a column was not recomputed).
+
+Selected columns are gathered per row and padded to the call's most; padding is never written and
+every operation is per token or per row, so a row's result does not depend on its batch. Padding
+columns of a left-padded row are never selected and never attended to.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from dlmsearch.core import attention as pattern
+from dlmsearch.models import token_ops
+
+if TYPE_CHECKING:
+    from dlmsearch.models.transformer import BidirectionalTransformer
+
+
+class LayerRule(Protocol):
+    """One call's per-layer decisions, over the rows' copies of their slots' stores."""
+
+    needs_weights: bool  # the attention probabilities of the selected queries are handed to layer_output
+
+    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' stored keys and values ``[rows, kv_heads, columns, head_dim]`` of this layer (written in place)."""
+
+    def layer_input(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """The stream ``[rows, columns, hidden]`` entering ``layer`` given the previous layer's output."""
+
+    def probe(self, layer: int) -> torch.Tensor | None:
+        """``[rows, columns]`` columns whose values are projected before :meth:`select` (None: none)."""
+
+    def select(self, layer: int, probed: torch.Tensor | None) -> torch.Tensor:
+        """``[rows, columns]`` columns recomputed at ``layer`` (``probed``: their fresh values, zeros elsewhere; stored values not yet replaced)."""
+
+    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, attended: torch.Tensor, mlp: torch.Tensor,
+                     weights: torch.Tensor | None) -> torch.Tensor:
+        """The stream leaving ``layer``: ``x`` the layer's input, ``index``/``valid`` ``[rows, n]`` the
+        recomputed columns, ``attended`` and ``mlp`` ``[rows, n, hidden]`` their attention and MLP outputs
+        (before the residuals), ``weights`` ``[rows, heads, n, columns]`` (where asked)."""
+
+    def read(self) -> torch.Tensor:
+        """``[rows, columns]`` columns whose final stream is current (their logits are read)."""
+
+
+def gather_columns(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[rows, n]`` the chosen columns of each row in column order, padded with column 0, and which are real (``n``: the most any row has)."""
+    count = chosen.sum(dim=1)
+    n = max(int(count.max()), 1)
+    index = torch.sort((~chosen).to(torch.int8), dim=1, stable=True).indices[:, :n]
+    return index, torch.arange(n, device=chosen.device)[None, :] < count[:, None]
+
+
+def _gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
+
+
+def _attend_with_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention and its probabilities ``[rows, heads, n, columns]``, reduced in float64 (as :func:`token_ops.attend` on CPU)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1).double(), v.repeat_interleave(groups, dim=1).double()
+    scores = (q.double() @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    weights = torch.softmax(scores.masked_fill(~mask, -torch.inf), dim=-1)
+    return (weights @ v).to(q.dtype), weights.to(q.dtype)
+
+
+def layerwise_logits(
+    module: "BidirectionalTransformer", input_ids: torch.Tensor, real: torch.Tensor, rule: LayerRule, low: torch.Tensor, high: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits ``[rows, max(high - low), vocab]`` of each row's columns ``low:high`` (left-aligned),
+    which of them are current (the rule's :meth:`~LayerRule.read`), and the columns each row
+    recomputed per layer ``[rows, layers]``."""
+    config = module.config
+    rows, width = input_ids.shape
+    device = input_ids.device
+    positions = pattern.positions(real)
+    cos, sin = module.rotary(positions)
+    key_mask = pattern.padding_mask(real)
+    x = module.embed(input_ids)
+    recomputed = torch.zeros(rows, config.num_layers, dtype=torch.long, device=device)
+    for layer, block in enumerate(module.blocks):
+        if block.moe is not None:
+            raise ValueError("a layerwise cache policy runs dense blocks only (this model's layer %d is a mixture of experts)" % layer)
+        x = rule.layer_input(layer, x)
+        keys, values = rule.keys_values(layer)
+        probe = rule.probe(layer)
+        probed = None
+        if probe is not None:
+            probe = probe & real
+            fresh = F.linear(token_ops.rms_norm(x, block.attn_norm.weight, block.attn_norm.eps), block.v_proj.weight, block.v_proj.bias)
+            probed = torch.where(probe[..., None], fresh, 0).view(rows, width, config.num_kv_heads, config.head_dim)
+        chosen = rule.select(layer, probed) & real
+        if probed is not None:
+            values.copy_(torch.where(probe[:, None, :, None], probed.transpose(1, 2), values))
+        index, valid = gather_columns(chosen)
+        n = index.shape[1]
+        recomputed[:, layer] = chosen.sum(dim=1)
+        xs = _gather(x, index)
+        angle = lambda t: _gather(t[:, 0], index).reshape(rows * n, 1, -1)  # noqa: E731
+        q, k, v = token_ops.attention_inputs(
+            xs.reshape(rows * n, -1), angle(cos), angle(sin), block.attn_norm.weight, block.attn_norm.eps, block.q_proj.weight, block.q_proj.bias,
+            block.k_proj.weight, block.k_proj.bias, block.v_proj.weight, block.v_proj.bias, config.num_heads, config.num_kv_heads, config.rope_in_float32,
+            None if block.q_norm is None else block.q_norm.weight, None if block.k_norm is None else block.k_norm.weight,
+        )
+        q, k, v = (t.view(rows, n, -1, config.head_dim).transpose(1, 2) for t in (q, k, v))
+        row = torch.arange(rows, device=device)[:, None].expand(rows, n)[valid]
+        column = index[valid]
+        keys[row, :, column] = k.transpose(1, 2)[valid]
+        values[row, :, column] = v.transpose(1, 2)[valid]
+        if rule.needs_weights:
+            attended, weights = _attend_with_weights(q, keys, values, key_mask)
+        else:
+            attended, weights = token_ops.attend(q, keys, values, key_mask, config.num_kv_heads != config.num_heads), None
+        attended = F.linear(attended.transpose(1, 2).reshape(rows, n, config.attention_width), block.o_proj.weight)
+        mlp = token_ops.mlp(xs + attended, block.mlp_norm.weight, block.mlp_norm.eps, block.gate_proj.weight, block.up_proj.weight, block.down_proj.weight, config.activation)
+        x = rule.layer_output(layer, x, index, valid, attended, mlp, weights)
+    length = int((high - low).max())
+    column = (low[:, None] + torch.arange(length, device=device)[None, :]).clamp(max=width - 1)
+    logits = module.logits_of(_gather(x, column))
+    return logits, rule.read().gather(1, column) & (column < high[:, None]), recomputed
