@@ -14,6 +14,7 @@ private module names, with the shims transformers 5.x needs applied to those pri
 * :func:`dream_generate`: upstream ``DreamGenerationMixin.diffusion_generate``.
 * :func:`upstream_logits`: the upstream forward's float32 logits (Dream: unshifted).
 * :func:`load_upstream`: an upstream model rebuilt from a LLaDA or Dream model directory.
+* :func:`dllm_cache_generate`: dLLM-Cache's LLaDA loop with its hooks on an upstream LLaDA (``../dllm-cache``, Apache-2.0).
 """
 
 from __future__ import annotations
@@ -287,6 +288,51 @@ def pc_sampler_module():
         return _load_file("dlmsearch_upstream_pc_sampler", path)
     finally:
         sys.path[:] = saved
+
+
+@functools.lru_cache(maxsize=None)
+def dllm_cache_modules():
+    """dLLM-Cache's package ``dllm_cache`` and its ``utils/generate_function.py`` (Apache-2.0), loaded once.
+
+    The package imports itself by its own name, so its directory is on ``sys.path`` while it
+    loads; its ``utils`` package is loaded by path under a private name (another ``utils`` may exist)."""
+    root = UPSTREAM.parent / "dllm-cache"
+    if not (root / "dllm_cache" / "__init__.py").is_file():
+        raise RuntimeError(f"dLLM-Cache's reference code not found at {root}")
+    saved = list(sys.path)
+    sys.path.insert(0, str(root))
+    try:
+        import dllm_cache  # noqa: PLC0415
+
+        generate = _load_file("dlmsearch_upstream_dllm_cache_generate", root / "utils" / "generate_function.py")
+    finally:
+        sys.path[:] = saved
+    return dllm_cache, generate
+
+
+def _without_replace_position(hooked, x, attention_bias=None, layer_past=None, use_cache=False, replace_position=None):
+    assert replace_position is None, "Fast-dLLM's own cache is not in use here"
+    return hooked(x, attention_bias, layer_past, use_cache)
+
+
+def dllm_cache_generate(
+    model: torch.nn.Module, prompt: torch.Tensor, *, steps: int, gen_length: int, block_length: int,
+    prompt_interval: int, response_interval: int, ratio: float, mask_id: int,
+) -> torch.Tensor:
+    """dLLM-Cache's ``generate()`` on one prompt, its hooks registered on the upstream LLaDA's
+    blocks for the call and removed after (the model is shared). The generated region, 1-D long."""
+    package, generate = dllm_cache_modules()
+    with _lock:
+        package.cache.dLLMCache.new_instance(prompt_interval_steps=prompt_interval, gen_interval_steps=response_interval, transfer_ratio=ratio)
+        package.register_cache_LLaDA(model, "model.transformer.blocks")
+        for block in model.model.transformer.blocks:  # Fast-dLLM's model passes replace_position (None without its cache), which the hook does not take
+            block.forward = functools.partial(_without_replace_position, block.forward)
+        try:
+            row = _prompt_row(model, prompt)
+            out = generate.generate(row, None, model, steps=steps, gen_length=gen_length, block_length=block_length, mask_id=mask_id)
+        finally:
+            package.logout_cache_LLaDA(model, "model.transformer.blocks")
+    return out[0].cpu()
 
 
 @functools.lru_cache(maxsize=None)
