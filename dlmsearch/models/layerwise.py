@@ -21,7 +21,7 @@ columns of a left-padded row are never selected and never attended to.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -50,14 +50,18 @@ class LayerRule(Protocol):
     def select(self, layer: int, probed: torch.Tensor | None) -> torch.Tensor:
         """``[rows, columns]`` columns recomputed at ``layer`` (``probed``: their fresh values, zeros elsewhere; stored values not yet replaced)."""
 
-    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, attended: torch.Tensor, mlp: torch.Tensor,
-                     weights: torch.Tensor | None) -> torch.Tensor:
+    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, queries: torch.Tensor, attended: torch.Tensor,
+                     mlp: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         """The stream leaving ``layer``: ``x`` the layer's input, ``index``/``valid`` ``[rows, n]`` the
-        recomputed columns, ``attended`` and ``mlp`` ``[rows, n, hidden]`` their attention and MLP outputs
-        (before the residuals), ``weights`` ``[rows, heads, n, columns]`` (where asked)."""
+        recomputed columns, ``queries`` ``[rows, heads, n, head_dim]`` theirs (rotated), ``attended`` and
+        ``mlp`` ``[rows, n, hidden]`` their attention and MLP outputs (before the residuals),
+        ``weights`` ``[rows, heads, n, columns]`` (where asked)."""
+
+    def final(self, x: torch.Tensor, logits_of: "Callable[[torch.Tensor], torch.Tensor]") -> None:
+        """The last layer's stream, with the head (a policy that reads logits beyond the window: d2Cache's confidences)."""
 
     def read(self) -> torch.Tensor:
-        """``[rows, columns]`` columns whose final stream is current (their logits are read)."""
+        """``[rows, columns]`` the query columns whose final stream is current (their logits are read)."""
 
 
 def gather_columns(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +134,8 @@ def layerwise_logits(
             attended, weights = token_ops.attend(q, keys, values, key_mask, config.num_kv_heads != config.num_heads), None
         attended = F.linear(attended.transpose(1, 2).reshape(rows, n, config.attention_width), block.o_proj.weight)
         mlp = token_ops.mlp(xs + attended, block.mlp_norm.weight, block.mlp_norm.eps, block.gate_proj.weight, block.up_proj.weight, block.down_proj.weight, config.activation)
-        x = rule.layer_output(layer, x, index, valid, attended, mlp, weights)
+        x = rule.layer_output(layer, x, index, valid, q, attended, mlp, weights)
+    rule.final(x, module.logits_of)
     length = int((high - low).max())
     column = (low[:, None] + torch.arange(length, device=device)[None, :]).clamp(max=width - 1)
     logits = module.logits_of(_gather(x, column))

@@ -93,6 +93,11 @@ def make_plan(decoder: "SearchDecoder", engine: "RolloutEngine", gen_length: int
             f"decoder {decoder.name!r} re-reads every committed position of the generation (Saber's whole-prefix rule), but the block "
             "cache computes the blocks being decoded only: use cache=none"
         )
+    if engine.layerwise and decoder.revision.revises:
+        raise ValueError(
+            f"decoder {decoder.name!r} re-masks committed tokens, but cache={cache} decides what to recompute from a canvas whose "
+            "commits are final (its stored keys, values and selections assume it): use cache=none, prefix or dual"
+        )
     if "kl" in statistics and engine.cache.stores:
         raise ValueError(f"the kl statistic (KLASS) compares full distributions step to step and needs cache=none; got cache={cache}")
     if "verify" in statistics:

@@ -597,5 +597,6 @@ class RolloutEngine:
         rule = self.cache.rule(fields, call)
         logits, read, recomputed = self.adapter.layerwise_logits(tokens, attention, low, high, rule)
         rule.finish(logits, read)
+        self.store_peak_bytes = max(self.store_peak_bytes, store.nbytes + rule.extra_bytes)
         store.put(forward.slot, fields, forward.root)
         return logits, (read, recomputed)

@@ -66,8 +66,8 @@ class _Rule(RecomputeRule):
         drifted = torch.zeros_like(chosen).scatter_(1, order, True) & self._adaptive(layer)[:, None]
         return chosen | drifted
 
-    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, attended: torch.Tensor, mlp: torch.Tensor,
-                     weights: torch.Tensor | None) -> torch.Tensor:
+    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, queries: torch.Tensor, attended: torch.Tensor,
+                     mlp: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         rows = torch.arange(len(index), device=x.device)[:, None].expand_as(index)[valid]
         attention, feed = self.fields["attention"][:, layer], self.fields["mlp"][:, layer]
         attention[rows, index[valid]] = attended[valid].to(attention.dtype)

@@ -76,6 +76,12 @@ def scatter_rows(x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, valu
     return out
 
 
+def committed_since(fields: Fields, call: LayerCall) -> torch.Tensor:
+    """``[rows, columns]`` columns that were masked at the slot's last forward and hold a token now
+    (their input changed; the policy's ``seen`` field keeps the last forward's tokens)."""
+    return (fields["seen"] == call.mask_id) & ~call.masked & call.real
+
+
 @attrs.define(eq=False)
 class RecomputeRule:
     """The default layer rule: the selected columns are recomputed and replace their stream; the
@@ -85,6 +91,7 @@ class RecomputeRule:
     call: LayerCall
     needs_weights: ClassVar[bool] = False
     last: torch.Tensor | None = None  # the columns recomputed at the last layer so far
+    extra_bytes: int = 0  # what the rule holds beside the store during the forward (d2Cache's attention rollout)
 
     def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.fields["keys"][:, layer], self.fields["values"][:, layer]
@@ -98,13 +105,16 @@ class RecomputeRule:
     def select(self, layer: int, probed: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
-    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, attended: torch.Tensor, mlp: torch.Tensor,
-                     weights: torch.Tensor | None) -> torch.Tensor:
+    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, queries: torch.Tensor, attended: torch.Tensor,
+                     mlp: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         chosen = torch.zeros_like(self.call.real)
         chosen[torch.arange(len(index))[:, None].expand_as(index)[valid], index[valid]] = True
         self.last = chosen
         rows = x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
         return scatter_rows(x, index, valid, (rows + attended) + mlp)
+
+    def final(self, x: torch.Tensor, logits_of) -> None:
+        pass
 
     def read(self) -> torch.Tensor:
         assert self.last is not None, "read before the forward"
