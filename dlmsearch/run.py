@@ -305,6 +305,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     summary = {
         "decoder": decoder_name, "task": task.name, **summarise(records), **peak_memory_mb(), "world_size": ranks.world,
         "sampling": plan.sampling.as_dict(),  # what was used: the engine's, the checkpoint's and the decoder's settings layered
+        **engine.layerwise_cost(),
         "config": to_plain(cfg),
     }
     if ranks.rank == 0:

@@ -11,8 +11,9 @@ with N(0, 0.02) weights adjusted so that decoding behaves like a trained model's
    ``.logits`` shim), dlmsearch at several batch sizes; tokens/s and the ratio at batch 1;
 2. one ``engine.evaluate`` call of 1 root row vs 1 + K rows (a lookahead round's rows), K = 1, 2,
    4, 8, without a cache and against a warm dual cache;
-3. engine cache none / prefix / dual at prompt 200, generation 256, block 32 (``fast_dllm``;
-   ``--quick``: generation 64);
+3. engine cache none / prefix / dual and the adaptive KV caches (dllm_cache, d2cache, elastic,
+   dkv, with the authors' settings for the family: ``--size dream_*`` is Dream-shaped) at prompt
+   200, generation 256, block 32 (``fast_dllm``; ``--quick``: generation 64);
 4. host overhead: wall time vs time inside the model forward (and inside the engine's per-forward
    summary: softmax, argmax, NaN check, device-to-host copies) at batch 1 and a large batch;
 5. peak memory of every setting (CUDA max allocated; CPU peak RSS).
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 
 from bench.harness import Bench, Interrupted, make_plan
-from bench.random_model import INIT_STD, LOGIT_STD, MASK_ID, QK_COMPONENT_STD, SIZES, VOCAB, build_model, confidence_profile
+from bench.random_model import DREAM_SIZES, INIT_STD, LOGIT_STD, MASK_ID, QK_COMPONENT_STD, SIZES, VOCAB, build_model, confidence_profile
 from bench.report import ROOT, machine_info, report, targets
 from bench.sections import section_cache, section_lookahead, section_overhead, section_reference
 from dlmsearch.models.adapter import ModelAdapter
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.doc["model"]["confidences"] = confidence_profile(module, device)
     print(f"model built in {bench.doc['model']['build_s']} s; masked-position confidences: {bench.doc['model']['confidences']}", flush=True)
     adapter = ModelAdapter(module=module, mask_id=MASK_ID, vocab_size=VOCAB, device=device, dtype=str(dtype).replace("torch.", ""), max_length=4096,
-                           attention_block=module.config.block_size)
+                           attention_block=module.config.block_size, shift_logits=args.size in DREAM_SIZES)
     bench.save()
 
     steps = [("1", "reference", "1. reference loop vs dlmsearch fast_dllm", lambda: section_reference(bench, module, adapter, plan["reference"])),

@@ -2,8 +2,8 @@
 # The GPU check, for a bare offline GPU node: the tests marked `gpu`, then the engine benchmark
 # (experiments/bench_engine.py) at 1b and 8b on random LLaDA-shaped weights, 8b once more with
 # engine.compile (the lookahead round and the host overhead), then SDAR-4B- and LLaDA2.0-mini-shaped
-# block-diffusion models (the block cache); under 12 minutes on
-# one H100/H200-class GPU. Every table, the log and a JSON summary go to OUT_DIR.
+# block-diffusion models (the block cache), then the adaptive KV caches on a Dream-7B-shaped model
+# (the 8b run's cache section has the LLaDA-shaped ones); under 14 minutes on one H100/H200-class GPU. Every table, the log and a JSON summary go to OUT_DIR.
 #   bash scripts/gpu_check.sh OUT_DIR [--wheels DIR]   # on the GPU node (torch with CUDA preinstalled)
 #   bash scripts/gpu_check.sh OUT_DIR --dry-run        # the same script on CPU with the tiny model (~1 min; in the tests)
 #   options in any order (--dry-run OUT_DIR works too); --no-time-limits: run the steps without their
@@ -109,7 +109,11 @@ else
         --out "$out/bench_sdar_4b.json" || status=1
     step "bench_engine llada2_mini" 160 "$python" experiments/bench_engine.py --size llada2_mini --device cuda --budget-s 110 --sections 3 \
         --out "$out/bench_llada2_mini.json" || status=1
-    sizes="1b 8b 8b_compile sdar_4b llada2_mini"
+    # the adaptive KV caches (dllm_cache, d2cache, elastic, dkv) beside none / prefix / dual on a Dream-7B-shaped model
+    # (the 8b run's section 3 has the LLaDA-shaped rows)
+    step "bench_engine dream_7b" 130 "$python" experiments/bench_engine.py --size dream_7b --device cuda --budget-s 100 --sections 3 \
+        --out "$out/bench_dream_7b.json" || status=1
+    sizes="1b 8b 8b_compile sdar_4b llada2_mini dream_7b"
 fi
 
 "$python" - "$out" "$status" "$SECONDS" "$dry" "[${STEPS%,}]" $sizes <<'PY'

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dlmsearch"
 
 # Lower layers first; a module may import its own layer or any layer before it.
 LAYERS = [
-    ["validation", "stats", "core"],
+    ["validation", "stats", "core", "shipped"],
     ["models"],
     ["search.records"],
     ["search.engine", "search.components"],

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from bench.random_model import BLOCK_SIZES, MASK_ID, PROMPT_ID_LIMIT, SIZES
+from bench.random_model import BLOCK_SIZES, DREAM_SIZES, MASK_ID, PROMPT_ID_LIMIT, SIZES
 from dlmsearch.config import build, compose
 from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
 
@@ -28,18 +28,21 @@ def make_plan(size: str, quick: bool) -> dict[str, dict[str, Any]]:
                           modes=("none", "block", "block_fused"), presets=("sdar_greedy", "fixed_depth")),
             "overhead": dict(prompt=32, gen=32 if quick_block else 128, block=SIZES[size]["block_size"], batches=[1, 32]),
         }
+    caches = ("none", "prefix", "dual", "dllm_cache", "d2cache", "elastic", "dkv")  # Fast-dLLM's and the adaptive KV caches
+    if size in DREAM_SIZES:  # a Dream-shaped model: the caches alone (the reference loop of section 1 is LLaDA's)
+        return {"cache": dict(prompt=200, gen=64 if quick else 256, block=32, batches=[1], modes=caches)}
     if quick:
         return {
             "reference": dict(prompt=32, gen=16, block=8, batches=[1, 8, 32]),
             "lookahead": dict(prompt=32, gen=32, block=16, ks=[1, 2, 4, 8], calls=2),
-            "cache": dict(prompt=200, gen=64, block=32, batches=[1]),
+            "cache": dict(prompt=200, gen=64, block=32, batches=[1], modes=caches),
             "overhead": dict(prompt=32, gen=16, block=8, batches=[1, 32]),
         }
     big = size == "8b"  # one H200, the whole 8b run in ~2-3 minutes (scripts/gpu_check.sh)
     return {
         "reference": dict(prompt=64, gen=128 if big else 256, block=32, batches=[1, 8, 32]),
         "lookahead": dict(prompt=64, gen=256, block=32, ks=[1, 2, 4, 8], calls=5),
-        "cache": dict(prompt=200, gen=256, block=32, batches=[1] if big else [1, 8]),
+        "cache": dict(prompt=200, gen=256, block=32, batches=[1] if big else [1, 8], modes=caches),
         "overhead": dict(prompt=64, gen=128, block=32, batches=[1, 64]),
     }
 

@@ -29,6 +29,9 @@ SIZES = {
     "tiny": dict(hidden_size=256, num_layers=4, num_heads=8, intermediate_size=768),
     "1b": dict(hidden_size=2048, num_layers=16, num_heads=16, intermediate_size=5632),
     "8b": dict(hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=12288),  # LLaDA-8B
+    # Dream-shaped (Qwen2: GQA, q/k/v bias, rotation in the model dtype, logits shifted right by one)
+    "dream_tiny": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768, dream=True),
+    "dream_7b": dict(hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944, dream=True),  # Dream-v0-7B
     # block diffusion (flat settings; model_config builds the rest)
     "sdar_tiny": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, intermediate_size=768, block_size=4),
     "sdar_4b": dict(hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=9728, block_size=4),
@@ -38,6 +41,7 @@ SIZES = {
                         experts=256, top_k=8, groups=8, top_groups=4, expert_size=512, shared_experts=1, dense_layers=1),
 }
 BLOCK_SIZES = tuple(name for name, shape in SIZES.items() if "block_size" in shape)
+DREAM_SIZES = tuple(name for name, shape in SIZES.items() if shape.get("dream"))
 
 # Random weights (see ``initialise``).
 INIT_STD = 0.02
@@ -55,14 +59,16 @@ def model_config(size: str) -> TransformerConfig:
                                scaling=2.5, intermediate_size=shape.pop("expert_size"), shared_experts=shape.pop("shared_experts"),
                                dense_layers=shape.pop("dense_layers"))
     block = "block_size" in shape
+    dream = shape.pop("dream", False)
     return TransformerConfig(
         vocab_size=VOCAB,
         num_kv_heads=shape.pop("num_kv_heads", shape["num_heads"]),
         max_length=4096,
-        rope_theta=1e6 if block else 5e5,
+        rope_theta=1e6 if block or dream else 5e5,
         tie_embeddings=False,
         qk_norm=block,
-        rope_in_float32=not block,
+        qkv_bias=dream,
+        rope_in_float32=not (block or dream),
         rotary_dim=shape["head_dim"] // 2 if moe is not None else None,
         moe=moe,
         **shape,

@@ -16,6 +16,7 @@ from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer
 from dlmsearch.search.driver import DecodeResult
 from dlmsearch.core.sampling import Sampling
+from dlmsearch.search.engine.adaptive import ADAPTIVE_POLICIES
 from dlmsearch.search.engine.cache_policy import BlockCache
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.engine.profile import ForwardProfile
@@ -130,7 +131,8 @@ def section_cache(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any]) -> 
     prompt_len, gen, block = plan["prompt"], plan["gen"], plan["block"]
     prompts = bench.prompts(max(plan["batches"]), prompt_len)
     modes = plan.get("modes", ("none", "prefix", "dual"))
-    policies = {"block_fused": BlockCache(fuse_write=True)}
+    family = "dream" if adapter.capabilities.shift_logits else "llada"
+    policies = {"block_fused": BlockCache(fuse_write=True), **{policy.name: policy.for_family(family) for policy in ADAPTIVE_POLICIES}}
     for preset in plan.get("presets", ("fast_dllm",)):
         decoder = make_decoder(preset, gen, f"decoder.commit.threshold={THRESHOLD}")
         for batch in plan["batches"]:

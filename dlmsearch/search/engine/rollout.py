@@ -131,11 +131,21 @@ class RolloutEngine:
     # A layerwise policy's cost beyond the counters: columns recomputed per layer, and the most its store held (bytes)
     layer_forwards: torch.Tensor | None = attrs.field(init=False, default=None, eq=False)
     store_peak_bytes: int = attrs.field(init=False, default=0)
+    layer_columns: int = attrs.field(init=False, default=0)  # real columns of the canvases the layerwise forwards carried (a full forward's work per layer)
 
     @property
     def layerwise(self) -> bool:
         """The cache policy decides per layer inside the forward (dllm_cache, d2cache, elastic, dkv)."""
         return bool(getattr(self.cache, "layerwise", False))
+
+    def layerwise_cost(self) -> dict[str, object]:
+        """A layerwise policy's cost beyond the counters, for a run's summary (this process's decodes):
+        the share of the forwarded canvases' columns each layer recomputed, and the most its store held
+        (MiB); nothing for the other policies."""
+        if self.layer_forwards is None:
+            return {}
+        share = (self.layer_forwards.double() / max(self.layer_columns, 1)).tolist()
+        return {"layer_recompute_share": [round(s, 4) for s in share], "cache_store_peak_mb": round(self.store_peak_bytes / 2**20, 2)}
 
     def __attrs_post_init__(self) -> None:
         able = self.capabilities
@@ -346,6 +356,7 @@ class RolloutEngine:
                     layers = recomputed.shape[1]
                     token_cost[counted] += (recomputed.sum(dim=1) + layers - 1) // layers
                     self.layer_forwards += recomputed.sum(dim=0)
+                    self.layer_columns += int(attention[counted].sum())
                 elif forward.cached:  # the window (one column earlier for a shifted model), and a shadow block
                     low, high = forward.query[computed, 0], forward.query[computed, 1]
                     token_cost[counted] += copies * (high - low + (shifted & (low > 0)).long()) + shadow_length

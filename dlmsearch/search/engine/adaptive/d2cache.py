@@ -7,8 +7,7 @@ next forward, from this one:
 1. masked columns: with ``M`` the masked generation columns and ``k = current_k``, the smallest
    end ``e`` with ``|M ∩ [0, e]| >= k`` (the last column if none), rounded up to its block's end;
    the candidates ``M ∩ [b_s, e]`` are scored ``c_i * rho_i`` (``c``: the confidence cache,
-   ``rho``: the certainty density, a Gaussian (``sigma``) average of the decoded indicator,
-   extended by decoded on the left and by the last column's state on the right), the window's
+   ``rho``: the certainty density, :func:`certainty_density`), the window's
    get ``+ max score``, and the top ``k`` are taken (ties: the lower column). A shifted model
    (Dream) forwards each one's left neighbour instead (its query yields the column's logits);
 2. every column committed since the last forward (its input changed from the mask);
@@ -42,15 +41,17 @@ from dlmsearch.validation import check_choice, number
 
 
 def certainty_density(decoded: torch.Tensor, sigma: float) -> torch.Tensor:
-    """``[rows, n]`` the Gaussian-weighted share of decoded columns around each column (d2Cache's
-    ``certainty_density``): the indicator is extended by ``n`` decoded columns on the left and ``n``
-    copies of its last column on the right, and each column's weights are normalised over that extent."""
+    """``[rows, n]`` the Gaussian-weighted (``sigma``) sum of the decoded indicator around each column,
+    extended by ``n`` decoded columns on the left and ``n`` copies of its last column on the right,
+    over the kernel's sum on offsets ``[-3n, 3n)`` (d2Cache's ``certainty_density``, which convolves
+    by FFT over a period of ``6n``: its normaliser is that constant, not each column's own extent)."""
     rows, n = decoded.shape
-    extended = torch.cat([torch.ones(rows, n, dtype=torch.float64, device=decoded.device), decoded.double(),
-                          decoded[:, -1:].double().expand(rows, n)], dim=1)
-    offset = torch.arange(n, device=decoded.device, dtype=torch.float64)[:, None] + n - torch.arange(3 * n, device=decoded.device, dtype=torch.float64)[None, :]
-    kernel = torch.exp(-(offset**2) / (2 * sigma**2))
-    return (extended @ kernel.T) / kernel.sum(dim=1).clamp_min(1e-8)
+    device = decoded.device
+    extended = torch.cat([torch.ones(rows, n, dtype=torch.float64, device=device), decoded.double(), decoded[:, -1:].double().expand(rows, n)], dim=1)
+    gaussian = lambda d: torch.exp(-(d**2) / (2 * sigma**2))  # noqa: E731
+    offset = torch.arange(n, device=device, dtype=torch.float64)[:, None] + n - torch.arange(3 * n, device=device, dtype=torch.float64)[None, :]
+    normaliser = gaussian(torch.arange(-3 * n, 3 * n, device=device, dtype=torch.float64)).sum().clamp_min(1e-8)
+    return (extended @ gaussian(offset).T) / normaliser
 
 
 def nucleus(scores: torch.Tensor, top_p: float, allowed: torch.Tensor) -> torch.Tensor:

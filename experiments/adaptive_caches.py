@@ -1,0 +1,190 @@
+"""The adaptive KV caches side by side with Fast-dLLM's and none, under fast_dllm and adalook.
+
+Two parts, each writing its rows as it goes (JSON lines; a rerun skips rows already there):
+
+* ``countdown``: the shipped Countdown model (``model=countdown task=countdown``, gen 16, block 8)
+  on the ``small``, ``medium`` and ``d1`` tiers, through the normal runner: accuracy with its
+  Wilson interval, the paired sign test against ``cache=none`` (same decoder, same problems),
+  steps, token-forwards, wall seconds;
+* ``random``: a tiny random LLaDA and a Dream-shaped one (GQA, q/k/v bias, shifted logits) at gen
+  256 / block 32, 4 prompts of 48-96 tokens decoded in one batch: token-forwards, decode seconds,
+  tokens/s, the share of generated tokens equal to the uncached decode's (accuracy means nothing on
+  random weights), the columns each policy recomputed per layer, and the most its store held.
+
+Then ``adaptive_caches.md`` (the tables) and ``accuracy_vs_token_forwards.png``.
+
+    python experiments/adaptive_caches.py                 # both parts, then the tables and the figure
+    python experiments/adaptive_caches.py --limit 64      # a quick look (countdown items per tier)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import attrs
+import torch
+
+from bench.random_model import MASK_ID, PROMPT_ID_LIMIT, VOCAB, initialise, model_config
+from decoder_table import measure, paired
+from dlmsearch.config import build, compose
+from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.models.transformer import BidirectionalTransformer
+from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.engine.rollout import RolloutEngine
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "experiments" / "results" / "adaptive_caches"
+CACHES = ["none", "prefix", "dual", "dllm_cache", "d2cache", "elastic", "dkv"]
+DECODERS = ["fast_dllm", "adalook"]
+TIERS = ["small", "medium", "d1"]
+BASE = ["model=countdown", "task=countdown", "model.device=cpu"]
+GEN, BLOCK, PROMPTS = 256, 32, [48, 64, 80, 96]
+
+
+def done_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def append(path: Path, row: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+    print(json.dumps({k: v for k, v in row.items() if k not in ("solved_ids", "ids", "tokens")}), flush=True)
+
+
+def countdown(limit: int | None, runs: Path) -> None:
+    path = OUT / "countdown.jsonl"
+    have = {(r["tier"], r["label"]) for r in done_rows(path)}
+    for tier in TIERS:
+        for decoder in DECODERS:
+            for cache in CACHES:
+                label = f"{decoder}/{cache}"
+                if (tier, label) in have:
+                    continue
+                row = measure(runs / tier / decoder / cache, tier, label, decoder, [f"cache={cache}"], BASE, limit, 256)
+                append(path, {**row, "decoder": decoder, "cache": cache})
+
+
+def random_adapter(family: str) -> ModelAdapter:
+    """The tiny random model (experiments/bench/random_model.py), LLaDA- or Dream-shaped."""
+    config = model_config("tiny")
+    if family == "dream":
+        config = attrs.evolve(config, num_kv_heads=2, qkv_bias=True, rope_in_float32=False, rope_theta=1e6)
+    model = BidirectionalTransformer(config)
+    initialise(model, seed=0)
+    return ModelAdapter(module=model.eval(), mask_id=MASK_ID, vocab_size=VOCAB, shift_logits=family == "dream")
+
+
+def random_part() -> None:
+    path = OUT / "random.jsonl"
+    have = {(r["family"], r["decoder"], r["cache"]) for r in done_rows(path)}
+    generator = torch.Generator().manual_seed(0)
+    requests = [DecodeRequest(uid=i, prompt=torch.randint(0, PROMPT_ID_LIMIT, (n,), generator=generator), generation=torch.full((GEN,), MASK_ID))
+                for i, n in enumerate(PROMPTS)]
+    for family in ("llada", "dream"):
+        adapter = random_adapter(family)
+        for decoder_name in DECODERS:
+            decoder = build(compose([f"+decoder={decoder_name}", "decoding=text", f"task.gen_length={GEN}"]), "decoder")
+            reference = None
+            for cache in CACHES:
+                policy = build(compose([f"model={family}", "model.path=unused", f"cache={cache}"]), "cache") if cache not in ("none", "prefix", "dual") else cache
+                engine = RolloutEngine(adapter=adapter, cache=policy, row_budget=64)
+                started = time.perf_counter()
+                results = decoder.decode(engine, requests, BLOCK)
+                seconds = time.perf_counter() - started
+                tokens = torch.stack([r.tokens for r in results])
+                if cache == "none":
+                    reference = tokens
+                if (family, decoder_name, cache) in have:
+                    continue
+                cost = engine.layerwise_cost()
+                append(path, {
+                    "family": family, "decoder": decoder_name, "cache": cache, "decode_seconds": seconds,
+                    "tokens_per_second": tokens.numel() / seconds, "mean_steps": sum(r.steps for r in results) / len(results),
+                    "mean_token_forwards": sum(r.token_forwards for r in results) / len(results),
+                    "agreement": float((tokens == reference).float().mean()),
+                    "recomputed_per_layer": cost.get("layer_recompute_share"), "store_peak_mib": cost.get("cache_store_peak_mb", 0.0),
+                })
+
+
+def _policy_settings(cache: str, family: str) -> str:
+    if cache in ("none", "prefix", "dual"):
+        return "-"
+    policy = build(compose([f"model={family}", "model.path=unused", f"cache={cache}"]), "cache")
+    return ", ".join(f"{f.name}={getattr(policy, f.name)}" for f in attrs.fields(type(policy)))
+
+
+def tables() -> None:
+    lines = ["# Adaptive KV caches side by side", "", "Measured by `python experiments/adaptive_caches.py` (CPU, one process; wall times swing by about 30 % between runs).", ""]
+    rows = done_rows(OUT / "countdown.jsonl")
+    if rows:
+        lines += ["## The shipped Countdown model (gen 16, block 8; 256 problems per tier)", "",
+                  "Paired: problems solved only with this cache / only with `cache=none` (same decoder), exact sign test.", "",
+                  "| tier | decoder | cache | solved | 95 % interval | only this / only none | sign p | mean steps | mean token-forwards | wall s |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for row in rows:
+            base = next(r for r in rows if r["tier"] == row["tier"] and r["decoder"] == row["decoder"] and r["cache"] == "none")
+            only, only_base, p = paired(row, base)
+            lines.append(f"| {row['tier']} | {row['decoder']} | {row['cache']} | {100 * row['accuracy']:.1f} % | {100 * row['wilson_low']:.1f}-{100 * row['wilson_high']:.1f} "
+                         f"| {only} / {only_base} | {p:.3g} | {row['mean_steps']:.1f} | {row['mean_token_forwards']:.0f} | {row['wall_seconds']:.0f} |")
+    rows = done_rows(OUT / "random.jsonl")
+    if rows:
+        lines += ["", f"## Tiny random models (4 prompts of {PROMPTS[0]}-{PROMPTS[-1]} tokens, gen {GEN}, block {BLOCK})", "",
+                  "Agreement: the share of generated tokens equal to the uncached decode's. Per layer: the share of the "
+                  "forwarded canvases' columns each layer recomputed. Store: the most the policy's store held (MiB, float32).", "",
+                  "| model | decoder | cache | settings | agreement | mean steps | mean token-forwards | decode s | tokens/s | per layer | store MiB |",
+                  "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
+        for row in rows:
+            per_layer = "-" if row["recomputed_per_layer"] is None else " ".join(f"{v:.2f}" for v in row["recomputed_per_layer"])
+            lines.append(f"| {row['family']} | {row['decoder']} | {row['cache']} | {_policy_settings(row['cache'], row['family'])} | {100 * row['agreement']:.1f} % "
+                         f"| {row['mean_steps']:.1f} | {row['mean_token_forwards']:.0f} | {row['decode_seconds']:.1f} | {row['tokens_per_second']:.0f} | {per_layer} | {row['store_peak_mib']:.1f} |")
+    (OUT / "adaptive_caches.md").write_text("\n".join(lines) + "\n")
+    plot(done_rows(OUT / "countdown.jsonl"))
+
+
+def plot(rows: list[dict]) -> None:
+    if not rows:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(TIERS), figsize=(6 * len(TIERS), 4.8), squeeze=False)
+    markers = {"fast_dllm": "o", "adalook": "s"}
+    colours = dict(zip(CACHES, plt.get_cmap("tab10").colors))
+    for axis, tier in zip(axes[0], TIERS):
+        for row in (r for r in rows if r["tier"] == tier):
+            x, y = row["mean_token_forwards"], 100 * row["accuracy"]
+            axis.errorbar(x, y, yerr=[[y - 100 * row["wilson_low"]], [100 * row["wilson_high"] - y]], fmt=markers[row["decoder"]], color=colours[row["cache"]],
+                          label=f"{row['decoder']}/{row['cache']}", capsize=2)
+        axis.set_xlabel("mean token-forwards per problem")
+        axis.set_ylabel("solved % (Wilson 95 %)")
+        axis.set_title(f"Countdown {tier}")
+        axis.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=7, fontsize=8)
+    figure.suptitle("Accuracy against token-forwards: caches under fast_dllm (circles) and adalook (squares)")
+    figure.tight_layout(rect=(0, 0.1, 1, 1))
+    figure.savefig(OUT / "accuracy_vs_token_forwards.png", dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["countdown", "random"], choices=["countdown", "random"])
+    parser.add_argument("--limit", type=int, default=None, help="Countdown problems per tier (default: all 256)")
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "adaptive_caches", help="the runner's output directories (resumable)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if "countdown" in args.parts:
+        countdown(args.limit, args.runs)
+    if "random" in args.parts:
+        random_part()
+    tables()
+
+
+if __name__ == "__main__":
+    main()
