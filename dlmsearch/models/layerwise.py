@@ -72,6 +72,11 @@ def gather_columns(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return index, torch.arange(n, device=chosen.device)[None, :] < count[:, None]
 
 
+def cells(index: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (row, column) of every real entry of gathered columns ``index``/``valid`` (:func:`gather_columns`)."""
+    return torch.arange(len(index), device=index.device)[:, None].expand_as(index)[valid], index[valid]
+
+
 def _gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
 
@@ -124,8 +129,7 @@ def layerwise_logits(
             None if block.q_norm is None else block.q_norm.weight, None if block.k_norm is None else block.k_norm.weight,
         )
         q, k, v = (t.view(rows, n, -1, config.head_dim).transpose(1, 2) for t in (q, k, v))
-        row = torch.arange(rows, device=device)[:, None].expand(rows, n)[valid]
-        column = index[valid]
+        row, column = cells(index, valid)
         keys[row, :, column] = k.transpose(1, 2)[valid]
         values[row, :, column] = v.transpose(1, 2)[valid]
         if rule.needs_weights:

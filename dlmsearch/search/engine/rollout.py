@@ -603,7 +603,6 @@ class RolloutEngine:
         module, store = self.adapter.module, forward.memory.layers
         call = LayerCall(tokens, attention.bool(), low, high, forward.gen_start, self.mask_id, self.capabilities.shift_logits, module.config)
         self.cache.prepare(store, call, getattr(torch, self.adapter.dtype), self.adapter.device)
-        self.store_peak_bytes = max(self.store_peak_bytes, store.nbytes)
         fields = store.take(forward.slot)
         rule = self.cache.rule(fields, call)
         logits, read, recomputed = self.adapter.layerwise_logits(tokens, attention, low, high, rule)

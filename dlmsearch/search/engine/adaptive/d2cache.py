@@ -36,6 +36,7 @@ import attrs
 import torch
 
 from dlmsearch.models.layer_store import Fields, LayerStore
+from dlmsearch.models.layerwise import cells
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall, LayerwisePolicy, RecomputeRule, committed_since
 from dlmsearch.validation import check_choice, number
 
@@ -119,8 +120,7 @@ class _Rule(RecomputeRule):
         rows, width = self.call.real.shape
         eye = torch.eye(width, dtype=torch.float64, device=x.device).expand(rows, width, width)
         effective = eye.clone()
-        row = torch.arange(rows, device=x.device)[:, None].expand_as(index)[valid]
-        effective[row, index[valid]] = weights.double().mean(dim=1)[valid]
+        effective[cells(index, valid)] = weights.double().mean(dim=1)[valid]
         residual = effective + eye
         residual = residual / residual.sum(dim=-1, keepdim=True)
         self.rollout = residual if self.rollout is None else residual @ self.rollout
@@ -130,7 +130,10 @@ class _Rule(RecomputeRule):
     def final(self, x: torch.Tensor, logits_of) -> None:
         """Confidences (top-1 probability) of the forwarded generation columns, for the confidence cache."""
         call = self.call
-        row, column = self.last.nonzero(as_tuple=True)
+        taking = self.first if self.policy.confidence == "step0" else torch.ones_like(self.first)
+        if not bool(taking.any()):  # the step-0 cache is already filled: no head to run
+            return
+        row, column = (self.last & taking[:, None]).nonzero(as_tuple=True)
         probability = torch.softmax(logits_of(x[row, column][None])[0].double(), dim=-1).max(dim=-1).values
         predicted = column + 1 if call.shift else column  # a shifted model's query c yields column c + 1's logits
         keep = (predicted < call.width) & (predicted >= call.gen_start)

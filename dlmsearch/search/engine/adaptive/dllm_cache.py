@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from dlmsearch.models.layer_store import Fields, LayerStore
+from dlmsearch.models.layerwise import cells
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall, LayerwisePolicy, RecomputeRule
 from dlmsearch.validation import number
 
@@ -68,10 +69,10 @@ class _Rule(RecomputeRule):
 
     def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, queries: torch.Tensor, attended: torch.Tensor,
                      mlp: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-        rows = torch.arange(len(index), device=x.device)[:, None].expand_as(index)[valid]
+        at = cells(index, valid)
         attention, feed = self.fields["attention"][:, layer], self.fields["mlp"][:, layer]
-        attention[rows, index[valid]] = attended[valid].to(attention.dtype)
-        feed[rows, index[valid]] = mlp[valid].to(feed.dtype)
+        attention[at] = attended[valid].to(attention.dtype)
+        feed[at] = mlp[valid].to(feed.dtype)
         return (x + attention) + feed
 
     def read(self) -> torch.Tensor:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from dlmsearch.models.layer_store import Fields, LayerStore
-from dlmsearch.models.layerwise import gather_columns
+from dlmsearch.models.layerwise import cells, gather_columns
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall, LayerwisePolicy, RecomputeRule, committed_since
 from dlmsearch.validation import number
 
@@ -84,12 +84,12 @@ class _Rule(RecomputeRule):
         out = super().layer_output(layer, x, index, valid, queries, attended, mlp, weights)
         assert weights is not None and self.last is not None
         call, fields = self.call, self.fields
-        rows = torch.arange(call.rows, device=x.device)[:, None].expand_as(index)
-        fields["inputs"][:, layer][rows[valid], index[valid]] = x[rows[valid], index[valid]].to(fields["inputs"].dtype)
-        fields["queries"][:, layer][rows[valid], :, index[valid]] = queries.transpose(1, 2)[valid].to(fields["queries"].dtype)
+        row, column = cells(index, valid)
+        fields["inputs"][:, layer][row, column] = x[row, column].to(fields["inputs"].dtype)
+        fields["queries"][:, layer][row, :, column] = queries.transpose(1, 2)[valid].to(fields["queries"].dtype)
         if self.before is not None:  # the drift test: where each tracked column sits among the computed ones
             place = torch.zeros(call.rows, call.width, dtype=torch.long, device=x.device)
-            place[rows[valid], index[valid]] = torch.arange(index.shape[1], device=x.device).expand_as(index)[valid]
+            place[row, column] = torch.arange(index.shape[1], device=x.device).expand_as(index)[valid]
             at = place.gather(1, self.tracked_at)
             now = weights.double().gather(2, at[:, None, :, None].expand(-1, weights.shape[1], -1, weights.shape[-1]))
             similarity = F.cosine_similarity(self.before, now, dim=-1).mean(dim=1)  # [rows, tracked]

@@ -18,6 +18,7 @@ import attrs
 import torch
 
 from dlmsearch.models.layer_store import Fields, LayerStore
+from dlmsearch.models.layerwise import cells
 from dlmsearch.models.transformer import TransformerConfig
 
 
@@ -71,8 +72,7 @@ class LayerCall:
 def scatter_rows(x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """``x`` with ``values [rows, n, ...]`` written at columns ``index`` where ``valid`` (a copy)."""
     out = x.clone()
-    row = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(index)[valid]
-    out[row, index[valid]] = values[valid].to(x.dtype)
+    out[cells(index, valid)] = values[valid].to(x.dtype)
     return out
 
 
@@ -108,7 +108,7 @@ class RecomputeRule:
     def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, queries: torch.Tensor, attended: torch.Tensor,
                      mlp: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         chosen = torch.zeros_like(self.call.real)
-        chosen[torch.arange(len(index))[:, None].expand_as(index)[valid], index[valid]] = True
+        chosen[cells(index, valid)] = True
         self.last = chosen
         rows = x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
         return scatter_rows(x, index, valid, (rows + attended) + mlp)
