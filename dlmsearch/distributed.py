@@ -60,18 +60,18 @@ class Ranks:
         return pending[self.rank :: self.world]
 
     def merge(
-        self, out: Path, item_ids: list[str], done: dict[str, dict[str, Any]], read: Callable[[Path], dict[str, dict[str, Any]]]
+        self, out: Path, item_ids: list[str], read: Callable[[Path], dict[str, dict[str, Any]]]
     ) -> dict[str, dict[str, Any]]:
-        """Rank 0 folds every rank's results (and traces) into ``results.jsonl`` (``trace.jsonl``);
-        all ranks return the merged records (``done`` as it is where there is nothing to merge)."""
-        if self.world == 1 and not any(out.glob("results.rank*.jsonl")):
-            return done
+        """Rank 0 folds every rank's results (and traces) into ``results.jsonl`` (``trace.jsonl``),
+        in the task's order whatever order the items were decoded in (longest prompts first, resumed
+        runs, other world sizes), a retried item's last record replacing its earlier error; all ranks
+        return the merged records."""
         if self.world > 1:
             import torch.distributed as dist
 
             dist.barrier()
         ranked = sorted(out.glob("results.rank*.jsonl"))
-        if self.rank == 0 and ranked:
+        if self.rank == 0:
             done: dict[str, dict[str, Any]] = {}
             for path in [out / "results.jsonl", *ranked]:
                 done.update(read(path))

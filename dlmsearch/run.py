@@ -276,7 +276,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         done.update(read_done(path))
     pending = ranks.shard([(uid, item) for uid, item in enumerate(items) if item.id not in done])
     # Longest prompts first, so that a batch's rows carry little padding; results do not depend on
-    # the batch (tested), and the summary and merged results keep the task's order.
+    # the batch (tested), and results.jsonl is rewritten in the task's order at the end (merge).
     pending.sort(key=lambda pair: -len(pair[1].prompt))
     results_path = out / ranks.results_name
     decoder_name = decoding.decoder.name
@@ -300,7 +300,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 bar.set_postfix(correct=f"{100 * sum(judged) / len(judged):.1f}%")
             if stop["signal"] is not None:
                 raise Interrupted(stop["signal"], written)
-    done = ranks.merge(out, [item.id for item in items], done, partial(read_done, keep_errors=True))
+    done = ranks.merge(out, [item.id for item in items], partial(read_done, keep_errors=True))
     records = [done[item.id] for item in items if item.id in done]
     summary = {
         "decoder": decoder_name, "task": task.name, **summarise(records), **peak_memory_mb(), "world_size": ranks.world,

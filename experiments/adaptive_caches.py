@@ -87,9 +87,14 @@ def random_part() -> None:
     for family in ("llada", "dream"):
         adapter = random_adapter(family)
         for decoder_name in DECODERS:
+            if all((family, decoder_name, cache) in have for cache in CACHES):
+                continue
             decoder = build(compose([f"+decoder={decoder_name}", "decoding=text", f"task.gen_length={GEN}"]), "decoder")
-            reference = None
+            reference = next((torch.tensor(r["tokens"]) for r in done_rows(path)
+                              if (r["family"], r["decoder"], r["cache"]) == (family, decoder_name, "none") and "tokens" in r), None)
             for cache in CACHES:
+                if (family, decoder_name, cache) in have and (cache != "none" or reference is not None):
+                    continue
                 policy = build(compose([f"model={family}", "model.path=unused", f"cache={cache}"]), "cache") if cache not in ("none", "prefix", "dual") else cache
                 engine = RolloutEngine(adapter=adapter, cache=policy, row_budget=64)
                 started = time.perf_counter()
@@ -98,8 +103,9 @@ def random_part() -> None:
                 tokens = torch.stack([r.tokens for r in results])
                 if cache == "none":
                     reference = tokens
-                if (family, decoder_name, cache) in have:
-                    continue
+                    if (family, decoder_name, cache) in have:  # measured before its tokens were kept
+                        rewrite_none(path, family, decoder_name, tokens)
+                        continue
                 cost = engine.layerwise_cost()
                 append(path, {
                     "family": family, "decoder": decoder_name, "cache": cache, "decode_seconds": seconds,
@@ -107,7 +113,14 @@ def random_part() -> None:
                     "mean_token_forwards": sum(r.token_forwards for r in results) / len(results),
                     "agreement": float((tokens == reference).float().mean()),
                     "recomputed_per_layer": cost.get("layer_recompute_share"), "store_peak_mib": cost.get("cache_store_peak_mb", 0.0),
+                    **({"tokens": tokens.tolist()} if cache == "none" else {}),
                 })
+
+
+def rewrite_none(path: Path, family: str, decoder: str, tokens: torch.Tensor) -> None:
+    """Keep the uncached decode's tokens in its row, so that a resumed run need not decode it again."""
+    rows = [{**r, "tokens": tokens.tolist()} if (r["family"], r["decoder"], r["cache"]) == (family, decoder, "none") else r for r in done_rows(path)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _policy_settings(cache: str, family: str) -> str:

@@ -112,6 +112,8 @@ def test_torchrun_shards_and_merges_like_one_process(tmp_path: Path) -> None:
     args = ["+decoder=fast_dllm", "batch_size=2"]
     one = tmp_path / "one"
     assert cli(*args, "task.limit=10", f"out_dir={one}", cwd=tmp_path).returncode == 0
+    ids = [r["id"] for r in records(one)]
+    assert ids == sorted(ids, key=lambda i: int(i.rsplit(":", 1)[1]))  # the task's order, whatever the decoding order
     two = tmp_path / "two"
     done = torchrun(2, *args, "task.limit=6", f"out_dir={two}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
