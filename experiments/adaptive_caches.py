@@ -11,6 +11,9 @@ Two parts, each writing its rows as it goes (JSON lines; a rerun skips rows alre
   tokens/s, the share of generated tokens equal to the uncached decode's (accuracy means nothing on
   random weights), the columns each policy recomputed per layer, and the most its store held.
 
+* ``block``: the block-diffusion Countdown model under its exact block cache: how much of its
+  token-forwards are columns a policy could still skip (:func:`block_part`).
+
 Then ``adaptive_caches.md`` (the tables) and ``accuracy_vs_token_forwards.png``.
 
     python experiments/adaptive_caches.py                 # both parts, then the tables and the figure
@@ -123,6 +126,51 @@ def rewrite_none(path: Path, family: str, decoder: str, tokens: torch.Tensor) ->
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def block_part() -> None:
+    """The block-diffusion Countdown model under its exact block cache: what is left for a policy.
+
+    The finished blocks' keys and values are exact (they never attend to later blocks), so the
+    four policies' savings on stale columns do not exist there; what remains is the block being
+    decoded, recomputed whole at each of its steps. For the decoders that take one forward per
+    step (each committing at least one token), the steps of a block are the distinct calls that
+    committed in it; of the block columns those steps computed, ``committed`` were already decided
+    (the most Elastic-Cache, dLLM-Cache or d2Cache could skip) and ``settled`` were decided before
+    the previous step (the most dKV-Cache's delayed caching could skip); both also as shares of
+    all the token-forwards (the prompt's and the finished blocks' writes included).
+    """
+    from dlmsearch.run import Decoding
+
+    path = OUT / "block.jsonl"
+    have = {(r["tier"], r["decoder"]) for r in done_rows(path)}
+    for tier in TIERS:
+        for decoder_name in ("sdar_greedy", "sdar"):  # fast_dllm decodes this model as sdar_greedy does
+            if (tier, decoder_name) in have:
+                continue
+            cfg = compose(["model=countdown_block", "task=countdown", f"task.tier={tier}", "cache=block", "model.device=cpu", f"+decoder={decoder_name}"])
+            adapter = build(cfg, "model")
+            engine, task = build(cfg, "engine", adapter=adapter), build(cfg, "task")
+            decoding = Decoding(build(cfg, "decoder"), engine, task, None, None, None)
+            items = task.items()
+            decoding.prepare(items)
+            block = int(cfg.task.block_length)
+            computed = committed = settled = forwards = 0
+            for start in range(0, len(items), 64):
+                chunk = items[start : start + 64]
+                for item, result in zip(chunk, decoding.results(decoding.decoder, chunk, list(range(start, start + len(chunk))))):
+                    calls = result.commit_call[: len(item.generation)]
+                    blocks = (len(item.prompt) + torch.arange(len(calls))) // block
+                    for b in blocks.unique():
+                        own = calls[blocks == b]
+                        steps = own.unique()
+                        computed += len(own) * len(steps)
+                        committed += int((own[None, :] < steps[:, None]).sum())
+                        settled += int((own[None, :] < torch.cat([steps[:1], steps[:-1]])[:, None]).sum())
+                    forwards += result.token_forwards
+            append(path, {"tier": tier, "decoder": decoder_name, "problems": len(items), "mean_token_forwards": forwards / len(items),
+                          "mean_block_columns": computed / len(items), "already_committed": committed / computed, "committed_before_previous_step": settled / computed,
+                          "committed_of_token_forwards": committed / forwards, "settled_of_token_forwards": settled / forwards})
+
+
 def _policy_settings(cache: str, family: str) -> str:
     if cache in ("none", "prefix", "dual"):
         return "-"
@@ -154,6 +202,16 @@ def tables() -> None:
             per_layer = "-" if row["recomputed_per_layer"] is None else " ".join(f"{v:.2f}" for v in row["recomputed_per_layer"])
             lines.append(f"| {row['family']} | {row['decoder']} | {row['cache']} | {_policy_settings(row['cache'], row['family'])} | {100 * row['agreement']:.1f} % "
                          f"| {row['mean_steps']:.1f} | {row['mean_token_forwards']:.0f} | {row['decode_seconds']:.1f} | {row['tokens_per_second']:.0f} | {per_layer} | {row['store_peak_mib']:.1f} |")
+    rows = done_rows(OUT / "block.jsonl")
+    if rows:
+        lines += ["", "## The block-diffusion Countdown model under its exact block cache (`model=countdown_block cache=block`, blocks of 4)", "",
+                  "Block columns: the decoded block's columns its steps computed (per problem). Committed: the share of them already decided "
+                  "(the most a within-block policy could skip); before the previous step: dKV-Cache's delayed share. Both also as shares of all token-forwards.", "",
+                  "| tier | decoder | mean token-forwards | block columns | committed | before the previous step | committed / token-forwards | before previous / token-forwards |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for row in rows:
+            lines.append(f"| {row['tier']} | {row['decoder']} | {row['mean_token_forwards']:.1f} | {row['mean_block_columns']:.1f} | {100 * row['already_committed']:.1f} % "
+                         f"| {100 * row['committed_before_previous_step']:.1f} % | {100 * row['committed_of_token_forwards']:.1f} % | {100 * row['settled_of_token_forwards']:.1f} % |")
     (OUT / "adaptive_caches.md").write_text("\n".join(lines) + "\n")
     plot(done_rows(OUT / "countdown.jsonl"))
 
@@ -187,7 +245,7 @@ def plot(rows: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", default=["countdown", "random"], choices=["countdown", "random"])
+    parser.add_argument("--parts", nargs="+", default=["countdown", "random", "block"], choices=["countdown", "random", "block"])
     parser.add_argument("--limit", type=int, default=None, help="Countdown problems per tier (default: all 256)")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "adaptive_caches", help="the runner's output directories (resumable)")
     args = parser.parse_args()
@@ -196,6 +254,8 @@ def main() -> None:
         countdown(args.limit, args.runs)
     if "random" in args.parts:
         random_part()
+    if "block" in args.parts:
+        block_part()
     tables()
 
 
