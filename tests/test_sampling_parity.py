@@ -137,9 +137,15 @@ SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("alg_temp", [0.0, 0.5])
-@pytest.mark.parametrize("ordering,alg", ALGS)
-@pytest.mark.parametrize("setting", SETTINGS)
+# Every pair of (sampling setting, ordering, alg_temp) once: 9 cases instead of the 18 of the full
+# product (each case sorts the 152k-word vocabulary for top-p at every step, ~13 s on a CPU core).
+PAIRWISE = [
+    pytest.param(setting.values[0], *ALGS[j], (0.0, 0.5)[(i + j) % 2], id=f"{setting.id}-{ALGS[j][0]}-{(0.0, 0.5)[(i + j) % 2]}")
+    for i, setting in enumerate(SETTINGS) for j in range(len(ALGS))
+]
+
+
+@pytest.mark.parametrize("setting,ordering,alg,alg_temp", PAIRWISE)
 def test_dream_sampling_matches_diffusion_generate(checkpoints, monkeypatch, setting: dict, ordering: str, alg: str, alg_temp: float) -> None:
     spec, gen_length, steps = checkpoints["dream"], 16, 8
     requests = mixed_batch(spec, gen_length, seed=5)
