@@ -81,7 +81,9 @@ def requests_for(lengths: list[int], seed: int) -> list[DecodeRequest]:
 @pytest.mark.parametrize("honours_padding", [True, False], ids=["native", "ignores-padding"])
 @pytest.mark.parametrize("family", ["llada", "dream"])
 @pytest.mark.parametrize("preset", decoder_presets())
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Two drawn batches per case (224 cases for the two properties: every preset x family x padding / cache);
+# each run draws new ones, so the runs add up.
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=4), seed=st.integers(0, 1000))
 def test_batched_equals_alone(adapters, preset: str, family: str, honours_padding: bool, lengths: list[int], seed: int) -> None:
     assert_batched_equals_alone(RolloutEngine(adapter=adapters[family, honours_padding], row_budget=3), preset, requests_for(lengths, seed))
@@ -181,7 +183,7 @@ def test_llada_end_of_text_switches() -> None:
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 @pytest.mark.parametrize("family", ["llada", "dream"])
 @pytest.mark.parametrize("preset", decoder_presets())
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=2, deadline=None)
 @given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=4), seed=st.integers(0, 1000))
 @example(lengths=[3, 3], seed=288)  # CI found it: fixed_depth's branch scores tied within 1e-6 and float32 attention decided them by lanes
 def test_cached_decoding_is_batch_invariant(adapters, preset: str, family: str, cache: str, lengths: list[int], seed: int) -> None:
