@@ -75,7 +75,8 @@ class Ranks:
             done: dict[str, dict[str, Any]] = {}
             for path in [out / "results.jsonl", *ranked]:
                 done.update(read(path))
-            ordered = [done[i] for i in item_ids if i in done] + [r for i, r in done.items() if i not in set(item_ids)]
+            known = set(item_ids)
+            ordered = [done[i] for i in item_ids if i in done] + [r for i, r in done.items() if i not in known]
             staging = out / "results.jsonl.tmp"
             staging.write_text("".join(json.dumps(r) + "\n" for r in ordered))
             staging.replace(out / "results.jsonl")
@@ -91,4 +92,4 @@ class Ranks:
             import torch.distributed as dist
 
             dist.barrier()
-        return read(out / "results.jsonl")
+        return done if self.rank == 0 else read(out / "results.jsonl")  # rank 0 holds what it wrote
