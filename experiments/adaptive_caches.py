@@ -14,10 +14,13 @@ Two parts, each writing its rows as it goes (JSON lines; a rerun skips rows alre
 * ``block``: the block-diffusion Countdown model under its exact block cache: how much of its
   token-forwards are columns a policy could still skip (:func:`block_part`).
 
-Then ``adaptive_caches.md`` (the tables) and ``accuracy_vs_token_forwards.png``.
+Then ``adaptive_caches.md`` (the tables) and ``accuracy_vs_token_forwards.png``, all in ``--out``:
+by default ``runs/adaptive_caches/all/`` (``runs/adaptive_caches/limit<N>/`` with ``--limit N``), with
+``--write-committed`` the committed ``experiments/results/adaptive_caches/``. Rows already in
+``--out`` for the same ``--limit`` are not measured again.
 
-    python experiments/adaptive_caches.py                 # both parts, then the tables and the figure
-    python experiments/adaptive_caches.py --limit 64      # a quick look (countdown items per tier)
+    python experiments/adaptive_caches.py --write-committed   # every part, then the committed tables and figure
+    python experiments/adaptive_caches.py --limit 64          # a quick look: 64 problems per tier (countdown, block)
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer
 from dlmsearch.search.driver import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
+from outputs import RUNS, add_flag, check
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "experiments" / "results" / "adaptive_caches"
+COMMITTED_OUT = ROOT / "experiments" / "results" / "adaptive_caches"
 CACHES = ["none", "prefix", "dual", "dllm_cache", "d2cache", "elastic", "dkv"]
 DECODERS = ["fast_dllm", "adalook"]
 TIERS = ["small", "medium", "d1"]
@@ -58,9 +62,14 @@ def append(path: Path, row: dict) -> None:
     print(json.dumps({k: v for k, v in row.items() if k not in ("solved_ids", "ids", "tokens")}), flush=True)
 
 
-def countdown(limit: int | None, runs: Path) -> None:
-    path = OUT / "countdown.jsonl"
-    have = {(r["tier"], r["label"]) for r in done_rows(path)}
+def same_limit(rows: list[dict], limit: int | None) -> list[dict]:
+    """The rows measured with ``limit`` problems per tier (rows without the key were measured on every problem)."""
+    return [r for r in rows if r.get("limit") == limit]
+
+
+def countdown(limit: int | None, runs: Path, out: Path) -> None:
+    path = out / "countdown.jsonl"
+    have = {(r["tier"], r["label"]) for r in same_limit(done_rows(path), limit)}
     for tier in TIERS:
         for decoder in DECODERS:
             for cache in CACHES:
@@ -68,7 +77,7 @@ def countdown(limit: int | None, runs: Path) -> None:
                 if (tier, label) in have:
                     continue
                 row = measure(runs / tier / decoder / cache, tier, label, decoder, [f"cache={cache}"], BASE, limit, 256)
-                append(path, {**row, "decoder": decoder, "cache": cache})
+                append(path, {**row, "decoder": decoder, "cache": cache, **({"limit": limit} if limit else {})})
 
 
 def random_adapter(family: str) -> ModelAdapter:
@@ -81,8 +90,8 @@ def random_adapter(family: str) -> ModelAdapter:
     return ModelAdapter(module=model.eval(), mask_id=MASK_ID, vocab_size=VOCAB, shift_logits=family == "dream")
 
 
-def random_part() -> None:
-    path = OUT / "random.jsonl"
+def random_part(out: Path) -> None:
+    path = out / "random.jsonl"
     have = {(r["family"], r["decoder"], r["cache"]) for r in done_rows(path)}
     generator = torch.Generator().manual_seed(0)
     requests = [DecodeRequest(uid=i, prompt=torch.randint(0, PROMPT_ID_LIMIT, (n,), generator=generator), generation=torch.full((GEN,), MASK_ID))
@@ -126,7 +135,7 @@ def rewrite_none(path: Path, family: str, decoder: str, tokens: torch.Tensor) ->
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def block_part() -> None:
+def block_part(limit: int | None, out: Path) -> None:
     """The block-diffusion Countdown model under its exact block cache: what is left for a policy.
 
     The finished blocks' keys and values are exact (they never attend to later blocks), so the
@@ -140,13 +149,14 @@ def block_part() -> None:
     """
     from dlmsearch.run import Decoding
 
-    path = OUT / "block.jsonl"
-    have = {(r["tier"], r["decoder"]) for r in done_rows(path)}
+    path = out / "block.jsonl"
+    have = {(r["tier"], r["decoder"]) for r in same_limit(done_rows(path), limit)}
     for tier in TIERS:
         for decoder_name in ("sdar_greedy", "sdar"):  # fast_dllm decodes this model as sdar_greedy does
             if (tier, decoder_name) in have:
                 continue
-            cfg = compose(["model=countdown_block", "task=countdown", f"task.tier={tier}", "cache=block", "model.device=cpu", f"+decoder={decoder_name}"])
+            cfg = compose(["model=countdown_block", "task=countdown", f"task.tier={tier}", "cache=block", "model.device=cpu", f"+decoder={decoder_name}",
+                           f"task.limit={limit or 'null'}"])
             adapter = build(cfg, "model")
             engine, task = build(cfg, "engine", adapter=adapter), build(cfg, "task")
             decoding = Decoding(build(cfg, "decoder"), engine, task, None, None, None)
@@ -168,7 +178,8 @@ def block_part() -> None:
                     forwards += result.token_forwards
             append(path, {"tier": tier, "decoder": decoder_name, "problems": len(items), "mean_token_forwards": forwards / len(items),
                           "mean_block_columns": computed / len(items), "already_committed": committed / computed, "committed_before_previous_step": settled / computed,
-                          "committed_of_token_forwards": committed / forwards, "settled_of_token_forwards": settled / forwards})
+                          "committed_of_token_forwards": committed / forwards, "settled_of_token_forwards": settled / forwards,
+                          **({"limit": limit} if limit else {})})
 
 
 def _policy_settings(cache: str, family: str) -> str:
@@ -178,11 +189,11 @@ def _policy_settings(cache: str, family: str) -> str:
     return ", ".join(f"{f.name}={getattr(policy, f.name)}" for f in attrs.fields(type(policy)))
 
 
-def tables() -> None:
+def tables(out: Path, limit: int | None) -> None:
     lines = ["# Adaptive KV caches side by side", "", "Measured by `python experiments/adaptive_caches.py` (CPU, one process; wall times swing by about 30 % between runs).", ""]
-    rows = done_rows(OUT / "countdown.jsonl")
+    rows = same_limit(done_rows(out / "countdown.jsonl"), limit)
     if rows:
-        lines += ["## The shipped Countdown model (gen 16, block 8; 256 problems per tier)", "",
+        lines += [f"## The shipped Countdown model (gen 16, block 8; {limit or 256} problems per tier)", "",
                   "Paired: problems solved only with this cache / only with `cache=none` (same decoder), exact sign test.", "",
                   "| tier | decoder | cache | solved | 95 % interval | only this / only none | sign p | mean steps | mean token-forwards | wall s |",
                   "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -191,7 +202,7 @@ def tables() -> None:
             only, only_base, p = paired(row, base)
             lines.append(f"| {row['tier']} | {row['decoder']} | {row['cache']} | {100 * row['accuracy']:.1f} % | {100 * row['wilson_low']:.1f}-{100 * row['wilson_high']:.1f} "
                          f"| {only} / {only_base} | {p:.3g} | {row['mean_steps']:.1f} | {row['mean_token_forwards']:.0f} | {row['wall_seconds']:.0f} |")
-    rows = done_rows(OUT / "random.jsonl")
+    rows = done_rows(out / "random.jsonl")
     if rows:
         lines += ["", f"## Tiny random models (4 prompts of {PROMPTS[0]}-{PROMPTS[-1]} tokens, gen {GEN}, block {BLOCK})", "",
                   "Agreement: the share of generated tokens equal to the uncached decode's. Per layer: the share of the "
@@ -202,7 +213,7 @@ def tables() -> None:
             per_layer = "-" if row["recomputed_per_layer"] is None else " ".join(f"{v:.2f}" for v in row["recomputed_per_layer"])
             lines.append(f"| {row['family']} | {row['decoder']} | {row['cache']} | {_policy_settings(row['cache'], row['family'])} | {100 * row['agreement']:.1f} % "
                          f"| {row['mean_steps']:.1f} | {row['mean_token_forwards']:.0f} | {row['decode_seconds']:.1f} | {row['tokens_per_second']:.0f} | {per_layer} | {row['store_peak_mib']:.1f} |")
-    rows = done_rows(OUT / "block.jsonl")
+    rows = same_limit(done_rows(out / "block.jsonl"), limit)
     if rows:
         lines += ["", "## The block-diffusion Countdown model under its exact block cache (`model=countdown_block cache=block`, blocks of 4)", "",
                   "Block columns: the decoded block's columns its steps computed (per problem). Committed: the share of them already decided "
@@ -212,11 +223,12 @@ def tables() -> None:
         for row in rows:
             lines.append(f"| {row['tier']} | {row['decoder']} | {row['mean_token_forwards']:.1f} | {row['mean_block_columns']:.1f} | {100 * row['already_committed']:.1f} % "
                          f"| {100 * row['committed_before_previous_step']:.1f} % | {100 * row['committed_of_token_forwards']:.1f} % | {100 * row['settled_of_token_forwards']:.1f} % |")
-    (OUT / "adaptive_caches.md").write_text("\n".join(lines) + "\n")
-    plot(done_rows(OUT / "countdown.jsonl"))
+    (out / "adaptive_caches.md").write_text("\n".join(lines) + "\n")
+    plot(same_limit(done_rows(out / "countdown.jsonl"), limit), out / "accuracy_vs_token_forwards.png")
+    print(f"wrote {out / 'adaptive_caches.md'}")
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], path: Path) -> None:
     if not rows:
         return
     import matplotlib
@@ -240,23 +252,40 @@ def plot(rows: list[dict]) -> None:
     figure.legend(handles, labels, loc="lower center", ncol=7, fontsize=8)
     figure.suptitle("Accuracy against token-forwards: caches under fast_dllm (circles) and adalook (squares)")
     figure.tight_layout(rect=(0, 0.1, 1, 1))
-    figure.savefig(OUT / "accuracy_vs_token_forwards.png", dpi=120)
+    figure.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with ``out`` and ``runs`` resolved: a quick look never reads or writes the committed rows."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", default=["countdown", "random", "block"], choices=["countdown", "random", "block"])
     parser.add_argument("--limit", type=int, default=None, help="Countdown problems per tier (default: all 256)")
-    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "adaptive_caches", help="the runner's output directories (resumable)")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the rows, tables and figure (default runs/adaptive_caches/all/, or .../limit<N>/ with --limit N)")
+    parser.add_argument("--runs", type=Path, default=None,
+                        help="the runner's output directories (resumable; default runs/adaptive_caches/<all or limit<N>>/runs)")
+    add_flag(parser, "rows, tables and figure in experiments/results/adaptive_caches/")
+    args = parser.parse_args(argv)
+    check(parser, args, args.out, args.runs)
+    scratch = RUNS / "adaptive_caches" / (f"limit{args.limit}" if args.limit else "all")
+    if args.out is None:
+        args.out = COMMITTED_OUT if args.write_committed else scratch
+    if args.runs is None:
+        args.runs = scratch / "runs"
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(1)
+    args.out.mkdir(parents=True, exist_ok=True)
     if "countdown" in args.parts:
-        countdown(args.limit, args.runs)
+        countdown(args.limit, args.runs, args.out)
     if "random" in args.parts:
-        random_part()
+        random_part(args.out)
     if "block" in args.parts:
-        block_part()
-    tables()
+        block_part(args.limit, args.out)
+    tables(args.out, args.limit)
 
 
 if __name__ == "__main__":

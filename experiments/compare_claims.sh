@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Pair the runs behind experiments/RESULTS.md on the same puzzles: for each tier, directories of
 # links to runs of different sweeps, collected by the sweep collector into experiments/results/.
-# Run after the sweeps and the model card listed at the top of RESULTS.md.
+# Run after the sweeps and the model card listed at the top of RESULTS.md. The tables go to
+# runs/claims/results/ unless --write-committed: then to the committed experiments/results/.
+#   bash experiments/compare_claims.sh --write-committed
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  --write-committed) results=experiments/results ;;
+  "") results=runs/claims/results ;;
+  *) echo "usage: bash experiments/compare_claims.sh [--write-committed]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 for tier in easy hard; do
   ablate=$PWD/runs/claims/ablate_$tier fixed=$PWD/runs/claims/fixed_best_score_$tier card=$PWD/runs/model_card/$tier
@@ -19,10 +27,10 @@ for tier in easy hard; do
   links equal_steps fast_dllm=$card/fast_dllm llada=$card/llada ete=$ablate/0_fixed_d1_k4 \
     adalook_T0.1=$ablate/4_gate_above_T1e-1_D3_k4 adalook_T1=$ablate/6_gate_above_T1e0_D3_k4
   for spec in direction_T0.1:above direction_T1:above adaptive_vs_fixed:gate_above_T0.1_D3 equal_steps:fast_dllm; do
-    python -m dlmsearch.sweeps.collect "runs/claims/compare_${tier}_${spec%%:*}" --baseline "${spec#*:}" --out "experiments/results/$tier/${spec%%:*}"
+    python -m dlmsearch.sweeps.collect "runs/claims/compare_${tier}_${spec%%:*}" --baseline "${spec#*:}" --out "$results/$tier/${spec%%:*}"
   done
   for sweep in ablate fixed_best_score; do
-    mkdir -p "experiments/results/$tier/$sweep"
-    cp "runs/claims/${sweep}_$tier"/sweep.{md,csv} "runs/claims/${sweep}_$tier"/*.png "experiments/results/$tier/$sweep/"
+    mkdir -p "$results/$tier/$sweep"
+    cp "runs/claims/${sweep}_$tier"/sweep.{md,csv} "runs/claims/${sweep}_$tier"/*.png "$results/$tier/$sweep/"
   done
 done

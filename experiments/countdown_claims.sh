@@ -3,14 +3,27 @@
 # the model card (every preset on every tier, caches, block lengths, candidate rules, width
 # search), the variance gate against fixed depth, the accuracy-vs-steps curve, and the paired
 # comparisons of AdaLook, ETE and Fast-dLLM. Each run resumes from its own results.jsonl.
-#   bash experiments/countdown_claims.sh
-#   LIMIT=4 RUNS=/tmp/claims RESULTS=/tmp/claims/results CARD=/tmp/claims/card.md bash experiments/countdown_claims.sh   # a quick look
+# Everything goes under $RUNS (default runs/countdown_claims; the tables in $RUNS/results, the card
+# in $RUNS/card) unless --write-committed: then the tables go to experiments/results/countdown/, the
+# card beside the shipped model and its figure to docs/.
+#   bash experiments/countdown_claims.sh --write-committed
+#   LIMIT=4 RUNS=/tmp/claims bash experiments/countdown_claims.sh   # a quick look
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  --write-committed) committed=--write-committed ;;
+  "") committed= ;;
+  *) echo "usage: bash experiments/countdown_claims.sh [--write-committed]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 limit=${LIMIT:-null}
 runs=${RUNS:-runs/countdown_claims}
-results=${RESULTS:-experiments/results/countdown}
+results=${RESULTS:-$([ -n "$committed" ] && echo experiments/results/countdown || echo "$runs/results")}
 card=${CARD:+--card $CARD --figure ${CARD%.md}.png}
+case "$(realpath -m "$results")/" in
+  "$PWD"/experiments/results/*|"$PWD"/docs/*|"$PWD"/dlmsearch/data/*)
+    [ -n "$committed" ] || { echo "$results is committed: add --write-committed to regenerate it" >&2; exit 2; } ;;
+esac
 base="model=countdown task=countdown model.device=cpu batch_size=256 task.limit=$limit"
 card_limit=$([ "$limit" = null ] && echo "" || echo "--limit $limit")
 export OMP_NUM_THREADS=1  # two processes, one core each (small models scale poorly across threads)
@@ -30,7 +43,7 @@ python -m dlmsearch -m +experiment=budget_curve $base task.tier=small decoder=ll
 second=$!
 python experiments/countdown_model_card.py $card_args --runs-only --tiers small --sections candidates width
 wait $first $second
-python experiments/countdown_model_card.py $card_args $card   # everything decoded: writes the card
+python experiments/countdown_model_card.py $card_args $card $committed   # everything decoded: writes the card
 for tier in small; do
   dir=$runs/equal_steps_$tier
   rm -rf "$dir" && mkdir -p "$dir"

@@ -7,8 +7,11 @@ C = 0.9, ``c_info`` = 0.2, the frontier before the block midpoint), ``gen_length
 ``block_length`` 8 unless a row says otherwise. Every row is paired with ``llada`` on the same
 problems (exact sign test) and has a Wilson 95 % interval.
 
-    python experiments/countdown_model_card.py
-    python experiments/countdown_model_card.py --limit 32 --runs /tmp/card    # quick look
+Everything is written under ``--runs`` (default ``runs/countdown_card/``) unless ``--write-committed``:
+then the card is the shipped model's ``README.md`` and the figure ``docs/countdown_decoders.png``.
+
+    python experiments/countdown_model_card.py --write-committed            # the shipped card and the README's figure
+    python experiments/countdown_model_card.py --limit 32 --runs /tmp/card    # quick look (everything under /tmp/card)
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dlmsearch import records
 from dlmsearch.config import compose, decoder_presets
 from dlmsearch.tasks.arithmetic import wrong_steps
 from dlmsearch.tasks.countdown import TIERS
+from outputs import add_flag, check
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["model=countdown", "task=countdown", "model.device=cpu"]
@@ -161,7 +165,7 @@ def card(rows: list[dict], sections: dict[str, list[dict]], args: argparse.Names
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path(compose(BASE).model.path))
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "countdown_card")
     parser.add_argument("--limit", type=int, default=None, help="problems per tier (default: all)")
@@ -170,10 +174,15 @@ def main() -> None:
     parser.add_argument("--tiers", nargs="+", default=CARD_TIERS, choices=list(TIERS))
     parser.add_argument("--presets", nargs="*", default=None, help="default: every preset")
     parser.add_argument("--sections", nargs="*", default=list(SECTIONS), choices=list(SECTIONS))
-    parser.add_argument("--card", type=Path, default=None, help="default: README.md beside the model")
+    parser.add_argument("--card", type=Path, default=None, help="default: README.md in --runs (--write-committed: beside the model)")
     parser.add_argument("--runs-only", action="store_true", help="decode (resumable) without writing the card: split a card over processes")
-    parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "countdown_decoders.png")
+    parser.add_argument("--figure", type=Path, default=None, help="default: countdown_decoders.png in --runs (--write-committed: in docs/)")
+    add_flag(parser, "model card (README.md beside the model) and figure in docs/")
     args = parser.parse_args()
+    check(parser, args, args.card, args.figure, args.runs / "table.json")
+    card_path = args.card or (args.model / "README.md" if args.write_committed else args.runs / "README.md")
+    figure = args.figure or (ROOT / "docs" if args.write_committed else args.runs) / "countdown_decoders.png"
+    check(parser, args, card_path)
     torch.set_num_threads(args.threads)
     presets = args.presets if args.presets is not None else decoder_presets()
 
@@ -190,9 +199,10 @@ def main() -> None:
         return
     args.runs.mkdir(parents=True, exist_ok=True)
     (args.runs / "table.json").write_text(json.dumps({"presets": rows, **sections}, indent=2) + "\n")
-    plot_accuracy_vs_steps(rows, args.tiers, "Shipped Countdown model: accuracy vs steps per decoder", "problem", args.figure)
+    plot_accuracy_vs_steps(rows, args.tiers, "Shipped Countdown model: accuracy vs steps per decoder", "problem", figure)
     command = "bash experiments/countdown_claims.sh" if not args.limit else f"python experiments/countdown_model_card.py --limit {args.limit}"
-    (args.card or args.model / "README.md").write_text(card(rows, sections, args, command))
+    card_path.write_text(card(rows, sections, args, command))
+    print(f"wrote {card_path}, {figure} and {args.runs / 'table.json'}")
     for r in rows + [r for s in sections.values() for r in s]:
         print(f"{r['tier']:7} {r['label']:26} solved {100 * r['accuracy']:5.1f} %  steps {r['mean_steps']:5.1f}  rows {r['mean_row_forwards']:6.1f}")
 

@@ -5,7 +5,8 @@ the shipped Countdown model was trained on drawn problems, so the table counts t
 tokens (worked answer, ``<|eot_id|>``, the ``<|endoftext|>`` fill) of problems drawn as training
 draws them at the end of its curriculum. Written in PC-Sampler's format.
 
-    python experiments/countdown_token_frequencies.py     # dlmsearch/data/countdown_model/token_frequencies.json
+    python experiments/countdown_token_frequencies.py                     # runs/countdown_token_frequencies/token_frequencies.json
+    python experiments/countdown_token_frequencies.py --write-committed   # dlmsearch/data/countdown_model/token_frequencies.json
 """
 
 from __future__ import annotations
@@ -18,16 +19,21 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from outputs import RUNS, add_flag, resolve
 from train_countdown import EOS_ID, EOT_ID, ProblemSampler, held_out_triples
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", type=int, default=20000)
-    parser.add_argument("--out", type=Path, default=ROOT / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json")
+    parser.add_argument("--out", type=Path, default=None, help="the JSON file (default runs/countdown_token_frequencies/token_frequencies.json)")
+    add_flag(parser, "table shipped beside the Countdown model")
     args = parser.parse_args(argv)
+    args.out = resolve(parser, args, args.out, ROOT / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json",
+                       RUNS / "countdown_token_frequencies" / "token_frequencies.json")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     cfg = OmegaConf.load(ROOT / "experiments" / "conf" / "train" / "countdown.yaml")
     from transformers import AutoTokenizer
 

@@ -6,7 +6,8 @@ benchmark's random LLaDA-shaped model (a warm dual-cache call of one row's 32-to
 full forward of a 96-token canvas): every ATen operator that does work (views, reshapes and
 other metadata-only operators are not counted), and for the compiled run every fused kernel.
 
-    python experiments/forward_ops.py --size tiny      # ~1 min on 2 cores (the compile included)
+    python experiments/forward_ops.py --size tiny      # ~1 min on 2 cores (the compile included), into runs/forward_ops/
+    python experiments/forward_ops.py --size tiny --write-committed   # experiments/results/bench/forward_ops_tiny.{md,json}
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bench.random_model import MASK_ID, VOCAB, build_model
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.engine.rollout import RolloutEngine
+from outputs import RUNS, add_flag, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 METADATA = {"aten::view", "aten::reshape", "aten::transpose", "aten::expand", "aten::slice", "aten::select", "aten::as_strided",
@@ -63,11 +65,14 @@ def measure(size: str, compile_: bool) -> dict[str, dict[str, int]]:
     return out
 
 
-def main() -> int:
-    torch._inductor.config.cpp.enable_kernel_profile = True  # the fused C++ kernels show in the profile
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="tiny")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=None, help="where to write forward_ops_<size>.{md,json} (default runs/forward_ops/)")
+    add_flag(parser, "table in experiments/results/bench/")
+    args = parser.parse_args(argv)
+    results = resolve(parser, args, args.out, ROOT / "experiments" / "results" / "bench", RUNS / "forward_ops")
+    torch._inductor.config.cpp.enable_kernel_profile = True  # the fused C++ kernels show in the profile
     torch.set_num_threads(2)
     found = {"eager": measure(args.size, False), "engine.compile": measure(args.size, True)}
     layers = build_model(args.size, "meta", torch.float32).config.num_layers
@@ -76,11 +81,11 @@ def main() -> int:
         e, c = found["eager"][what], found["engine.compile"][what]
         lines.append(f"| {what} | {e['operators']} | {c['operators']} + {c['fused_kernels']} |")
     table = "\n".join(lines)
-    results = ROOT / "experiments" / "results" / "bench"
     results.mkdir(parents=True, exist_ok=True)
     (results / f"forward_ops_{args.size}.md").write_text(f"{table}\n\nMeasured by `python experiments/forward_ops.py --size {args.size}`.\n")
     (results / f"forward_ops_{args.size}.json").write_text(json.dumps(found, indent=1) + "\n")
     print(table)
+    print(f"wrote {results}/forward_ops_{args.size}.{{md,json}}")
     return 0
 
 

@@ -1,6 +1,7 @@
-"""Write the project's held-out Countdown tiers into the package (fixed seeds; run once, committed).
+"""Write the project's held-out Countdown tiers (fixed seeds; run once, committed in the package).
 
-    python experiments/make_countdown_tiers.py
+    python experiments/make_countdown_tiers.py                     # into runs/countdown_tiers/ (to compare)
+    python experiments/make_countdown_tiers.py --write-committed   # rewrite the shipped tiers in dlmsearch/data/
 
 Each tier has distinct number triples, none shared with another tier or with d1's split, and
 the training script excludes every triple of every shipped tier.
@@ -8,21 +9,32 @@ the training script excludes every triple of every shipped tier.
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 from dlmsearch.tasks.countdown import TIERS, load_countdown, shipped_countdown_path
 from dlmsearch.tasks.countdown_problems import draw_tier, triples_in, write_tier
+from outputs import RUNS, add_flag, resolve
 
 # tier -> (seed, count, low, high)
 RECIPES = {"validation": (100, 128, 1, 20), "small": (101, 256, 1, 20), "medium": (102, 256, 1, 50), "large": (103, 256, 1, 100)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=None, help="the folder to write the tiers' files into (default runs/countdown_tiers/)")
+    add_flag(parser, "tiers shipped in dlmsearch/data/countdown/")
+    args = parser.parse_args(argv)
+    out = resolve(parser, args, args.out, shipped_countdown_path("small").parent, RUNS / "countdown_tiers")
+    out.mkdir(parents=True, exist_ok=True)
     taken = triples_in([p for _, p in load_countdown(shipped_countdown_path("d1"))])
     for tier, (seed, count, low, high) in RECIPES.items():
         problems = draw_tier(seed, count, low, high, excluded=taken)
         taken |= triples_in(problems)
-        write_tier(shipped_countdown_path(tier), problems)
-        print(f"{tier}: {len(problems)} problems, numbers {low}-{high} -> {TIERS[tier][0]}")
+        write_tier(out / TIERS[tier][0], problems)
+        print(f"{tier}: {len(problems)} problems, numbers {low}-{high} -> {out / TIERS[tier][0]}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

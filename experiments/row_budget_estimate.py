@@ -4,11 +4,15 @@ For the engine benchmark's random LLaDA-shaped models (``tiny`` and ``1b``), one
 rows and the engine's vocabulary-sized summaries (softmax, a tempered softmax): the peak resident
 memory above the weights (Linux ``VmHWM`` after ``clear_refs``) against ``rows x row_bytes``.
 
-    python experiments/row_budget_estimate.py      # about a minute on 2 cores, ~8 GB of memory for 1b
+    python experiments/row_budget_estimate.py                # about a minute on 2 cores, ~8 GB of memory for 1b
+    python experiments/row_budget_estimate.py --sizes tiny   # a few seconds
+
+Prints its table; writes nothing.
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import torch
@@ -25,9 +29,16 @@ def peak_bytes() -> int:
     raise OSError("no VmHWM in /proc/self/status (Linux only)")
 
 
-def main() -> int:
+SHAPES = {"tiny": (16, 64, 64), "1b": (4, 200, 128)}  # size -> (rows, prompt, gen)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", choices=list(SHAPES), default=list(SHAPES), help="the benchmark's model sizes to measure")
+    args = parser.parse_args(argv)
     torch.set_num_threads(2)
-    for size, rows, prompt, gen in (("tiny", 16, 64, 64), ("1b", 4, 200, 128)):
+    for size in args.sizes:
+        rows, prompt, gen = SHAPES[size]
         module = build_model(size, "cpu", torch.float32)
         adapter = ModelAdapter(module=module, mask_id=MASK_ID, vocab_size=VOCAB)
         tokens = torch.randint(0, 1000, (rows, prompt + gen))

@@ -1,7 +1,8 @@
 """The server under load: throughput and latency against concurrency, beside one-at-a-time
 serving and the offline decode of the same requests at batch 16, measured in one run.
 
-    python experiments/serve_load.py                      # both models, fast_dllm and adalook
+    python experiments/serve_load.py                      # both models, fast_dllm and adalook (into runs/serve_load/)
+    python experiments/serve_load.py --batch-wait-ms 0 10 --write-committed   # the committed experiments/results/serve/
     python experiments/serve_load.py --models countdown --requests 32 --concurrency 1 16
 
 Two models: the shipped Countdown model, and a tiny random LLaDA (LLaDA's architecture at the
@@ -14,7 +15,8 @@ distinct chat requests (Countdown problems, each its own seed) from N concurrent
 (httpx; one request through the official ``openai`` client first), and reads the server's
 ``/metrics`` for the mean rows per step. Concurrency 1 is one-at-a-time serving. The offline
 figure decodes the same prompts with :meth:`dlmsearch.api.Decoder.generate` at ``batch_size=16``
-in this process. Writes ``experiments/results/serve/{load.json,load.md,load.png}``.
+in this process. Writes ``load.json``, ``load.md`` and ``load.png`` into ``--out`` (default
+``runs/serve_load/``; ``--write-committed``: ``experiments/results/serve/``, the README's table).
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ from dlmsearch.models.llada_checkpoint import save_llada  # noqa: E402
 from dlmsearch.models.transformer import BidirectionalTransformer  # noqa: E402
 from dlmsearch.records import percentile  # noqa: E402
 from dlmsearch.shipped import package_data  # noqa: E402
+from outputs import RUNS, add_flag, resolve  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results" / "serve"
+COMMITTED_OUT = Path(__file__).resolve().parent / "results" / "serve"
 BLOCK = 8  # the Countdown model's block length; the random LLaDA is served with the same
 MODELS = ("countdown", "random_llada")
 
@@ -120,6 +123,8 @@ def offline(model: Model, preset: str, texts: list[str], max_tokens: int) -> flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help="where to write load.{json,md,png} (default runs/serve_load/)")
+    add_flag(parser, "table and figure in experiments/results/serve/")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--presets", nargs="+", default=["fast_dllm", "adalook"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 64])
@@ -127,7 +132,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--batch-wait-ms", type=float, nargs="+", default=[0.0], help="serve.batch_wait_ms values, each measured")
     args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
+    out = resolve(parser, args, args.out, COMMITTED_OUT, RUNS / "serve_load")
+    out.mkdir(parents=True, exist_ok=True)
     texts = prompts(args.requests)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -138,7 +144,7 @@ def main() -> None:
                 mine = []
                 for wait in args.batch_wait_ms:
                     settings = [*overrides, f"+decoder={preset}", "serve.max_batch=64", "serve.max_queue=1024", f"serve.batch_wait_ms={wait}"]
-                    with running_server(settings, cwd=str(OUT), threads=2) as (_, url, _):
+                    with running_server(settings, cwd=str(out), threads=2) as (_, url, _):
                         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
                         served_as = client.models.list().data[0].id
                         client.chat.completions.create(model=served_as, messages=[{"role": "user", "content": texts[0]}], max_tokens=args.max_tokens)  # warm-up
@@ -151,15 +157,16 @@ def main() -> None:
                     row["vs_offline_batch16"] = round(row["requests_per_s"] / rate, 2)
                     print(json.dumps(row), flush=True)
                 rows += mine
-    (OUT / "load.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / "load.json").write_text(json.dumps(rows, indent=2) + "\n")
     lines = ["| model | preset | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | p50 s | p95 s | p99 s | mean rows/step |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['model']} | `{r['preset']}` | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} |" for r in rows]
-    (OUT / "load.md").write_text("\n".join(lines) + "\n")
+    (out / "load.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    plot(rows, args.requests)
+    plot(rows, args.requests, out / "load.png")
+    print(f"wrote {out}/load.{{json,md,png}}")
 
 
-def plot(rows: list[dict], requests: int) -> None:
+def plot(rows: list[dict], requests: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -185,7 +192,7 @@ def plot(rows: list[dict], requests: int) -> None:
             ax.legend(fontsize=8)
     fig.suptitle(f"dlmsearch.serve under load ({requests} chat requests per point, 16 new tokens, 2 CPU cores)")
     fig.tight_layout()
-    fig.savefig(OUT / "load.png", dpi=120)
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

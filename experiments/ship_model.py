@@ -1,8 +1,12 @@
 """Copy a trained model into the package with a ``training.json`` that records how it was made
 (read from the training run's own files), and draw its learning curve.
 
-    python experiments/ship_model.py --train-dir runs/sudoku_train --command "python experiments/train_sudoku.py ..."
-    python experiments/ship_model.py --train-dir runs/countdown_train --dest dlmsearch/data/countdown_model \
+Without ``--write-committed`` the model goes to ``runs/ship_model/<train-dir name>/`` (a look at
+what would ship); with it, to ``--dest`` (default: the shipped Sudoku model), and only then may
+``--dest`` or ``--curve`` be committed paths:
+
+    python experiments/ship_model.py --train-dir runs/sudoku_train --write-committed --command "python experiments/train_sudoku.py ..."
+    python experiments/ship_model.py --train-dir runs/countdown_train --dest dlmsearch/data/countdown_model --write-committed \
         --curve docs/countdown_learning_curve.png --command "python experiments/train_countdown.py ..."
 """
 
@@ -18,6 +22,7 @@ from pathlib import Path
 import torch
 
 from dlmsearch.models.loading import shipped_sudoku_model_path
+from outputs import RUNS, add_flag, check, resolve
 
 
 def cpu_name() -> str:
@@ -66,12 +71,16 @@ def plot_curve(losses: list[dict], evals: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-dir", type=Path, default=Path("runs/sudoku_train"))
-    parser.add_argument("--dest", type=Path, default=shipped_sudoku_model_path())
+    parser.add_argument("--dest", type=Path, default=None,
+                        help="the model directory to write (default runs/ship_model/<train-dir name>; --write-committed: the shipped Sudoku model)")
     parser.add_argument("--command", default="python experiments/train_sudoku.py", help="the training command, recorded verbatim")
     parser.add_argument("--curve", type=Path, default=None, help="also draw loss and held-out accuracy against steps (PNG)")
+    add_flag(parser, "model in dlmsearch/data/ (and a --curve in docs/)")
     args = parser.parse_args()
+    check(parser, args, args.curve)
+    args.dest = resolve(parser, args, args.dest, shipped_sudoku_model_path(), RUNS / "ship_model" / args.train_dir.resolve().name)
     state = torch.load(args.train_dir / "checkpoint.pt", weights_only=False, map_location="cpu")
     losses = [json.loads(line) for line in (args.train_dir / "loss.jsonl").read_text().splitlines() if line]
     evals = [json.loads(line) for line in (args.train_dir / "eval.jsonl").read_text().splitlines() if line]

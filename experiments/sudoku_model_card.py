@@ -6,8 +6,12 @@ weights) with Wilson 95 % intervals and exact sign tests against ``--baseline`` 
 puzzles, a JSON table, an accuracy-vs-steps figure, and, for the width presets
 (``--width``) at each population size (``--particles``), accuracy against row-forwards.
 
-    python experiments/sudoku_model_card.py
-    python experiments/sudoku_model_card.py --limit 20 --runs /tmp/card   # quick look
+Everything is written under ``--runs`` (default ``runs/model_card/``) unless ``--write-committed``:
+then the card is the shipped model's ``README.md`` and the figures are ``docs/sudoku_decoders.png``
+and ``docs/sudoku_width.png`` (the width figure goes beside ``--figure`` unless ``--width-figure``).
+
+    python experiments/sudoku_model_card.py --write-committed                 # the shipped card and the README's figures
+    python experiments/sudoku_model_card.py --limit 20 --runs /tmp/card       # quick look (everything under /tmp/card)
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dlmsearch.models.denoiser import BidirectionalDenoiser
 from dlmsearch.models.loading import shipped_sudoku_model_path
 from dlmsearch.tasks.sudoku_files import TIERS, load_puzzles, tier_path
 from decoder_table import measure as measure_run, paired, parse_variant, plot_accuracy_vs_steps
+from outputs import add_flag, check
 
 TEXT_ONLY = ("dream",)  # presets whose schedule is meant for text (one block of the whole generation)
 
@@ -139,7 +144,7 @@ def card(rows: list[dict], args: argparse.Namespace, command: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=shipped_sudoku_model_path())
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "model_card")
     parser.add_argument("--limit", type=int, default=None, help="puzzles per tier (default: all)")
@@ -147,14 +152,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tiers", nargs="+", default=list(TIERS))
     parser.add_argument("--variant", action="append", default=[], help="extra row: label=preset:override,override")
-    parser.add_argument("--card", type=Path, default=None, help="default: README.md beside the model")
-    parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "sudoku_decoders.png")
+    parser.add_argument("--card", type=Path, default=None, help="default: README.md in --runs (--write-committed: beside the model)")
+    parser.add_argument("--figure", type=Path, default=None, help="default: sudoku_decoders.png in --runs (--write-committed: in docs/)")
     parser.add_argument("--baseline", default="llada", help="the label every decoder is paired with")
     parser.add_argument("--presets", nargs="*", default=None, help="presets to measure (default: every preset meant for Sudoku)")
     parser.add_argument("--width", nargs="*", default=["best_of_n", "verified_best_of_n"], help="width presets swept over --particles")
     parser.add_argument("--particles", type=int, nargs="*", default=[1, 2, 4, 8])
-    parser.add_argument("--width-figure", type=Path, default=ROOT / "docs" / "sudoku_width.png")
+    parser.add_argument("--width-figure", type=Path, default=None, help="default: sudoku_width.png beside --figure")
+    add_flag(parser, "model card (README.md beside the model) and figures in docs/")
     args = parser.parse_args()
+    check(parser, args, args.card, args.figure, args.width_figure)
+    card_path = args.card or (args.model / "README.md" if args.write_committed else args.runs / "README.md")
+    figure = args.figure or (ROOT / "docs" if args.write_committed else args.runs) / "sudoku_decoders.png"
+    width_figure = args.width_figure or figure.parent / "sudoku_width.png"
+    check(parser, args, card_path, args.runs / "table.json")
     torch.set_num_threads(args.threads)
     presets = args.presets if args.presets is not None else [p for p in decoder_presets() if p not in TEXT_ONLY]
     variants = [(p, p, []) for p in presets] + [parse_variant(v) for v in args.variant]
@@ -165,14 +176,15 @@ def main() -> None:
     rows += [{**measure(tier, label, preset, overrides, args), "particles": n} for tier in args.tiers for label, preset, overrides, n in sizes]
     args.runs.mkdir(parents=True, exist_ok=True)
     (args.runs / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
-    plot_accuracy_vs_steps([r for r in rows if "particles" not in r], list(TIERS), "Shipped Sudoku denoiser: solve rate vs steps per decoder", "puzzle", args.figure)
-    plot_width(rows, args.width, args.baseline, args.width_figure)
+    plot_accuracy_vs_steps([r for r in rows if "particles" not in r], list(TIERS), "Shipped Sudoku denoiser: solve rate vs steps per decoder", "puzzle", figure)
+    plot_width(rows, args.width, args.baseline, width_figure)
     command = "python experiments/sudoku_model_card.py" + "".join(f" --variant '{v}'" for v in args.variant)
     if args.presets is not None:
         command += " --presets " + " ".join(args.presets)
     if args.card is not None:
         command += f" --card {args.card.relative_to(ROOT) if args.card.is_absolute() and ROOT in args.card.parents else args.card}"
-    (args.card or args.model / "README.md").write_text(card(rows, args, command))
+    card_path.write_text(card(rows, args, command))
+    print(f"wrote {card_path}, {figure}, {width_figure} and {args.runs / 'table.json'}")
     for r in rows:
         print(f"{r['tier']:5} {r['label']:28} solved {100 * r['accuracy']:5.1f} %  steps {r['mean_steps']:6.1f}  rows {r['mean_row_forwards']:7.1f}")
 
