@@ -1,13 +1,22 @@
-"""Running a decoder over a task: batches, incremental JSONL, resume, summary, traces."""
+"""Running a decoder over a task: continuous batching, a record per finished sample, resume, summary, traces.
+
+Pending items are decoded by one :class:`~dlmsearch.search.session.DecodeSession` (per generation
+length): up to ``batch_size`` samples decode together, each finished sample's record is written
+at once, and the places it frees are given to the next pending items between steps, as the
+server does. A sample's tokens and counters do not depend on what decodes beside it, so the
+records are those of any batch size and any admission order.
+"""
 
 from __future__ import annotations
 
 import json
 import resource
 import signal
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
@@ -18,40 +27,46 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from dlmsearch.records import percentile, read_records
 from dlmsearch.config import build, compose, to_plain
 from dlmsearch.distributed import Ranks
+from dlmsearch.records import RunIdentity, check_same_run, percentile, read_records
+from dlmsearch.search.components.lookahead import Lookahead
 from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan
-from dlmsearch.search.components.lookahead import Lookahead
+from dlmsearch.search.records.slots import Slots
+from dlmsearch.search.records.verifier import Verifier
+from dlmsearch.search.session import DecodeSession
+from dlmsearch.search.width.population_hook import SinglePath
 from dlmsearch.tasks.base import Task, TaskItem
+
+# A pending item joins a running decode only while the decode's prompt columns differ from its own
+# prompt's by at most this share of its canvas: a decode's canvas keeps the width of the longest
+# prompt admitted into it, so a much shorter prompt would carry that padding through every forward.
+# One that does not fit waits until the decode has drained (pending items come longest first).
+PADDING_SLACK = 0.25
 
 
 @attrs.define
 class LookaheadLog:
-    """Every level of every lookahead, per sample, for ``trace.jsonl``: the sample's model call,
-    the particle, the depth reached, the live branches with their scores, and whether the
+    """Every level of every lookahead, per sample (by uid), for ``trace.jsonl``: the sample's model
+    call, the particle, the depth reached, the live branches with their scores, and whether the
     branches roll on (``done``: the level at which a branch is adopted)."""
 
-    engine: RolloutEngine
-    size: int  # particles per sample: slot ``s`` belongs to the batch's sample ``s // size``
-    uids: list[int] = attrs.field(factory=list)
     levels: dict[int, list[dict[str, Any]]] = attrs.field(factory=dict)
 
-    def start(self, uids: list[int]) -> None:
-        self.uids = list(uids)
-        for uid in uids:
-            self.levels[uid] = []
+    def begin(self, uid: int) -> None:
+        """A sample starts (again): its levels so far are dropped."""
+        self.levels[uid] = []
 
-    def __call__(self, look: Lookahead) -> None:
+    def __call__(self, look: Lookahead, slots: Slots) -> None:
         calls = look.calls.tolist()
         scores = look.scores.view(len(look.slots), look.width).tolist()
         for s, slot in enumerate(look.slots.tolist()):
             live = look.live[s].tolist()
-            self.levels[self.uids[slot // self.size]].append({
+            self.levels.setdefault(int(slots.uid[slot]), []).append({
                 "call": calls[s],
-                "particle": slot % self.size,
+                "particle": int(slots.particle[slot]),
                 "depth": look.depth,
                 "live": [k for k, alive in enumerate(live) if alive],
                 "scores": [round(v, 5) for v, alive in zip(scores[s], live) if alive],
@@ -96,14 +111,21 @@ def peak_memory_mb() -> dict[str, float]:
 
 
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Aggregate counters; accuracy only over items the task could judge. Wall time is the
-    sum of the items' shares of their batches, so it survives resumes."""
+    """Aggregate counters; accuracy only over items the task could judge.
+
+    ``wall_seconds`` is the run's decoding wall time: the sum of the records' ``wall_seconds``,
+    each sample's share of the steps it decoded in (a step's time split evenly among the samples
+    it advanced; a sample decoded again alone adds that time), so it survives resumes and leaves
+    out model loading and the work on samples a signal cut short. The latency percentiles are of
+    the samples' ``latency_seconds``, from admission to finish (records from before it existed
+    have none and are left out of them).
+    """
     n = len(records)
     decoded = [r for r in records if not r.get("error")]
     judged = [r["correct"] for r in decoded if r["correct"] is not None]
     mean = lambda key: round(sum(r.get(key, 0) for r in decoded) / max(len(decoded), 1), 3)  # noqa: E731  (older records lack newer counters)
     wall = sum(r["wall_seconds"] for r in records)
-    latencies = [r["wall_seconds"] for r in decoded]
+    latencies = [r["latency_seconds"] for r in decoded if "latency_seconds" in r]
     return {
         "items": n,
         "accuracy": round(sum(judged) / len(judged), 4) if judged else None,
@@ -125,7 +147,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class Interrupted(Exception):
-    """SIGTERM or SIGINT arrived: the current batch was written, the run stops (and resumes later)."""
+    """SIGTERM or SIGINT arrived: the finished samples' records are written, the run stops (and resumes later)."""
 
     def __init__(self, signum: int, written: int) -> None:
         super().__init__(f"interrupted by {signal.Signals(signum).name} after {written} items were written; run the same command again to resume")
@@ -134,7 +156,7 @@ class Interrupted(Exception):
 
 @contextmanager
 def graceful_signals() -> Iterator[dict[str, int | None]]:
-    """SIGTERM and SIGINT only set a flag, read between batches (main thread only)."""
+    """SIGTERM and SIGINT only set a flag, read between decode steps (main thread only)."""
     state: dict[str, int | None] = {"signal": None}
     if threading.current_thread() is not threading.main_thread():
         yield state
@@ -152,43 +174,187 @@ def graceful_signals() -> Iterator[dict[str, int | None]]:
 
 
 @attrs.define
+class Admission:
+    """A sample decoding now: its item, when it was admitted (``perf_counter``), and its share of
+    the wall time of the steps it has decoded in so far."""
+
+    item: TaskItem
+    since: float
+    share: float = 0.0
+
+
+@attrs.frozen
+class Finished:
+    """A sample's end: its record and, where it decoded, its result (for the trace)."""
+
+    uid: int
+    record: dict[str, Any]
+    result: DecodeResult | None
+
+
+def request(uid: int, item: TaskItem, key: int | None = None) -> DecodeRequest:
+    return DecodeRequest(uid=uid, prompt=item.prompt, generation=item.generation, key=key)
+
+
+def by_generation_length(pending: list[tuple[int, TaskItem]]) -> list[list[tuple[int, TaskItem]]]:
+    """The pending items per generation length (a decode shares one), in order of first appearance."""
+    groups: dict[int, list[tuple[int, TaskItem]]] = {}
+    for uid, item in pending:
+        groups.setdefault(len(item.generation), []).append((uid, item))
+    return list(groups.values())
+
+
+def fits(session: DecodeSession, item: TaskItem, joining: list[tuple[int, TaskItem]]) -> bool:
+    """Whether ``item`` may join the decode (and the items joining with it) without padding its
+    canvas, or theirs, by more than :data:`PADDING_SLACK` of its own canvas."""
+    widths = [len(i.prompt) for _, i in joining] + ([session.state.layout.gen_start] if session.state is not None else [])
+    if not widths:
+        return True
+    width = max(widths)
+    return max(width - len(item.prompt), len(item.prompt) - width) <= PADDING_SLACK * (len(item.prompt) + len(item.generation))
+
+
+@attrs.define
 class Decoding:
-    """What decodes a batch: the decoder, its engine, the task, an optional fallback decoder and
-    a per-sample time budget."""
+    """What decodes a task's items: the decoder, its engine, the task, an optional fallback
+    decoder, a per-sample time budget (from its admission) and the task's verifier."""
 
     decoder: SearchDecoder
     engine: RolloutEngine
     task: Task
     fallback: SearchDecoder | None = None
-    deadline_s: float | None = None  # samples of a batch decode together: measured from the batch's start
+    deadline_s: float | None = None  # per sample, from its admission into the decode
     lookahead_log: LookaheadLog | None = None  # set: every lookahead level is kept for the trace
-    plans: dict[str, DecodePlan] = attrs.field(factory=dict)  # per decoder name: checked once (``prepare``), used by every batch
+    verifier: Verifier | None = None  # the task's check of every item (``prepare``), keyed by uid: item ``i`` is uid ``i``
+    plans: dict[tuple[int, int], DecodePlan] = attrs.field(factory=dict)  # per (decoder, generation length): checked once, used by every decode
 
     def prepare(self, items: list[TaskItem]) -> DecodePlan:
-        """Check the decoder (and the fallback) against the engine, the model and the task once,
-        before any forward: a refused combination fails here, with its one line, not once per item."""
+        """Build the verifier over every item's question (never the references) and check the
+        decoder (and the fallback) against the engine, the model and the task once, before any
+        forward: a refused combination fails here, with its one line, not once per item."""
         if not items:
             raise ValueError(f"task {self.task.name} has no items to decode")
+        self.verifier = self.task.verifier([i.question for i in items])
         gen_length = len(items[0].generation)
-        verifier = self.task.verifier([items[0].question])
-        for decoder in (self.decoder, self.fallback):
-            if decoder is not None:
-                self.plans[decoder.name] = decoder.plan(self.engine, gen_length, self.task.block_length, verifier)
-        return self.plans[self.decoder.name]
+        if self.fallback is not None:
+            self.plan(self.fallback, gen_length)
+        return self.plan(self.decoder, gen_length)
+
+    def plan(self, decoder: SearchDecoder, gen_length: int) -> DecodePlan:
+        """The decoder's plan for this generation length (made once)."""
+        key = (id(decoder), gen_length)
+        if key not in self.plans:
+            self.plans[key] = decoder.plan(self.engine, gen_length, self.task.block_length, self.verifier)
+        return self.plans[key]
+
+    def session(self, decoder: SearchDecoder, gen_length: int) -> DecodeSession:
+        return DecodeSession(decoder, self.engine, self.plan(decoder, gen_length), self.verifier, self.deadline_s, on_lookahead=self.lookahead_log)
 
     def results(self, decoder: SearchDecoder, items: list[TaskItem], uids: list[int]) -> list[DecodeResult]:
-        requests = [DecodeRequest(uid=u, prompt=i.prompt, generation=i.generation) for u, i in zip(uids, items)]
-        verifier = self.task.verifier([i.question for i in items])  # built from the questions: never the references
-        log = self.lookahead_log
-        if log is not None:
-            log.size = decoder.population.size
-            log.start(uids)
-        plan = self.plans.get(decoder.name)
-        if plan is not None and plan.gen_length != len(items[0].generation):
-            plan = None  # a task with several generation lengths: checked per batch
-        return decoder.decode(self.engine, requests, self.task.block_length, deadline_s=self.deadline_s, verifier=verifier, on_lookahead=log, plan=plan)
+        """These items decoded together, in their order (the Python API's and scripts' call); item
+        ``j`` keys its randomness with ``uids[j]``, as the ``uids[j]``-th item of a run does. Errors propagate."""
+        if not items:
+            return []
+        batch = attrs.evolve(self, verifier=self.task.verifier([i.question for i in items]), lookahead_log=None)  # keyed by place in ``items``
+        session = batch.session(decoder, len(items[0].generation))
+        session.admit([request(j, item, key=uid) for j, (uid, item) in enumerate(zip(uids, items))])
+        by_place = {result.uid: result for result in session.run()}
+        return [attrs.evolve(by_place[j], uid=uid) for j, uid in enumerate(uids)]
 
-    def record(self, item: TaskItem, result: DecodeResult, share: float, fallback: str | None = None) -> dict[str, Any]:
+    def stream(self, pending: list[tuple[int, TaskItem]], batch_size: int, stopping: Callable[[], bool]) -> Iterator[Finished]:
+        """Decode ``(uid, item)`` pairs, at most ``batch_size`` samples at a time, yielding each
+        sample as it finishes: between steps the places of finished samples go to the next pending
+        items (continuous batching), one session per generation length. Returns between steps
+        once ``stopping()``; samples then unfinished have no record (a resumed run decodes them)."""
+        for group in by_generation_length(pending):
+            queue = deque(group)
+            session = self.session(self.decoder, len(group[0][1].generation))
+            running: dict[int, Admission] = {}
+            while queue or running:
+                if stopping():
+                    return
+                yield from self._round(session, queue, running, batch_size)
+
+    def _round(self, session: DecodeSession, queue: deque[tuple[int, TaskItem]], running: dict[int, Admission], batch_size: int) -> list[Finished]:
+        """Admit what fits, step once, and the samples that finished. A failed step leaves its
+        samples to be decoded again alone (:meth:`_rescue`), as do items the decode refused."""
+        tick = time.perf_counter()
+        refused = self._admit(session, queue, running, batch_size)
+        try:
+            results = session.step()
+            if session.stalled():
+                raise RuntimeError(f"decoder {session.plan.name!r} did not finish within {session.plan.max_rounds() + 1} rounds")
+        except Exception as error:  # one bad sample must not end the run
+            session.clear()
+            alone = len(running) == 1
+            failed = [self._rescue(uid, running.pop(uid), error, alone) for uid in list(running)]
+            return [*self._rescue_refused(refused), *failed]
+        share = self._elapsed(tick) / max(len(running), 1)
+        for admission in running.values():
+            admission.share += share
+        finished = [self._finished(result.uid, running.pop(result.uid), result) for result in results]
+        return [*self._rescue_refused(refused), *finished]
+
+    def _rescue_refused(self, refused: list[tuple[int, Admission, Exception]]) -> list[Finished]:
+        """Items the decode refused to admit: each alone, unless it was refused alone."""
+        return [self._rescue(uid, admission, error, len(refused) == 1) for uid, admission, error in refused]
+
+    def _admit(self, session: DecodeSession, queue: deque[tuple[int, TaskItem]], running: dict[int, Admission], batch_size: int) -> list[tuple[int, Admission, Exception]]:
+        """Move the next pending items that fit into the free places; those the decode refuses
+        (what only a request shows) come back with the error."""
+        joining: list[tuple[int, TaskItem]] = []
+        while queue and len(running) + len(joining) < batch_size and fits(session, queue[0][1], joining):
+            joining.append(queue.popleft())
+        if not joining:
+            return []
+        now = time.perf_counter()
+        try:
+            session.admit([request(uid, item) for uid, item in joining])
+        except Exception as error:  # noqa: BLE001  (the session is unchanged: its samples decode on)
+            return [(uid, Admission(item, now), error) for uid, item in joining]
+        for uid, item in joining:
+            running[uid] = Admission(item, now)
+            if self.lookahead_log is not None:
+                self.lookahead_log.begin(uid)
+        return []
+
+    def _rescue(self, uid: int, admission: Admission, error: Exception, alone: bool) -> Finished:
+        """A sample whose decode failed: decoded again alone (unless it already was), then by the
+        fallback decoder (marked); a sample that still fails is recorded with its error."""
+        tick = time.perf_counter()
+        attempts = ([] if alone else [(self.decoder, None)]) + ([(self.fallback, self.fallback.name)] if self.fallback is not None else [])
+        for decoder, fallback in attempts:
+            try:
+                result = self._alone(decoder, uid, admission.item)
+            except Exception as failed:  # noqa: BLE001
+                if fallback is not None:  # the fallback failed too: record both
+                    error = RuntimeError(f"{type(error).__name__}: {error}; fallback {fallback}: {type(failed).__name__}: {failed}")
+                else:
+                    error = failed
+                continue
+            admission.share += self._elapsed(tick)
+            return self._finished(uid, admission, result, fallback)
+        admission.share += self._elapsed(tick)
+        record = {"id": admission.item.id, "error": f"{type(error).__name__}: {error}", "correct": None, **self._timing(admission)}
+        return Finished(uid, record, None)
+
+    def _alone(self, decoder: SearchDecoder, uid: int, item: TaskItem) -> DecodeResult:
+        if self.lookahead_log is not None:
+            self.lookahead_log.begin(uid)
+        session = self.session(decoder, len(item.generation))
+        session.admit([request(uid, item)])
+        [result] = session.run()
+        return result
+
+    def _finished(self, uid: int, admission: Admission, result: DecodeResult, fallback: str | None = None) -> Finished:
+        return Finished(uid, self.record(admission.item, result, self._timing(admission), fallback), result)
+
+    @staticmethod
+    def _timing(admission: Admission) -> dict[str, float]:
+        """The sample's share of the decode's wall time, and its latency from admission to now."""
+        return {"wall_seconds": round(admission.share, 4), "latency_seconds": round(time.perf_counter() - admission.since, 4)}
+
+    def record(self, item: TaskItem, result: DecodeResult, timing: dict[str, float], fallback: str | None = None) -> dict[str, Any]:
         record = {
             "id": item.id,
             "output": self.task.output(item, result.tokens),
@@ -199,7 +365,7 @@ class Decoding:
             "token_forwards": result.token_forwards,
             "tokens_committed": result.tokens_committed,
             "live_particles": result.population.live_particles,
-            "wall_seconds": round(share, 4),
+            **timing,
         }
         if result.population.accepted is not None:
             record["verifier_accepted"] = result.population.accepted
@@ -211,31 +377,6 @@ class Decoding:
         if fallback:
             record["fallback"] = fallback
         return record
-
-    def batch(self, batch: list[tuple[int, TaskItem]]) -> list[tuple[dict[str, Any], DecodeResult | None]]:
-        """Records of a batch. If the batch fails, its items are retried one by one; an item that
-        still fails is decoded by the fallback decoder (marked), else recorded with its error."""
-        tick = time.perf_counter()
-        try:
-            decoded = self.results(self.decoder, [i for _, i in batch], [u for u, _ in batch])
-        except Exception as error:  # one bad item must not end the run
-            if len(batch) > 1:
-                return [pair for one in batch for pair in self.batch([one])]
-            return [self._rescue(batch[0], error)]
-        share = self._elapsed(tick) / len(batch)
-        return [(self.record(item, result, share), result) for (_, item), result in zip(batch, decoded)]
-
-    def _rescue(self, one: tuple[int, TaskItem], error: Exception) -> tuple[dict[str, Any], DecodeResult | None]:
-        uid, item = one
-        tick = time.perf_counter()
-        if self.fallback is not None:
-            try:
-                [result] = self.results(self.fallback, [item], [uid])
-                return self.record(item, result, self._elapsed(tick), fallback=self.fallback.name), result
-            except Exception as second:  # the fallback failed too: record both
-                error = RuntimeError(f"{type(error).__name__}: {error}; fallback {self.fallback.name}: {type(second).__name__}: {second}")
-        message = f"{type(error).__name__}: {error}"
-        return {"id": item.id, "error": message, "correct": None, "wall_seconds": round(self._elapsed(tick), 4)}, None
 
     def _elapsed(self, tick: float) -> float:
         if str(self.engine.device).startswith("cuda"):
@@ -252,58 +393,95 @@ def build_fallback(cfg: DictConfig) -> SearchDecoder | None:
     return build(fallback_cfg, "decoder")
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Decode every item of the task, writing results as they come; resume from ``out_dir``.
+def hydra_overrides() -> list[str]:
+    """The overrides of the Hydra job running now (the CLI, a sweep's job); none outside one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return [str(o) for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
+
+
+def population_name(decoder: SearchDecoder) -> str | dict[str, Any]:
+    """The decoder's population as a summary names it: ``none`` for one path, else its size and components."""
+    population = decoder.population
+    if isinstance(population, SinglePath):
+        return "none"
+    parts = {name: type(getattr(population, name)).__name__ for name in ("diversity", "resampling", "choice", "score") if hasattr(population, name)}
+    return {"size": population.size, **parts}
+
+
+def read_all_done(out: Path) -> dict[str, dict[str, Any]]:
+    """The records already in ``out`` (every rank's file), errors left out (decoded again)."""
+    done: dict[str, dict[str, Any]] = {}
+    for path in sorted(out.glob("results*.jsonl")):
+        done.update(read_done(path))
+    return done
+
+
+def claim(out: Path, identity: RunIdentity) -> None:
+    """Check that ``out``'s records come from this run's config (else one line and nothing
+    decoded), before any model loads; a directory without records is this run's."""
+    records = len(read_records(sorted(out.glob("results*.jsonl"))))
+    check_same_run(out, identity, records)
+    stored = RunIdentity.read(out)
+    if records == 0 or stored is None:
+        identity.write(out)  # every rank writes the same file, at once
+
+
+def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, Any]:
+    """Decode every item of the task, writing each sample's record as it finishes; resume from
+    ``out_dir`` only a run of the same config (``run.json``; :data:`~dlmsearch.records.RESULT_NEUTRAL_KEYS`
+    may change). ``overrides``: what the config was composed with, for the summary (None: the
+    running Hydra job's, if any).
 
     Under ``torchrun`` the pending items are sharded over the ranks, each rank writes its own
     ``results.rank<r>.jsonl``, and rank 0 merges them into ``results.jsonl`` and the summary.
     """
     out = Path(cfg.out_dir)
     check_writable(out)  # before loading a model for minutes
+    overrides = list(overrides) if overrides is not None else hydra_overrides()
+    if int(cfg.batch_size) < 1:
+        raise ValueError(f"batch_size must be at least 1, got {cfg.batch_size}")
+    identity = RunIdentity.of(to_plain(cfg), overrides)
+    claim(out, identity)
     ranks = Ranks.from_environment()
     adapter = build(cfg, "model", **ranks.model_overrides(cfg))
     task = build(cfg, "task")
     engine = build(cfg, "engine", adapter=adapter)
-    decoding = Decoding(build(cfg, "decoder"), engine, task, build_fallback(cfg), cfg.get("deadline_s"), LookaheadLog(engine, 1) if cfg.trace else None)
-    if int(cfg.batch_size) < 1:
-        raise ValueError(f"batch_size must be at least 1, got {cfg.batch_size}")
+    decoding = Decoding(build(cfg, "decoder"), engine, task, build_fallback(cfg), cfg.get("deadline_s"), LookaheadLog() if cfg.trace else None)
     items = task.items()
     plan = decoding.prepare(items)
     longest = max(items, key=lambda item: len(item.prompt) + len(item.generation))
     engine.capabilities.check_length(len(longest.prompt) + len(longest.generation), f"the canvas of item {longest.id} (prompt {len(longest.prompt)} + generation {len(longest.generation)})")
-    done: dict[str, dict[str, Any]] = {}
-    for path in sorted(out.glob("results*.jsonl")):
-        done.update(read_done(path))
+    done = read_all_done(out)
+    already = sum(1 for item in items if item.id in done)
+    if already and ranks.rank == 0:
+        print(f"resuming: {already} of {len(items)} items already done in {out}", file=sys.stderr)
     pending = ranks.shard([(uid, item) for uid, item in enumerate(items) if item.id not in done])
-    # Longest prompts first, so that a batch's rows carry little padding; results do not depend on
+    # Longest prompts first, so that a decode's rows carry little padding; results do not depend on
     # the batch (tested), and results.jsonl is rewritten in the task's order at the end (merge).
     pending.sort(key=lambda pair: -len(pair[1].prompt))
-    results_path = out / ranks.results_name
     decoder_name = decoding.decoder.name
     bar = tqdm(total=len(items), initial=len(items) - len(pending) * ranks.world, desc=f"{decoder_name} on {task.name}", unit="item", dynamic_ncols=True, disable=ranks.rank > 0)
     written = 0
-    with bar, graceful_signals() as stop, results_path.open("a") as results, (out / ranks.trace_name).open("a") if cfg.trace else nullcontext() as traces:
-        for start in range(0, len(pending), int(cfg.batch_size)):
-            batch = pending[start : start + int(cfg.batch_size)]
-            for (uid, _), (record, result) in zip(batch, decoding.batch(batch)):
-                done[record["id"]] = record
-                results.write(json.dumps(record) + "\n")
-                if traces is not None and result is not None:
-                    lookahead = decoding.lookahead_log.take(uid) if decoding.lookahead_log is not None else []
-                    line = {"id": record["id"], "events": trace_events(result, task), "lookahead": lookahead, "revisions": result.revisions.tolist()}
-                    traces.write(json.dumps(line) + "\n")
-                written += 1
-            results.flush()
-            bar.update(min(int(cfg.batch_size), len(pending) - start) * ranks.world)
-            judged = [r["correct"] for r in done.values() if r.get("correct") is not None]
-            if judged:
-                bar.set_postfix(correct=f"{100 * sum(judged) / len(judged):.1f}%")
-            if stop["signal"] is not None:
-                raise Interrupted(stop["signal"], written)
+    judged = [r["correct"] for r in done.values() if r.get("correct") is not None]
+    solved = sum(judged)
+    with bar, graceful_signals() as stop, (out / ranks.results_name).open("a") as results, (out / ranks.trace_name).open("a") if cfg.trace else nullcontext() as traces:
+        for finished in decoding.stream(pending, int(cfg.batch_size), lambda: stop["signal"] is not None):
+            write_finished(finished, results, traces, decoding, task)
+            written += 1
+            bar.update(ranks.world)
+            if finished.record.get("correct") is not None:
+                judged.append(finished.record["correct"])
+                solved += finished.record["correct"]
+                bar.set_postfix(correct=f"{100 * solved / len(judged):.1f}%")
+        if stop["signal"] is not None:
+            raise Interrupted(stop["signal"], written)
     done = ranks.merge(out, [item.id for item in items], partial(read_done, keep_errors=True))
     records = [done[item.id] for item in items if item.id in done]
     summary = {
-        "decoder": decoder_name, "task": task.name, **summarise(records), **peak_memory_mb(), "world_size": ranks.world,
+        "decoder": decoder_name, "task": task.name, "cache": engine.cache.name, "population": population_name(decoding.decoder),
+        "overrides": overrides, "fingerprint": identity.fingerprint,
+        **summarise(records), **peak_memory_mb(), "world_size": ranks.world,
         "sampling": plan.sampling.as_dict(),  # what was used: the engine's, the checkpoint's and the decoder's settings layered
         **engine.layerwise_cost(),
         "config": to_plain(cfg),
@@ -312,6 +490,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     summary["examples"] = [task.render(item, done[item.id]["output"]) for item in items[: int(cfg.examples)] if "output" in done.get(item.id, {})]
     return summary
+
+
+def write_finished(finished: Finished, results: Any, traces: Any, decoding: Decoding, task: Task) -> None:
+    """Append a finished sample's record (and trace line) and flush, so that a kill loses no finished sample."""
+    results.write(json.dumps(finished.record) + "\n")
+    results.flush()
+    if traces is not None and finished.result is not None:
+        lookahead = decoding.lookahead_log.take(finished.uid) if decoding.lookahead_log is not None else []
+        line = {"id": finished.record["id"], "events": trace_events(finished.result, task), "lookahead": lookahead, "revisions": finished.result.revisions.tolist()}
+        traces.write(json.dumps(line) + "\n")
+        traces.flush()
 
 
 def check_writable(out: Path) -> None:

@@ -7,18 +7,23 @@ runs one round of the one decode loop for everything admitted and returns the re
 samples it finished, which leave the decode; ``evict`` drops samples early (a client went
 away). Every sample's tokens and counters are exactly what it gets decoded alone, whatever
 joins or leaves around it: its randomness is keyed by its uid and its own call count, its
-padding is invisible, and its rounds, deadline and population schedule are its own.
+padding is invisible, and its rounds, deadline and population schedule are its own. A task's
+verifier is asked about samples by uid (:class:`ByUid`), since their places in the decode change.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import torch
 
+from dlmsearch.search.components.lookahead import Lookahead
 from dlmsearch.search.driver import DecodeRequest, DecodeResult, DecodeState, SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan
 from dlmsearch.search.records.rows import cat_rows, pad_columns
+from dlmsearch.search.records.slots import Slots
 from dlmsearch.search.records.state import Evaluation
 from dlmsearch.search.records.verifier import Verifier
 
@@ -87,6 +92,33 @@ def keep(state: DecodeState, samples: torch.Tensor, copy_stores: bool = False) -
     )
 
 
+@attrs.frozen
+class ByUid:
+    """A uid-keyed verifier as a decode asks it: by each sample's place (``sample``), here mapped
+    to the sample's uid, so that a sample is checked against its own question wherever it sits."""
+
+    verifier: Verifier
+    uid: torch.Tensor  # [samples] the uid of each place in the decode
+
+    @property
+    def checks_partial(self) -> bool:
+        return self.verifier.checks_partial
+
+    def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        return self.verifier.consistent(self.uid[sample], tokens, masked)
+
+    def accepts(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self.verifier.accepts(self.uid[sample], tokens)
+
+    def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
+        return self.verifier.answers(self.uid[sample], tokens)
+
+
+def placed(verifier: Verifier | None, state: DecodeState) -> Verifier | None:
+    """``verifier`` (keyed by uid) as this decode's samples are placed."""
+    return None if verifier is None else ByUid(verifier, state.slots.uid.view(-1, state.slots.size)[:, 0])
+
+
 @attrs.define(eq=False)
 class DecodeSession:
     """One decode loop over a changing set of samples (a server's continuous batch)."""
@@ -94,9 +126,10 @@ class DecodeSession:
     decoder: SearchDecoder
     engine: RolloutEngine
     plan: DecodePlan
-    verifier: Verifier | None = None  # a population's task check: it must not depend on a sample's place in the decode (a question-free rule, or one keyed by uid)
+    verifier: Verifier | None = None  # a population's task check, keyed by uid (a question-free rule, or one built so that index ``uid`` holds that sample's question)
     deadline_s: float | None = None
     state: DecodeState | None = None
+    on_lookahead: Callable[[Lookahead, Slots], None] | None = None  # every lookahead level, with the slot table that names its slots' samples (traces)
 
     @classmethod
     def open(
@@ -151,9 +184,18 @@ class DecodeSession:
         """One round for every sample admitted; the results of those it finished (they leave the decode)."""
         if self.state is None:
             return []
-        state = self.decoder.step(self.engine, self.state, self.verifier, self.deadline_s)
-        self.state = state
+        before = self.state
+        look = None if self.on_lookahead is None else lambda lookahead: self.on_lookahead(lookahead, before.slots)  # type: ignore[misc]
+        self.state = self.decoder.step(self.engine, before, placed(self.verifier, before), self.deadline_s, on_lookahead=look)
         return self._take_finished()
+
+    def clear(self) -> None:
+        """Drop every sample at once, after a failed step has left the decode's state in doubt."""
+        self.state = None
+
+    def stalled(self) -> bool:
+        """Whether a sample has run past the rounds any sample can need (a decoder that never finishes)."""
+        return self.state is not None and int(self.state.rounds.max()) > self.plan.max_rounds() + 1
 
     def _take_finished(self) -> list[DecodeResult]:
         assert self.state is not None
@@ -163,7 +205,7 @@ class DecodeSession:
         if not bool(done.any()):
             return []
         finished = keep(state, done.nonzero().squeeze(1), copy_stores=True)
-        results = self.decoder.finish(self.engine, finished, self.verifier)
+        results = self.decoder.finish(self.engine, finished, placed(self.verifier, finished))
         stay = (~done).nonzero().squeeze(1)
         self.state = None if len(stay) == 0 else keep(state, stay)
         return results
@@ -171,9 +213,8 @@ class DecodeSession:
     def run(self) -> list[DecodeResult]:
         """Step until every admitted sample has finished; their results in the order they finished."""
         results: list[DecodeResult] = []
-        limit = self.plan.max_rounds() + 1  # a sample's own rounds, wherever it joined
         while self.state is not None:
             results += self.step()
-            if self.state is not None and int(self.state.rounds.max()) > limit:
-                raise RuntimeError(f"decoder {self.plan.name!r} did not finish within {limit} rounds")
+            if self.stalled():
+                raise RuntimeError(f"decoder {self.plan.name!r} did not finish within {self.plan.max_rounds() + 1} rounds")
         return results
