@@ -1,5 +1,6 @@
 """Starting the real server for tests and benchmarks: ``python -m dlmsearch.serve`` in a
-subprocess on an ephemeral loopback port, its address read from its start-up line."""
+subprocess on an ephemeral loopback port, its address read from its start-up line; and reading
+its metrics while it runs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 LISTENING = re.compile(r"listening on (http://\S+)")
@@ -50,3 +51,21 @@ def running_server(overrides: list[str], cwd: str | None = None, timeout_s: floa
         if process.poll() is None:
             process.kill()
         process.wait(30)
+
+
+def metric(server: str, name: str) -> float:
+    """One sample of ``GET /metrics`` (the first with that name)."""
+    import httpx
+
+    for line in httpx.get(server + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; a failure, never a hang, when it does not."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(0.02)

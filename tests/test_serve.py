@@ -26,7 +26,7 @@ openai = pytest.importorskip("openai")
 
 from dlmsearch.api import Decoder, Model, compose_settings  # noqa: E402
 from dlmsearch.config import decoder_presets  # noqa: E402
-from serving import running_server  # noqa: E402
+from serving import metric, running_server, wait_until  # noqa: E402
 
 MODEL = "countdown"
 BLOCK = 8  # the shipped Countdown model's block length (conf/model/countdown.yaml: trained_on)
@@ -196,21 +196,6 @@ def test_bad_input_gets_an_openai_error(server: str, what: str, path: str, body:
     if param is not None:
         assert error["param"] == param, error
     assert httpx.get(server + "/health", timeout=10).json()["status"] == "ok"
-
-
-def metric(server: str, name: str) -> float:
-    for line in httpx.get(server + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no metric {name}")
-
-
-def wait_until(condition, what: str, timeout_s: float = 60.0) -> None:
-    """Poll ``condition`` until it holds; a failure, never a hang, when it does not."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
-        time.sleep(0.02)
 
 
 SLOW = {"preset": "llada", "prompt": PROMPTS[5], "chat": False, "max_tokens": 96, "n": 4, "temperature": 0.7, "seed": 3}

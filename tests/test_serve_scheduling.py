@@ -1,12 +1,15 @@
-"""The decode loop's batching window and the server's limits, without a model or a socket.
+"""The decode loop's batching window, its shutdown and the server's limits, without a model or a socket.
 
 The window (``serve.batch_wait_ms``) waits, after a step that freed slots, for as many new
 requests as slots were freed, and never longer than the window; with nothing running it never
-waits (a lone client pays nothing). The limits fail before a model loads, one line naming the key.
+waits (a lone client pays nothing), nor while the server drains (nobody can arrive). When the
+grace is over, every request still queued or running gets the one error, once. The limits fail
+before a model loads, one line naming the key.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from types import SimpleNamespace
@@ -19,6 +22,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from dlmsearch.serve.app import check_limits  # noqa: E402
 from dlmsearch.serve.metrics import ServerMetrics  # noqa: E402
+from dlmsearch.serve.protocol import APIError  # noqa: E402
 from dlmsearch.serve.scheduler import Scheduler  # noqa: E402
 
 LIMITS = {"max_batch": 4, "max_rows": None, "max_queue": 8, "max_n": 2, "max_body_bytes": 1024, "max_lanes": 2, "batch_wait_ms": 0, "grace_s": 1}
@@ -79,6 +83,30 @@ def test_a_stop_ends_the_wait() -> None:
     threading.Timer(0.05, stop).start()
     refill(s)
     assert s.stopped
+
+
+def test_a_drain_ends_the_wait() -> None:
+    """Nobody can arrive while the server drains: waiting for them would only spend the grace."""
+    s = scheduler(FOREVER_S, running=1, freed=1)
+    threading.Timer(0.05, s.drain).start()
+    waiter = threading.Thread(target=refill, args=(s,), daemon=True)
+    waiter.start()
+    waiter.join(10)
+    assert not waiter.is_alive() and s.draining
+
+
+def test_expiry_answers_every_unfinished_request_once() -> None:
+    s = scheduler(0.0, running=0, freed=0)
+    posted: list[tuple[int, tuple]] = []
+    jobs = [SimpleNamespace(choices=[object()], post=lambda event, i=i: posted.append((i, event))) for i in range(3)]
+    s.running, s.waiting = jobs[:2], collections.deque(jobs[2:])
+    error = APIError(503, "the grace is over", code="server_shutdown")
+    assert s.expire(error) == jobs
+    assert posted == [(i, ("error", error)) for i in range(3)]
+    assert s.stopped and not s.running and not s.waiting
+    assert s.expire(error) == [] and len(posted) == 3
+    with pytest.raises(APIError, match="shutting down"):
+        s.check_open()
 
 
 @pytest.mark.parametrize(("key", "value", "expected"), [("max_batch", 0, r"within \[1, inf\], got 0"), ("max_queue", -1, r"within \[1, inf\], got -1"), ("batch_wait_ms", -5, r"within \[0, inf\], got -5"), ("max_n", "two", r"an integer, got 'two'"), ("grace_s", True, r"a number, got True")])

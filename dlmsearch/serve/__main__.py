@@ -3,8 +3,10 @@
 Composed by Hydra from ``conf/serve.yaml`` (``conf/config.yaml`` and the server's settings),
 served by uvicorn on a socket bound here (``serve.port=0``: any free port; the line
 ``dlmsearch.serve: listening on http://HOST:PORT`` says which). SIGTERM or SIGINT drains: new
-requests get 503, what is queued or running finishes within ``serve.grace_s``, then the
-process exits 0 (a second signal exits at once).
+requests get 503 ``shutting_down``, what is queued or running has ``serve.grace_s`` to finish;
+what is still unfinished then gets a 503 ``server_shutdown`` (a JSON body, or an error event and
+``[DONE]`` on a stream) and one log line each, and the process exits 0 (a second signal exits
+at once).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def serve(cfg: DictConfig, overrides: list[str], model_name: str) -> None:
 
     missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ValueError(f"the server needs {', '.join(missing)}: pip install 'dlmsearch[serve]'")
+        raise ValueError(f"the server needs {', '.join(missing)}: install dlmsearch with its serve extra, pip install -e '.[serve]' in a clone (or pip install 'WHEEL[serve]' for a built wheel)")
     import uvicorn
 
     from dlmsearch.serve.app import Server, create_app
@@ -56,15 +58,18 @@ def serve(cfg: DictConfig, overrides: list[str], model_name: str) -> None:
                 return
             self.draining = True
             server.scheduler.drain()
-            print(f"dlmsearch.serve: draining (new requests get 503; up to {server.grace_s:.0f} s for the running ones)", flush=True)
+            print(f"dlmsearch.serve: draining (new requests get 503; up to {server.grace_s:g} s for the running ones, serve.grace_s)", flush=True)
+            threading.Thread(target=self.finish, daemon=True).start()
 
-            def wait() -> None:
-                deadline = time.monotonic() + server.grace_s
-                while not server.scheduler.idle and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                self.should_exit = True
-
-            threading.Thread(target=wait, daemon=True).start()
+        def finish(self) -> None:
+            """Wait out the grace, answer what is still unfinished (before uvicorn would cancel its
+            tasks: a cut connection and a traceback each), then exit."""
+            deadline = time.monotonic() + server.grace_s
+            while not server.scheduler.idle and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not server.scheduler.idle:
+                server.cut_off()
+            self.should_exit = True
 
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, lifespan="on")
     runner = Draining(config)

@@ -5,7 +5,9 @@
 the generation length, the lane its settings need), queue it, and answer with the whole
 response or, with ``stream: true``, Server-Sent Events. ``GET /v1/models``, ``GET /health``
 and ``GET /metrics`` report on the server. Every failure is OpenAI's error body with its status;
-nothing a request does can stop the server.
+nothing a request does can stop the server. A request that the shutdown cuts off (still running
+when ``serve.grace_s`` is over) gets a 503 ``server_shutdown`` body too, or on a stream an error
+event and ``[DONE]``, and the log one line for it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -174,11 +177,31 @@ class Server:
             delta, choice.sent = text[len(choice.sent):], text
             job.post(("delta", choice.index, delta))
 
+    # ------------------------------------------------------------------ shutting down
+
+    def cut_off(self) -> int:
+        """The grace after SIGTERM is over: answer every request still queued or running with a 503
+        ``server_shutdown`` (a client should retry it elsewhere: the same seed gives the same text),
+        and log one line for each instead of the cancelled tasks' tracebacks. Returns how many."""
+        error = APIError(503, f"the server shut down before this request finished: serve.grace_s ({self.grace_s:g} s after SIGTERM) was over; retry it", code="server_shutdown")
+        now = time.monotonic()
+        jobs = self.scheduler.expire(error)
+        for job in jobs:
+            print(_cut_off_line(job, now), file=sys.stderr, flush=True)
+        return len(jobs)
+
     def totals(self, job: Job, done: list[dict[str, Any]]) -> dict[str, Any]:
         """The response's usage: OpenAI's token counts, then the decode's counters summed over the choices."""
         counters = {name: sum(c[name] for c in done) for name in COUNTERS}
         counters |= {"deadline_hit": any(c["deadline_hit"] for c in done), "gen_length": job.choices[0].request.generation.numel(), "preset": job.lane.key.preset}
         return usage(job.prompt_tokens, sum(c["completion_tokens"] for c in done), counters)
+
+
+def _cut_off_line(job: Job, now: float) -> str:
+    """The log line for a request the shutdown cut off: which, how long it ran, how far it got."""
+    state = "queued" if job.admitted is None else f"running {now - job.admitted:.1f} s"
+    answer = "its stream ended with a server_shutdown error event and [DONE]" if job.stream else "answered 503 server_shutdown"
+    return f"dlmsearch.serve: {job.request_id} cut off by the shutdown ({state}, {job.finished} of {len(job.choices)} choices done): {answer}"
 
 
 def create_app(server: Server) -> FastAPI:
@@ -221,8 +244,8 @@ def create_app(server: Server) -> FastAPI:
         body = parse(await read_body(request), kind)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         job = await server.job(body, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        request_id = job.request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         server.scheduler.submit(job)
-        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage", False))
             return StreamingResponse(_sse(server, job, events, request_id, chat, include_usage, request), media_type="text/event-stream")

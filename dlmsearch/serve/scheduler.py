@@ -18,6 +18,11 @@ A step that fails (out of memory even after the engine's own row splitting, NaN 
 fails nobody at once: a session of several samples is dissolved and its requests start again
 each in a session of its own (decoding is deterministic, so they return what they would have;
 only time is lost); a request that fails alone gets the error, and nothing else is touched.
+
+Shutting down has two stages: :meth:`Scheduler.drain` stops admissions (what is queued or
+running goes on), and :meth:`Scheduler.expire`, when the grace is over, ends the loop and hands
+every request still queued or running one error, so that its client gets an answer, not a cut
+connection.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class Job:
     cancelled: bool = False
     solo: bool = False  # decodes in a session of its own (after its shared session failed)
     finished: int = 0
+    request_id: str = ""  # the response's id (cmpl-..., chatcmpl-...), for the log
 
     @property
     def rows(self) -> int:
@@ -128,21 +134,32 @@ class Scheduler:
             return not self.waiting and not self.running
 
     def drain(self) -> None:
-        """Stop admitting (new requests get 503); what is queued or running goes on."""
+        """Stop admitting (new requests get 503); what is queued or running goes on. A batching
+        window in progress ends: nobody can arrive to fill it."""
         with self.cond:
             self.draining = True
+            self.cond.notify()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """End the loop; requests still waiting or running get a 503."""
+    def expire(self, error: APIError) -> list[Job]:
+        """The grace is over: end the loop and answer every request still queued or running with
+        ``error`` (at once, not after the step in progress). Returns them, oldest first, for the log."""
         with self.cond:
             self.stopped = True
+            jobs = [*self.running, *self.waiting]
+            self.waiting.clear()
+            self.running.clear()
+            self.metrics.queue_depth.set(0)
             self.cond.notify()
+        for job in jobs:
+            self.metrics.requests.labels(outcome="error").inc()
+            job.post(("error", error))
+        return jobs
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the loop; requests still waiting or running (none after :meth:`expire`) get a 503."""
+        self.expire(APIError(503, "the server stopped before this request finished", code="server_shutdown"))
         if self.thread.is_alive():
             self.thread.join(timeout)
-        for job in list(self.waiting) + list(self.running):
-            job.post(("error", APIError(503, "the server stopped before this request finished", code="shutting_down")))
-        self.waiting.clear()
-        self.running.clear()
 
     # ------------------------------------------------------------------ the loop
 
@@ -168,7 +185,7 @@ class Scheduler:
         wanted = min(self.freed, self.max_batch - running) if running else 0
         self.freed = 0
         deadline = time.monotonic() + self.batch_wait_s
-        while wanted > 0 and len(self.waiting) < wanted and not self.stopped:
+        while wanted > 0 and len(self.waiting) < wanted and not self.stopped and not self.draining:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -263,10 +280,12 @@ class Scheduler:
         job.finished += 1
         if job.finished == len(job.choices):
             with self.cond:
-                if job in self.running:
+                answered = job in self.running  # not if it expired during this step: it got its error
+                if answered:
                     self.running.remove(job)
-            self.metrics.requests.labels(outcome="ok").inc()
-            self.metrics.latency.observe(time.monotonic() - job.arrived)
+            if answered:
+                self.metrics.requests.labels(outcome="ok").inc()
+                self.metrics.latency.observe(time.monotonic() - job.arrived)
 
     def _recover(self, key: tuple[LaneKey, int], session: DecodeSession, error: Exception) -> None:
         """A failed step: a request alone in its session fails; a shared session's requests start again alone."""
