@@ -7,7 +7,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from dlmsearch.config import CONF_DIR, ConfigError, decoder_presets
+from dlmsearch.config import CONF_DIR, ConfigError, check_command_line, decoder_presets
 
 
 def _report(summary: dict) -> None:
@@ -53,7 +53,13 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: the command line is checked first, so that an unknown key,
+    group or option is one line naming it and the closest valid names (exit 2), not Hydra's."""
+    try:
+        check_command_line(sys.argv[1:])
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     _main()
 
 

@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 
 import attrs
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from dlmsearch.config import CONF_DIR, ConfigError, build, compose, decoder_presets
+from dlmsearch.config import CONF_DIR, Setting, build, compose_settings, decoder_presets, unknown
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.run import Decoding
 from dlmsearch.tasks.base import TaskItem
@@ -42,10 +42,6 @@ __all__ = ["Decoder", "Generation", "Model", "PromptList", "compose_settings", "
 # Keys a decoder may override (the rest belongs to Model.load or to generate's arguments).
 DECODER_KEYS = ("decoder", "engine", "decoding", "seed", "deadline_s")
 _OPTION_NAME = re.compile(r"[\w.-]+")
-
-# A setting given as Python data: (dotted key, value), set on the composed config by OmegaConf,
-# so no value ever passes through Hydra's override grammar (paths with quotes, commas, ``${``).
-Setting = tuple[str, Any]
 
 
 def _is_group(key: str) -> bool:
@@ -79,46 +75,6 @@ def _split_overrides(
         if root not in allowed:
             raise ValueError(f"{what}: {key!r} is not a key of {', '.join(allowed)}; {_WHERE.get(root, 'see conf/config.yaml')}")
     return tuple(strings), settings
-
-
-def compose_settings(overrides: list[str], settings: Sequence[Setting] = (), config_name: str = "config") -> DictConfig:
-    """:func:`dlmsearch.config.compose` with the group choices, then each setting set on the result
-    (later settings win); every mistake is one :class:`ConfigError` naming the key (the server
-    composes its lanes so, from ``conf/serve.yaml``)."""
-    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-
-    try:
-        cfg = compose(overrides, config_name)
-    except MissingConfigException as error:  # an unknown option of a group: Hydra lists the options
-        options = f"; options: {', '.join(error.options)}" if error.options else ""
-        raise ConfigError(f"Could not find '{error.missing_cfg_file}'{options}") from error
-    except OverrideParseException as error:
-        raise ConfigError(f"cannot read the override {error.override!r}: {error.message}") from error
-    except HydraException as error:
-        cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
-        raise ConfigError(f"{str(error).strip().splitlines()[0].rstrip('.')}{cause}") from error
-    for key, value in settings:
-        _set(cfg, key, value)
-    return cfg
-
-
-def _set(cfg: DictConfig, key: str, value: Any) -> None:
-    """``cfg.<key> = value`` for a key the config has (a Python value: no quoting, no interpolation)."""
-    parent_key, _, leaf = key.rpartition(".")
-    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-    if not isinstance(parent, DictConfig) or leaf not in parent.keys():
-        where = parent_key or "the config"
-        known = f"; {where} has: {', '.join(sorted(str(k) for k in parent))}" if isinstance(parent, DictConfig) else f"; {parent_key} is not a section"
-        raise ConfigError(f"{key} is not a key of the config{known}")
-    if isinstance(value, Path):
-        value = str(value)
-    if isinstance(value, str) and "${" in value:  # OmegaConf would read it as an interpolation
-        value = value.replace("${", "\\${")
-    try:
-        with open_dict(parent):
-            parent[leaf] = OmegaConf.create(value) if isinstance(value, (Mapping, list, tuple)) else value
-    except (ValueError, TypeError) as error:  # e.g. an object OmegaConf cannot hold
-        raise ConfigError(f"{key}: cannot set {type(value).__name__} {value!r}: {error}") from error
 
 
 _WHERE = {
@@ -188,6 +144,7 @@ class Model:
     config: DictConfig
     settings: tuple[Setting, ...] = ()
     tokenizer: Any = None
+    lengths: tuple[int, int] | None = None  # text: the default (gen_length, block_length), what the model was trained for, else 256 and 32
     _tasks: dict[tuple[Any, ...], PromptList] = attrs.field(factory=dict, repr=False)
 
     @classmethod
@@ -201,14 +158,15 @@ class Model:
         """
         available = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
         if family_or_config not in available:
-            raise ValueError(f"unknown model {family_or_config!r}; one of: {', '.join(available)}")
+            raise ValueError(unknown("model", family_or_config, available))
         settings = {**({"path": str(Path(path).expanduser())} if path is not None else {}), **model_overrides}
         values = tuple((f"model.{k}", v) for k, v in settings.items())
         text = family_or_config != "sudoku"
         cfg = compose_settings([f"model={family_or_config}", *(["task=prompts"] if text else [])], values)
         adapter = build(cfg, "model")
         tokenizer = load_tokenizer(cfg.task.tokenizer, bool(cfg.task.trust_remote_code)) if text else None
-        return cls(name=family_or_config, adapter=adapter, config=cfg.model, settings=values, tokenizer=tokenizer)
+        lengths = (int(cfg.task.gen_length), int(cfg.task.block_length)) if text else None
+        return cls(name=family_or_config, adapter=adapter, config=cfg.model, settings=values, tokenizer=tokenizer, lengths=lengths)
 
     @property
     def is_text(self) -> bool:
@@ -253,7 +211,7 @@ class Decoder:
         A mistake (unknown preset or key, wrong type) fails here, naming the key.
         """
         if name not in decoder_presets():
-            raise ValueError(f"unknown decoder preset {name!r}; one of: {', '.join(decoder_presets())}")
+            raise ValueError(unknown("decoder preset", name, decoder_presets()))
         if decoding is not None and not (isinstance(decoding, str) and _OPTION_NAME.fullmatch(decoding)):
             raise ValueError(f"decoding must name a file of conf/decoding/ (text, sudoku), got {decoding!r}")
         strings, settings = _split_overrides(overrides, DECODER_KEYS, "Decoder.from_preset overrides")
@@ -281,9 +239,8 @@ class Decoder:
         """The whole config a decode with these settings uses (what ``python -m dlmsearch`` would compose)."""
         task: list[Setting] = []
         if model.is_text:
-            task = [("task.chat", chat), ("task.gen_length", gen_length or 256)]
-            if block_length is not None or model.adapter.capabilities.attention_block is None:  # a block-diffusion model: its own blocks
-                task.append(("task.block_length", block_length or 32))
+            # Unset lengths stay the config's: what the model was trained for, else 256 in blocks of 32 (conf/task/prompts.yaml)
+            task = [("task.chat", chat), *((f"task.{k}", v) for k, v in (("gen_length", gen_length), ("block_length", block_length)) if v is not None)]
         elif (gen_length, block_length) not in ((None, None), (81, 81)):
             raise ValueError(f"a Sudoku canvas is one block of 81 cells: leave gen_length and block_length unset (got {gen_length}, {block_length})")
         given = {k: v for k, v in engine.items() if v is not None}
@@ -313,7 +270,8 @@ class Decoder:
     ) -> list[Generation]:
         """Decode ``prompts`` (text models) or 81-character puzzles (``0`` or ``.`` for blanks; Sudoku).
 
-        Text: ``gen_length`` tokens (default 256) in blocks of ``block_length`` (default 32);
+        Text: ``gen_length`` tokens in blocks of ``block_length`` (defaults: ``model.lengths``,
+        what the model was trained for, else 256 in blocks of 32, a block-diffusion model's own blocks);
         ``chat=True`` wraps each prompt in the tokenizer's chat template (Instruct models),
         ``chat=False`` encodes the raw text (Base models). ``cache`` (none|prefix|dual),
         ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``row_budget`` override the engine's

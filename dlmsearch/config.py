@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from dlmsearch.shipped import package_data
 
@@ -61,6 +65,11 @@ def to_plain(cfg: DictConfig) -> dict[str, Any]:
 
 def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` (the CLI's ``config``, the server's ``serve``) with overrides outside a Hydra app (scripts, tests)."""
+    return _compose(overrides, config_name)[0]
+
+
+def _compose(overrides: Sequence[str], config_name: str = "config") -> tuple[DictConfig, set[str]]:
+    """The composed config and the config groups its defaults chose (``decoder``, ``decoder/commit``, ...)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -71,8 +80,280 @@ def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            return hydra_compose(config_name, overrides=["out_dir=.", *overrides])
+            cfg = hydra_compose(config_name, overrides=["out_dir=.", *overrides], return_hydra_config=True)
     finally:
         GlobalHydra.instance().clear()
         if outer is not None:
             GlobalHydra.instance().initialize(outer)
+    groups = set(cfg.hydra.runtime.choices.keys())
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, groups
+
+
+# ----------------------------------------------------------------------- closest names
+
+def closest(name: str, options: Iterable[str]) -> list[str]:
+    """The options that look like a misspelling of ``name``: difflib's best match (ratio at least
+    0.6) and those nearly as close (within 0.1 of it)."""
+    options = sorted(set(options))
+    scored = [(difflib.SequenceMatcher(None, name, option).ratio(), option) for option in difflib.get_close_matches(name, options, n=3, cutoff=0.6)]
+    return [option for ratio, option in scored if ratio >= scored[0][0] - 0.1] if scored else []
+
+
+def suggest(name: str, options: Iterable[str], listing: str = "one of") -> str:
+    """``'; did you mean X?'`` for a near miss, else ``'; one of: a, b, ...'`` (empty without options)."""
+    options = sorted(set(options))
+    near = closest(name, options)
+    if near:
+        return f"; did you mean {' or '.join(near)}?"
+    return f"; {listing}: {', '.join(options)}" if options else ""
+
+
+def unknown(what: str, name: str, options: Iterable[str]) -> str:
+    """One line for a name that is none of ``options``: ``unknown model 'lada'; did you mean llada?``."""
+    return f"unknown {what} {name!r}{suggest(name, options)}"
+
+
+def group_options(group: str) -> list[str]:
+    """The files of a config group (``decoder``, ``decoder/expansion``) without ``.yaml``."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def config_groups() -> list[str]:
+    """Every config group of ``conf/`` (``cache``, ``decoder/population/choice``, ...)."""
+    return sorted(str(p.parent.relative_to(CONF_DIR)) for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR)
+
+
+# ------------------------------------------------------------- every key is read by someone
+
+_HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
+def accepted_keys(section: DictConfig) -> set[str] | None:
+    """The keys a ``_target_`` section may hold: its target's parameters (None: it takes any, or
+    the target cannot be looked up, so nothing is refused here; instantiation still checks)."""
+    target = section.get("_target_") if isinstance(section, DictConfig) else None
+    if not isinstance(target, str):
+        return None
+    try:
+        parameters = inspect.signature(hydra.utils.get_object(target)).parameters.values()
+    except Exception:  # noqa: BLE001  (a target that does not import fails at build, with its own line)
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL} | _HYDRA_KEYS
+
+
+def key_problem(cfg: DictConfig, key: str) -> str | None:
+    """Why ``key`` (dotted) would be read by nobody in ``cfg``, in one line, or None when it is read:
+    it is in the config, or it is a parameter of the ``_target_`` of the section that would hold it."""
+    parts = key.split(".")
+    node: Any = cfg
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth])
+        try:
+            present = isinstance(node, DictConfig) and part in node
+            child = node[part] if present else None
+        except OmegaConfBaseException:  # an interpolation that resolves only in a run: cannot check here
+            return None
+        if present:
+            node = child
+            continue
+        if not isinstance(node, DictConfig):
+            return f"{where} is a value ({node!r}), not a section: {key} cannot be set"
+        accepted = accepted_keys(node)
+        if depth > 0 and accepted is None and "_target_" in node:
+            return None  # a target taking any keyword
+        if accepted is not None and part in accepted:
+            group = "/".join([*parts[:depth], part])
+            if depth + 1 < len(parts) and (CONF_DIR / group).is_dir():  # a slot this preset leaves empty: a file fills it
+                return f"{key!r}: {where}.{part} is not in this config; choose one first with +{group}=NAME (one of: {', '.join(group_options(group))})"
+            return None  # a parameter its yaml leaves at the default
+        known = {str(k) for k in node.keys()} | (accepted or set())
+        known -= _HYDRA_KEYS
+        if depth == 0 and "/" in part:
+            return unknown("config group", part, config_groups())
+        prefix, rest = f"{where}." if where else "", "".join(f".{p}" for p in parts[depth + 1 :])
+        near = closest(part, known)
+        if near:
+            return f"unknown key {key!r}; did you mean {' or '.join(prefix + n + rest for n in near)}?"
+        return f"unknown key {key!r}; {where or 'the config'} has: {', '.join(sorted(known))}"
+    return None
+
+
+# ------------------------------------------------------------------- overrides and their mistakes
+
+def _parse(overrides: Sequence[str]) -> list[Any]:
+    """Hydra's own reading of override strings (a mistake: one ConfigError line)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        return OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException as error:
+        raise ConfigError(f"cannot read the override {error.override!r}: {error.message.splitlines()[0]}") from error
+
+
+def check_added_keys(cfg: DictConfig, groups: set[str], overrides: Sequence[str], config_name: str = "config") -> None:
+    """Every ``+key=`` / ``++key=`` of ``overrides`` must be read by someone (``key_problem``),
+    judged against the config composed without them; ``+group=option`` is Hydra's to check."""
+    added = [o for o in _parse(overrides) if (o.is_add() or o.is_force_add()) and not o.is_hydra_override() and o.key_or_group not in groups]
+    if not added:
+        return
+    lines = {o.input_line for o in added}
+    base = _compose([o for o in overrides if o not in lines], config_name)[0]
+    for override in added:
+        problem = key_problem(base, override.key_or_group)
+        if problem is not None:
+            raise ConfigError(problem)
+
+
+def explain(error: Exception, overrides: Sequence[str], config_name: str = "config") -> ConfigError:
+    """Hydra's composition error as one line naming the key or option and the closest valid names."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file:
+        group, _, option = error.missing_cfg_file.rpartition("/")
+        return ConfigError(unknown(group or "config", option, error.options or ()))
+    if isinstance(error, OverrideParseException):
+        return ConfigError(f"cannot read the override {error.override!r}: {error.message.splitlines()[0]}")
+    text = str(error).strip()
+    first = text.splitlines()[0].rstrip(".") if text else type(error).__name__
+    overridden = re.match(r"Could not override '([^']+)'", text)
+    if overridden and "No match in the defaults list" not in text:
+        return ConfigError(_unknown_override(overridden.group(1), overrides, config_name) or first)
+    appended = re.match(r"Could not append to config\. An item is already at '([^']+)'", text)
+    if appended:
+        key, plain = appended.group(1), re.search(r"remove \+ prefix: '(.+)'", text)
+        group = f" (or {key.replace('.', '/')}=NAME to choose a file of conf/{key.replace('.', '/')}/)" if (CONF_DIR / key.replace(".", "/")).is_dir() else ""
+        return ConfigError(f"{key} is in the config already: set it without +, {plain.group(1) if plain else key + '=...'}{group}")
+    deleted = re.match(r"Could not delete from config\. '([^']+)' does not exist", text)
+    if deleted:
+        return ConfigError(_unknown_override(deleted.group(1), overrides, config_name) or first)
+    if "No match in the defaults list" in text and overridden:
+        hint = re.search(r"use (\+\S+)", text)
+        return ConfigError(f"{overridden.group(1)} has no default to override: choose one with {hint.group(1) if hint else '+' + overridden.group(1) + '=NAME'}")
+    cause = f" ({str(error.__cause__).splitlines()[0]})" if error.__cause__ is not None else ""
+    return ConfigError(f"{first}{cause}")
+
+
+def _unknown_override(key: str, overrides: Sequence[str], config_name: str) -> str | None:
+    """``key_problem`` for the key of a refused override, against the config composed without it;
+    a parameter the yaml leaves out is added with ``+key=``."""
+    rest = [o for o in overrides if re.split(r"[=@]", o.lstrip("+~"), maxsplit=1)[0] != key]
+    try:
+        base = _compose(rest, config_name)[0]
+    except Exception:  # noqa: BLE001  (another mistake: Hydra's first line will do)
+        return None
+    problem = key_problem(base, key)
+    if problem is not None:
+        return problem
+    missing = object()
+    return f"{key} is not in the config: add it with +{key}=..." if OmegaConf.select(base, key, default=missing) is missing else None
+
+
+def compose_checked(overrides: Sequence[str], config_name: str = "config") -> DictConfig:
+    """:func:`compose`, where every mistake is one :class:`ConfigError` naming the key or option
+    and the closest valid names, and every added key (``+key=``) is read by someone."""
+    from hydra.errors import HydraException
+
+    overrides = list(overrides)
+    try:
+        cfg, groups = _compose(overrides, config_name)
+    except HydraException as error:
+        raise explain(error, overrides, config_name) from error
+    check_added_keys(cfg, groups, overrides, config_name)
+    return cfg
+
+
+# ---------------------------------------------------------------------------- command lines
+
+def run_variants(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
+    """The override lists a command line runs, enough to check each value once: a sweep's first
+    values together, then each further value of each sweep (``a=1,2 b=x,y``: ``a=1 b=x``,
+    ``a=2 b=x``, ``a=1 b=y``). Empty when a sweep cannot be enumerated here (``glob``, ``interval``)."""
+    from hydra.errors import HydraException
+
+    parsed = _parse(overrides)
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    if sweeps and not multirun:
+        key = sweeps[0].get_key_element()
+        raise ConfigError(f"{sweeps[0].input_line} gives several values: add -m to run one job per value, or write {key}=[...] for a list")
+    try:
+        values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line] for o in parsed]
+    except HydraException:
+        return []
+    first = [options[0] for options in values]
+    variants = [first]
+    for i, options in enumerate(values):
+        variants += [[*first[:i], option, *first[i + 1 :]] for option in options[1:]]
+    return variants
+
+
+class _UsageError(Exception):
+    """Hydra's argument parser refused the command line: Hydra itself will say so."""
+
+
+def check_command_line(argv: Sequence[str], config_name: str = "config") -> None:
+    """Compose what ``argv`` (a Hydra app's arguments) would run, before Hydra does, so that a
+    mistake is one :class:`ConfigError` line rather than Hydra's message and exit 1. Help, info,
+    shell completion and another config directory are left to Hydra."""
+    from hydra._internal.utils import get_args_parser
+
+    if "--version" in argv:
+        return
+    parser = get_args_parser()
+
+    def refuse(message: str) -> None:
+        raise _UsageError(message)
+
+    parser.error = refuse  # type: ignore[method-assign]
+    try:
+        args, _ = parser.parse_known_args(list(argv))
+    except _UsageError:
+        return
+    if args.help or args.hydra_help or args.info or args.shell_completion or args.config_path or args.config_dir or args.experimental_rerun:
+        return
+    variants = run_variants(args.overrides, args.multirun)
+    for overrides in variants:
+        try:
+            compose_checked(overrides, args.config_name or config_name)
+        except ConfigError as error:
+            if len(variants) == 1:
+                raise
+            job = [o for o in overrides if o not in args.overrides]  # the sweeps' values of this job
+            raise ConfigError(f"in the job with {' '.join(job or overrides)}: {error}") from error
+
+
+# A setting given as Python data: (dotted key, value), set on the composed config by OmegaConf,
+# so no value ever passes through Hydra's override grammar (paths with quotes, commas, ``${``).
+Setting = tuple[str, Any]
+
+
+def compose_settings(overrides: Sequence[str], settings: Sequence[Setting] = (), config_name: str = "config") -> DictConfig:
+    """:func:`compose_checked` with the overrides, then each setting set on the result (later
+    settings win); every mistake is one :class:`ConfigError` naming the key (the Python API and
+    the server's lanes compose so)."""
+    cfg = compose_checked(overrides, config_name)
+    for key, value in settings:
+        set_key(cfg, key, value)
+    return cfg
+
+
+def set_key(cfg: DictConfig, key: str, value: Any) -> None:
+    """``cfg.<key> = value`` for a key someone reads (``key_problem``): a Python value, no quoting, no interpolation."""
+    problem = key_problem(cfg, key)
+    if problem is not None:
+        raise ConfigError(problem)
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str) and "${" in value:  # OmegaConf would read it as an interpolation
+        value = value.replace("${", "\\${")
+    try:
+        with open_dict(parent):
+            parent[leaf] = OmegaConf.create(value) if isinstance(value, (Mapping, list, tuple)) else value
+    except (ValueError, TypeError) as error:  # e.g. an object OmegaConf cannot hold
+        raise ConfigError(f"{key}: cannot set {type(value).__name__} {value!r}: {error}") from error

@@ -50,17 +50,17 @@ def test_from_preset_with_overrides(sudoku_model: Model) -> None:
 
 
 def test_from_preset_mistakes_name_the_key() -> None:
-    with pytest.raises(ValueError, match="unknown decoder preset 'adalok'; one of: .*adalook"):
+    with pytest.raises(ValueError, match="unknown decoder preset 'adalok'; did you mean adalook"):
         Decoder.from_preset("adalok")
-    with pytest.raises(ConfigError, match="decoder.expansion.max_dept is not a key of the config; decoder.expansion has: .*max_depth"):
+    with pytest.raises(ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"):
         Decoder.from_preset("adalook", overrides={"decoder.expansion.max_dept": 3})
-    with pytest.raises(ConfigError, match="Could not override 'decoder.expansion.max_dept'"):  # Hydra's own words for a string override
+    with pytest.raises(ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"):  # a string override: the same line
         Decoder.from_preset("adalook", overrides=["decoder.expansion.max_dept=3"])
     with pytest.raises(ValueError, match="'decoder/expansion' is a config group"):
         Decoder.from_preset("adalook", overrides={"decoder/expansion": "../x"})
     with pytest.raises(ConfigError, match="max_depth"):
         Decoder.from_preset("adalook", overrides={"decoder.expansion.max_depth": "abc"})
-    with pytest.raises(ConfigError, match="Could not find 'decoder/expansion/deep'; options: confidence_depth, fixed_depth, one_step, variance_gate"):
+    with pytest.raises(ConfigError, match="unknown decoder/expansion 'deep'; one of: confidence_depth, fixed_depth, one_step, variance_gate"):
         Decoder.from_preset("adalook", overrides={"decoder/expansion": "deep"})
     with pytest.raises(ValueError, match=r"'model.device' .*Model.load"):
         Decoder.from_preset("adalook", overrides={"model.device": "cpu"})

@@ -13,7 +13,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from conftest import tiny_denoiser
-from dlmsearch.config import ConfigError, build, compose, decoder_presets
+from dlmsearch.config import ConfigError, build, compose, compose_checked, decoder_presets
 from dlmsearch.run import run
 from dlmsearch.search.components.expansion import FixedDepth
 
@@ -69,11 +69,15 @@ def test_slot_swap_and_nested_override() -> None:
 def test_unknown_key_fails_at_compose_naming_it() -> None:
     with pytest.raises(ConfigCompositionException, match="max_dept"):
         compose(["+decoder=adalook", "decoder.expansion.max_dept=3"])
+    with pytest.raises(ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"):
+        compose_checked(["+decoder=adalook", "decoder.expansion.max_dept=3"])
 
 
-def test_added_unknown_key_fails_at_build_naming_it() -> None:
-    with pytest.raises(ConfigError, match=r"decoder\.expansion.*max_dept"):
+def test_added_unknown_key_fails_naming_it() -> None:
+    with pytest.raises(ConfigError, match=r"decoder\.expansion.*max_dept"):  # unchecked compose: at build
         build(compose(["+decoder=adalook", "+decoder.expansion.max_dept=3"]), "decoder")
+    with pytest.raises(ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"):
+        compose_checked(["+decoder=adalook", "+decoder.expansion.max_dept=3"])
 
 
 def test_wrong_type_fails_naming_the_key() -> None:

@@ -1,7 +1,9 @@
 """A Hydra callback that collects a multirun when it ends (``sweep.csv``, ``sweep.md``, plots).
 
-Registered by ``conf/hydra/callbacks/collect_sweep.yaml``: the experiment presets include it,
-and any multirun can add it with ``hydra/callbacks=collect_sweep``. A sweep that stops early
+Registered by ``conf/hydra/callbacks/collect_sweep.yaml``, which ``conf/config.yaml`` chooses:
+every multirun of ``python -m dlmsearch -m ...`` ends with its comparison table printed (and
+written, with the paired tests, to ``sweep.md``); the experiment presets set its baseline and
+groups. A sweep that stops early
 (a job that fails ends a Hydra multirun) is collected with
 ``python -m dlmsearch.sweeps.collect SWEEP_DIR``, which reads these settings from the sweep's
 ``multirun.yaml``.
@@ -28,7 +30,7 @@ class CollectSweep(Callback):
         self.connect = bool(connect)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from dlmsearch.sweeps.collect import SweepError, collect, write_all
+        from dlmsearch.sweeps.collect import SweepError, collect, table, write_all
 
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
@@ -43,4 +45,4 @@ class CollectSweep(Callback):
                 return
         written = write_all(sweep, sweep_dir, self.connect)
         log.info(f"collect_sweep: {len(sweep.rows)} runs -> {', '.join(p.name for p in written)} in {sweep_dir}")
-        print(f"sweep collected: {sweep_dir / 'sweep.md'}")
+        print("\n".join(["", *table(sweep), "", f"sweep collected: {sweep_dir / 'sweep.md'}"]))

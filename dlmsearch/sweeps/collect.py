@@ -303,6 +303,26 @@ def _p(value: float | None) -> str:
     return f"{value:.3g}" if value >= 1e-3 else f"{value:.1e}"
 
 
+def table(sweep: Sweep) -> list[str]:
+    """The comparison table's markdown lines: one row per configuration (sweep.md's first table;
+    a multirun prints it when it ends)."""
+    lines = [
+        "| # | config | judged | solved | accuracy (95 % CI) | steps | row-forwards | token-forwards | wall s | front |",
+        "|---:|---|---:|---:|---|---:|---:|---:|---:|:---:|",
+    ]
+    for row in sweep.rows:
+        accuracy = "–" if row["accuracy"] is None else f"{100 * row['accuracy']:.1f} % [{100 * row['wilson_low']:.1f}, {100 * row['wilson_high']:.1f}]"
+        front = ("S" if row["pareto_steps"] else "") + ("R" if row["pareto_row_forwards"] else "")
+        name = f"**{row['label']}** (baseline)" if row["baseline"] else row["label"]
+        errors = f" ({row['errors']} errors)" if row["errors"] else ""
+        lines.append(
+            f"| {row['job'] if row['job'] is not None else ''} | {name}{errors} | {row['judged']} | {row['solved']} | {accuracy} | "
+            f"{_num(row['mean_steps'], 2)} | {_num(row['mean_row_forwards'], 2)} | {_num(row['mean_token_forwards'], 0)} | "
+            f"{_num(row['wall_seconds'], 1)} | {front} |"
+        )
+    return lines
+
+
 def write_markdown(sweep: Sweep, path: Path, plots: Sequence[str], note: str = "") -> None:
     rows, base = sweep.rows, sweep.baseline
     sizes = sorted({r["judged"] for r in rows})
@@ -318,21 +338,7 @@ def write_markdown(sweep: Sweep, path: Path, plots: Sequence[str], note: str = "
     ]
     if sweep.override_keys:
         lines += [f"Configurations differ in: {', '.join(f'`{k}`' for k in sweep.override_keys)}.", ""]
-    lines += [
-        "| # | config | judged | solved | accuracy (95 % CI) | steps | row-forwards | token-forwards | wall s | front |",
-        "|---:|---|---:|---:|---|---:|---:|---:|---:|:---:|",
-    ]
-    for row in rows:
-        accuracy = "–" if row["accuracy"] is None else f"{100 * row['accuracy']:.1f} % [{100 * row['wilson_low']:.1f}, {100 * row['wilson_high']:.1f}]"
-        front = ("S" if row["pareto_steps"] else "") + ("R" if row["pareto_row_forwards"] else "")
-        name = f"**{row['label']}** (baseline)" if row["baseline"] else row["label"]
-        errors = f" ({row['errors']} errors)" if row["errors"] else ""
-        lines.append(
-            f"| {row['job'] if row['job'] is not None else ''} | {name}{errors} | {row['judged']} | {row['solved']} | {accuracy} | "
-            f"{_num(row['mean_steps'], 2)} | {_num(row['mean_row_forwards'], 2)} | {_num(row['mean_token_forwards'], 0)} | "
-            f"{_num(row['wall_seconds'], 1)} | {front} |"
-        )
-    lines.append("")
+    lines += [*table(sweep), ""]
     for image in plots:
         lines += [f"![{image.removesuffix('.png').replace('_', ' ')}]({image})", ""]
     if note:
