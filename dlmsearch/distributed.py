@@ -63,9 +63,9 @@ class Ranks:
         self, out: Path, item_ids: list[str], read: Callable[[Path], dict[str, dict[str, Any]]]
     ) -> dict[str, dict[str, Any]]:
         """Rank 0 folds every rank's results (and traces) into ``results.jsonl`` (``trace.jsonl``),
-        in the task's order whatever order the items were decoded in (longest prompts first, resumed
-        runs, other world sizes), a retried item's last record replacing its earlier error; all ranks
-        return the merged records."""
+        in the task's order whatever order the items were decoded in (as they finished, longest
+        prompts first, resumed runs, other world sizes), a retried item's last record replacing its
+        earlier error; all ranks return the merged records."""
         if self.world > 1:
             import torch.distributed as dist
 
@@ -82,14 +82,34 @@ class Ranks:
             staging.replace(out / "results.jsonl")
             for path in ranked:
                 path.unlink()
-            traces = sorted(out.glob("trace.rank*.jsonl"))
-            if traces:
-                with (out / "trace.jsonl").open("a") as merged:
-                    for path in traces:
-                        merged.write(path.read_text())
-                        path.unlink()
+            merge_traces(out, item_ids)
         if self.world > 1:
             import torch.distributed as dist
 
             dist.barrier()
         return done if self.rank == 0 else read(out / "results.jsonl")  # rank 0 holds what it wrote
+
+
+def merge_traces(out: Path, item_ids: list[str]) -> None:
+    """``trace.jsonl`` and every rank's trace as one file in the task's order (the last line of an
+    id wins; a line torn by a kill is dropped), replaced at once."""
+    ranked = sorted(out.glob("trace.rank*.jsonl"))
+    paths = [p for p in [out / "trace.jsonl", *ranked] if p.exists()]
+    if not paths:
+        return
+    lines: dict[str, str] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            try:
+                trace = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            lines.pop(str(trace.get("id")), None)
+            lines[str(trace.get("id"))] = line
+    known = set(item_ids)
+    ordered = [lines[i] for i in item_ids if i in lines] + [line for i, line in lines.items() if i not in known]
+    staging = out / "trace.jsonl.tmp"
+    staging.write_text("".join(line + "\n" for line in ordered))
+    staging.replace(out / "trace.jsonl")
+    for path in ranked:
+        path.unlink()
