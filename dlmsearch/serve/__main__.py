@@ -37,7 +37,7 @@ def serve(cfg: DictConfig, overrides: list[str], model_name: str) -> None:
 
     missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ValueError(f"the server needs {', '.join(missing)}: install dlmsearch with its serve extra, pip install -e '.[serve]' in a clone (or pip install 'WHEEL[serve]' for a built wheel)")
+        raise ValueError(f"the server needs {', '.join(missing)} (the serve extra): pip install -e '.[serve]' in a clone of dlmsearch, or pip install 'dlmsearch-<version>.whl[serve]' for the wheel")
     import uvicorn
 
     from dlmsearch.serve.app import Server, create_app
