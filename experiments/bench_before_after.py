@@ -11,9 +11,11 @@ shared machine hits all of them alike) and the table reports each metric's media
 * host overhead (the share of wall time outside the model forward) at batch 1 and 32.
 
     python experiments/bench_before_after.py --before fe8c0e7 --size tiny --rounds 2
+    python experiments/bench_before_after.py --before fe8c0e7 --size tiny --rounds 3 --repeats 3 --write-committed
 
-Writes ``experiments/results/bench/before_after_<size>.{json,md}`` and keeps every run's own
-JSON under ``runs/bench_before_after/``.
+Writes ``before_after_<size>.{json,md}`` into ``--out`` (default ``runs/bench_before_after/``; with
+``--write-committed``, the committed ``experiments/results/bench/``) and keeps every run's own JSON
+under ``runs/bench_before_after/``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from outputs import ROOT, RUNS, add_flag, resolve
+
 UPSTREAM = ROOT.parent / "shared" / "upstream" / "fast-dllm"
 
 
@@ -84,8 +87,9 @@ def fmt(value: float | None) -> str:
     return "—" if value is None else f"{value:g}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", required=True, help="the earlier commit (e.g. fe8c0e7)")
     parser.add_argument("--size", default="tiny", help="bench_engine.py --size")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three runs")
@@ -93,7 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sections", default="1,2,3,4", help="bench_engine.py --sections (1b on CPU: 2)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the engine.compile run (eager before and after only)")
+    parser.add_argument("--out", type=Path, default=None, help="where to write before_after_<size>.{json,md} (default runs/bench_before_after/)")
+    add_flag(parser, "table in experiments/results/bench/")
     args = parser.parse_args(argv)
+    out = resolve(parser, args, args.out, ROOT / "experiments" / "results" / "bench", RUNS / "bench_before_after")
+    args.out = out
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = args.out
     runs_dir = ROOT / "runs" / "bench_before_after"
     runs_dir.mkdir(parents=True, exist_ok=True)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
@@ -117,13 +131,13 @@ def main(argv: list[str] | None = None) -> int:
              "|---|" + "---:|" * len(names)]
     lines += [f"| {k} | " + " | ".join(fmt(round(medians[n][k], 3) if medians[n][k] is not None else None) for n in names) + " |" for k in keys]
     table = "\n".join(lines)
-    out = ROOT / "experiments" / "results" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     command = (f"python experiments/bench_before_after.py --before {args.before} --size {args.size} --rounds {args.rounds} --repeats {args.repeats}"
                + (f" --sections {args.sections}" if args.sections != "1,2,3,4" else "") + (" --no-compile" if args.no_compile else ""))
     (out / f"before_after_{args.size}.md").write_text(f"{table}\n\nMeasured by `{command}`.\n")
     (out / f"before_after_{args.size}.json").write_text(json.dumps({"command": command, "rounds": found, "median": medians}, indent=1) + "\n")
     print("\n" + table)
+    print(f"wrote {out}/before_after_{args.size}.{{md,json}}")
     return 0
 
 

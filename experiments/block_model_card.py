@@ -12,8 +12,11 @@ cannot run is one row saying why. The cache section decodes the block model with
 (full block-causal forwards), ``cache=block`` (the reference's separate writes) and
 ``cache=block cache.fuse_write=true``: token-forwards per row-forward is what one lookahead row costs.
 
-    python experiments/block_model_card.py                                  # the card (results/block/)
-    python experiments/block_model_card.py --limit 32 --runs /tmp/bc        # a quick look
+The card, its rows and figure go to ``--out`` (default ``runs/block_model_card/``; with
+``--write-committed``, the committed ``experiments/results/block/``).
+
+    python experiments/block_model_card.py --write-committed                # the committed card (results/block/)
+    python experiments/block_model_card.py --limit 32 --runs /tmp/bc --out /tmp/bc/card   # a quick look
     python experiments/block_model_card.py --block-model DIR                # another SDAR checkpoint (e.g. a run's model/)
 """
 
@@ -28,6 +31,7 @@ import torch
 
 from decoder_table import measure, paired
 from dlmsearch.config import ConfigError
+from outputs import RUNS, add_flag, check, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "results" / "block"
@@ -142,10 +146,11 @@ def model_card(directory: Path, table: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=Path, default=ROOT / "experiments" / "runs" / "block_card")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=None, help="the card, rows and figure (default runs/block_model_card/)")
     parser.add_argument("--block-model", type=Path, default=None, help="an SDAR checkpoint directory instead of the shipped one")
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=256)
@@ -153,7 +158,15 @@ def main() -> None:
     parser.add_argument("--tiers", nargs="+", default=["small", "medium", "d1"])
     parser.add_argument("--model-card", type=Path, default=None, help="also write the model's README.md into this (shipped) directory")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="decode only these (the runs resume; the card needs both)")
-    args = parser.parse_args()
+    add_flag(parser, "card in experiments/results/block/ (and a --model-card in dlmsearch/data/)")
+    args = parser.parse_args(argv)
+    check(parser, args, args.model_card and args.model_card / "README.md")
+    args.out = resolve(parser, args, args.out, OUT, RUNS / "block_model_card")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     rows: list[dict] = []
     for model in args.models:
@@ -185,6 +198,7 @@ def main() -> None:
         (args.model_card / "README.md").write_text(model_card(args.model_card, lines))
     plot(rows, args.tiers, args.out / "accuracy_vs_token_forwards.png")
     print("\n".join(lines))
+    print(f"wrote {args.out}/{{rows.json,card.md,accuracy_vs_token_forwards.png}}")
 
 
 if __name__ == "__main__":

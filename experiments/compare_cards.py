@@ -3,7 +3,9 @@
 Rows are matched by tier and label; for each: accuracy, mean steps and revisions before and after,
 and the exact sign test over the items only one of the two solved. Items must be the same.
 
-    python experiments/compare_cards.py BEFORE/revision_card.json AFTER/revision_card.json --out experiments/results/revision/before_after.md
+    python experiments/compare_cards.py BEFORE/revision_card.json AFTER/revision_card.json      # prints the table
+    python experiments/compare_cards.py BEFORE/revision_card.json AFTER/revision_card.json \
+        --out experiments/results/revision/before_after.md --write-committed
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from pathlib import Path
 
 from dlmsearch import records
+from outputs import add_flag, check
 
 
 def compare(before: list[dict], after: list[dict]) -> list[str]:
@@ -38,12 +41,20 @@ def compare(before: list[dict], after: list[dict]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="also write the table here (Markdown)")
+    add_flag(parser, "table (an --out under experiments/results/)")
     args = parser.parse_args(argv)
+    check(parser, args, args.out)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     lines = compare(json.loads(args.before.read_text()), json.loads(args.after.read_text()))
     text = "\n".join(lines) + "\n"
     if args.out is not None:

@@ -164,7 +164,8 @@ def card(rows: list[dict], sections: dict[str, list[dict]], args: argparse.Names
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path(compose(BASE).model.path))
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "countdown_card")
@@ -178,11 +179,18 @@ def main() -> None:
     parser.add_argument("--runs-only", action="store_true", help="decode (resumable) without writing the card: split a card over processes")
     parser.add_argument("--figure", type=Path, default=None, help="default: countdown_decoders.png in --runs (--write-committed: in docs/)")
     add_flag(parser, "model card (README.md beside the model) and figure in docs/")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     check(parser, args, args.card, args.figure, args.runs / "table.json")
     card_path = args.card or (args.model / "README.md" if args.write_committed else args.runs / "README.md")
     figure = args.figure or (ROOT / "docs" if args.write_committed else args.runs) / "countdown_decoders.png"
     check(parser, args, card_path)
+    args.card, args.figure = card_path, figure
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    card_path, figure = args.card, args.figure
     torch.set_num_threads(args.threads)
     presets = args.presets if args.presets is not None else decoder_presets()
 

@@ -25,7 +25,8 @@ from train_countdown import EOS_ID, EOT_ID, ProblemSampler, held_out_triples
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", type=int, default=20000)
     parser.add_argument("--out", type=Path, default=None, help="the JSON file (default runs/countdown_token_frequencies/token_frequencies.json)")
@@ -33,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out = resolve(parser, args, args.out, ROOT / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json",
                        RUNS / "countdown_token_frequencies" / "token_frequencies.json")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     cfg = OmegaConf.load(ROOT / "experiments" / "conf" / "train" / "countdown.yaml")
     from transformers import AutoTokenizer

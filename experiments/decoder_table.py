@@ -70,3 +70,10 @@ def plot_accuracy_vs_steps(rows: list[dict], tiers: list[str], title: str, unit:
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":  # a module the model cards import; run, it only explains itself
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__ + "\nImported by the model-card scripts; nothing to run on its own.",
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()

@@ -65,13 +65,21 @@ def measure(size: str, compile_: bool) -> dict[str, dict[str, int]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="tiny")
     parser.add_argument("--out", type=Path, default=None, help="where to write forward_ops_<size>.{md,json} (default runs/forward_ops/)")
     add_flag(parser, "table in experiments/results/bench/")
     args = parser.parse_args(argv)
     results = resolve(parser, args, args.out, ROOT / "experiments" / "results" / "bench", RUNS / "forward_ops")
+    args.out = results
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = args.out
     torch._inductor.config.cpp.enable_kernel_profile = True  # the fused C++ kernels show in the profile
     torch.set_num_threads(2)
     found = {"eager": measure(args.size, False), "engine.compile": measure(args.size, True)}

@@ -20,12 +20,20 @@ from outputs import RUNS, add_flag, resolve
 RECIPES = {"validation": (100, 128, 1, 20), "small": (101, 256, 1, 20), "medium": (102, 256, 1, 50), "large": (103, 256, 1, 100)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="the folder to write the tiers' files into (default runs/countdown_tiers/)")
     add_flag(parser, "tiers shipped in dlmsearch/data/countdown/")
     args = parser.parse_args(argv)
     out = resolve(parser, args, args.out, shipped_countdown_path("small").parent, RUNS / "countdown_tiers")
+    args.out = out
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     taken = triples_in([p for _, p in load_countdown(shipped_countdown_path("d1"))])
     for tier, (seed, count, low, high) in RECIPES.items():

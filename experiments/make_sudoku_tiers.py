@@ -22,14 +22,22 @@ from outputs import RUNS, add_flag, resolve
 TIER_CLUES = {"easy": (30, 36), "hard": (0, 0)}  # (0, 0): carve to a minimal puzzle
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=256)
     parser.add_argument("--seed", type=int, default=20261130)
     parser.add_argument("--out", type=Path, default=None, help="the folder to write the tiers' files into (default runs/sudoku_tiers/)")
     add_flag(parser, "tiers shipped in dlmsearch/data/")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = resolve(parser, args, args.out, tier_path("easy").parent, RUNS / "sudoku_tiers")
+    args.out = out
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     for offset, (tier, (low, high)) in enumerate(TIER_CLUES.items()):
         rng = np.random.default_rng(args.seed + offset)

@@ -4,7 +4,8 @@ Each blank cell shows its digit, coloured by the model call that committed it; c
 by a lookahead branch (depth >= 1) carry their depth. Clues are grey.
 
     python -m dlmsearch +decoder=adalook trace=true task.limit=5 out_dir=runs/trace_demo
-    python experiments/plot_sudoku_trace.py runs/trace_demo --item 0 --out docs/sudoku_trace.png
+    python experiments/plot_sudoku_trace.py runs/trace_demo --item 0      # runs/sudoku_trace.png
+    python experiments/plot_sudoku_trace.py runs/trace_demo --item 2 --out docs/sudoku_trace.png --write-committed   # the README's figure
 """
 
 from __future__ import annotations
@@ -18,13 +19,23 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from outputs import RUNS, add_flag, check  # noqa: E402
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a run directory with results.jsonl and trace.jsonl")
     parser.add_argument("--item", type=int, default=0, help="which item of the run (0-based)")
-    parser.add_argument("--out", type=Path, default=Path("sudoku_trace.png"))
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=RUNS / "sudoku_trace.png")
+    add_flag(parser, "figure (an --out under docs/)")
+    args = parser.parse_args(argv)
+    check(parser, args, args.out)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     results = [json.loads(line) for line in (args.run / "results.jsonl").read_text().splitlines()]
     traces = {t["id"]: t for t in map(json.loads, (args.run / "trace.jsonl").read_text().splitlines())}
     record = results[args.item]

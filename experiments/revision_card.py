@@ -10,10 +10,13 @@ the same number of steps as RCR are the equal-steps baseline (RCR is LLaDA's sch
 revisions); EB-Sampler's gamma and Fast-dLLM's threshold are swept so that accuracy can be read
 at equal steps from the curves (``revision_card.png``).
 
-    python experiments/revision_card.py                          # all three tiers (~15 min on 2 cores)
+The card goes to ``--out`` (default ``runs/revision_card/``; with ``--write-committed``, the
+committed ``experiments/results/revision/``).
+
+    python experiments/revision_card.py --write-committed        # all three tiers (~15 min on 2 cores), the committed card
     python experiments/revision_card.py --limit 16 --out /tmp/rev   # a quick look
     python experiments/revision_card.py --only saber,rcr,wino       # some decoders (and fast_dllm, the baseline)
-    python experiments/revision_card.py --only saber,rcr,wino --merge   # ... their rows replaced in the card in --out
+    python experiments/revision_card.py --only saber,rcr,wino --merge --write-committed   # ... their rows replaced in the committed card
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 from pathlib import Path
 
 from decoder_table import measure, paired
+from outputs import ROOT, RUNS, add_flag, resolve
 
 SETTINGS = {
     "sudoku": ["task=sudoku"],
@@ -56,15 +60,23 @@ def variants(task: str) -> list[tuple[str, str, list[str]]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("experiments/results/revision"))
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=None, help="the card (default runs/revision_card/)")
     parser.add_argument("--runs", type=Path, default=Path("runs/revision_card"))
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--only", default=None, help="comma-separated presets to run (fast_dllm is always run: the paired baseline)")
     parser.add_argument("--merge", action="store_true", help="replace these rows in the card already in --out, keep its other rows")
+    add_flag(parser, "card in experiments/results/revision/")
     args = parser.parse_args(argv)
+    args.out = resolve(parser, args, args.out, ROOT / "experiments" / "results" / "revision", RUNS / "revision_card")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     only = None if args.only is None else {"fast_dllm", *args.only.split(",")}
     table = []
     for task, tier in TIERS:
@@ -96,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "revision_card.md").write_text("\n".join(lines) + "\n")
     plot(table, args.out / "revision_card.png")
     print("\n".join(lines))
+    print(f"wrote {args.out}/revision_card.{{json,md,png}}")
     return 0
 
 

@@ -121,7 +121,8 @@ def offline(model: Model, preset: str, texts: list[str], max_tokens: int) -> flo
     return len(texts) / (time.perf_counter() - tick)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="where to write load.{json,md,png} (default runs/serve_load/)")
     add_flag(parser, "table and figure in experiments/results/serve/")
@@ -131,8 +132,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--batch-wait-ms", type=float, nargs="+", default=[0.0], help="serve.batch_wait_ms values, each measured")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = resolve(parser, args, args.out, COMMITTED_OUT, RUNS / "serve_load")
+    args.out = out
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     texts = prompts(args.requests)
     rows = []

@@ -70,7 +70,8 @@ def plot_curve(losses: list[dict], evals: list[dict], path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-dir", type=Path, default=Path("runs/sudoku_train"))
     parser.add_argument("--dest", type=Path, default=None,
@@ -78,9 +79,14 @@ def main() -> None:
     parser.add_argument("--command", default="python experiments/train_sudoku.py", help="the training command, recorded verbatim")
     parser.add_argument("--curve", type=Path, default=None, help="also draw loss and held-out accuracy against steps (PNG)")
     add_flag(parser, "model in dlmsearch/data/ (and a --curve in docs/)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     check(parser, args, args.curve)
     args.dest = resolve(parser, args, args.dest, shipped_sudoku_model_path(), RUNS / "ship_model" / args.train_dir.resolve().name)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     state = torch.load(args.train_dir / "checkpoint.pt", weights_only=False, map_location="cpu")
     losses = [json.loads(line) for line in (args.train_dir / "loss.jsonl").read_text().splitlines() if line]
     evals = [json.loads(line) for line in (args.train_dir / "eval.jsonl").read_text().splitlines() if line]

@@ -6,7 +6,10 @@ text is the same, and whether the full decode had filled the tail after the firs
 with end-of-text tokens anyway (then the tokens are the same too). The model's context is 128
 tokens, so generation lengths past about 100 do not fit and are reported as such.
 
-    python experiments/stop_at_eos.py                       # small tier, 256 problems (~10 min on 2 cores)
+The table goes to ``--out`` (default ``runs/stop_at_eos/``; with ``--write-committed``, the committed
+``experiments/results/countdown/small/stop_at_eos/``).
+
+    python experiments/stop_at_eos.py --write-committed     # small tier, 256 problems (~10 min on 2 cores)
     python experiments/stop_at_eos.py --limit 16 --out /tmp/stop --runs /tmp/stop/runs   # a quick look
 """
 
@@ -19,6 +22,7 @@ from pathlib import Path
 from dlmsearch import records
 from dlmsearch.config import compose
 from dlmsearch.run import run
+from outputs import ROOT, RUNS, add_flag, resolve
 
 EOS, STOPS = 1401, (1401, 1405)  # the Countdown tokenizer's <|endoftext|> and <|eot_id|>
 
@@ -46,15 +50,23 @@ def measure(runs: Path, preset: str, gen_length: int, stop: bool, limit: int | N
     return summary, records.read_records(run_dir / "results.jsonl")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("experiments/results/countdown/small/stop_at_eos"))
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=None, help="the table (default runs/stop_at_eos/)")
     parser.add_argument("--runs", type=Path, default=Path("runs/stop_at_eos"), help="the runs (resumable), apart from the results")
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 96, 128, 256])
     parser.add_argument("--presets", nargs="+", default=["llada", "fast_dllm"])
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=256)
+    add_flag(parser, "table in experiments/results/countdown/small/stop_at_eos/")
     args = parser.parse_args(argv)
+    args.out = resolve(parser, args, args.out, ROOT / "experiments" / "results" / "countdown" / "small" / "stop_at_eos", RUNS / "stop_at_eos")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     rows = []
     for gen_length in args.lengths:
         for preset in args.presets:
@@ -95,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     (args.out / "stop_at_eos.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    print(f"wrote {args.out}/stop_at_eos.{{json,md}}")
     return 0
 
 

@@ -143,7 +143,8 @@ def card(rows: list[dict], args: argparse.Namespace, command: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=shipped_sudoku_model_path())
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "model_card")
@@ -160,12 +161,19 @@ def main() -> None:
     parser.add_argument("--particles", type=int, nargs="*", default=[1, 2, 4, 8])
     parser.add_argument("--width-figure", type=Path, default=None, help="default: sudoku_width.png beside --figure")
     add_flag(parser, "model card (README.md beside the model) and figures in docs/")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     check(parser, args, args.card, args.figure, args.width_figure)
     card_path = args.card or (args.model / "README.md" if args.write_committed else args.runs / "README.md")
     figure = args.figure or (ROOT / "docs" if args.write_committed else args.runs) / "sudoku_decoders.png"
     width_figure = args.width_figure or figure.parent / "sudoku_width.png"
     check(parser, args, card_path, args.runs / "table.json")
+    args.card_given, args.card, args.figure, args.width_figure = args.card, card_path, figure, width_figure
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    card_path, figure, width_figure = args.card, args.figure, args.width_figure
     torch.set_num_threads(args.threads)
     presets = args.presets if args.presets is not None else [p for p in decoder_presets() if p not in TEXT_ONLY]
     variants = [(p, p, []) for p in presets] + [parse_variant(v) for v in args.variant]
@@ -181,8 +189,9 @@ def main() -> None:
     command = "python experiments/sudoku_model_card.py" + "".join(f" --variant '{v}'" for v in args.variant)
     if args.presets is not None:
         command += " --presets " + " ".join(args.presets)
-    if args.card is not None:
-        command += f" --card {args.card.relative_to(ROOT) if args.card.is_absolute() and ROOT in args.card.parents else args.card}"
+    if args.card_given is not None:
+        given = args.card_given
+        command += f" --card {given.relative_to(ROOT) if given.is_absolute() and ROOT in given.parents else given}"
     card_path.write_text(card(rows, args, command))
     print(f"wrote {card_path}, {figure}, {width_figure} and {args.runs / 'table.json'}")
     for r in rows:
