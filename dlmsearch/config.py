@@ -315,6 +315,8 @@ def check_command_line(argv: Sequence[str], config_name: str = "config") -> None
         return
     if args.help or args.hydra_help or args.info or args.shell_completion or args.config_path or args.config_dir or args.experimental_rerun:
         return
+    if sum(map(bool, (args.run, args.multirun, args.cfg))) > 1:  # Hydra would say so with a traceback
+        raise ConfigError("only one of --run, --multirun (-m) and --cfg can be given")
     variants = run_variants(args.overrides, args.multirun)
     for overrides in variants:
         try:
