@@ -184,8 +184,8 @@ class DecodeSession:
         """One round for every sample admitted; the results of those it finished (they leave the decode)."""
         if self.state is None:
             return []
-        before = self.state
-        look = None if self.on_lookahead is None else lambda lookahead: self.on_lookahead(lookahead, before.slots)  # type: ignore[misc]
+        before, hook = self.state, self.on_lookahead
+        look = None if hook is None else lambda lookahead: hook(lookahead, before.slots)
         self.state = self.decoder.step(self.engine, before, placed(self.verifier, before), self.deadline_s, on_lookahead=look)
         return self._take_finished()
 
