@@ -85,7 +85,7 @@ def _compose(overrides: Sequence[str], config_name: str = "config") -> tuple[Dic
         GlobalHydra.instance().clear()
         if outer is not None:
             GlobalHydra.instance().initialize(outer)
-    groups = set(cfg.hydra.runtime.choices.keys())
+    groups = {str(g).split("@")[0] for g in cfg.hydra.runtime.choices.keys()}  # "decoder/generation@decoder": the group
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg, groups
