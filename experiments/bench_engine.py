@@ -44,6 +44,7 @@ from bench.random_model import DREAM_SIZES, INIT_STD, LOGIT_STD, MASK_ID, QK_COM
 from bench.report import ROOT, machine_info, report, targets
 from bench.sections import section_cache, section_lookahead, section_overhead, section_reference
 from dlmsearch.models.adapter import ModelAdapter
+from outputs import add_flag, check
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,9 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=0.0, help="skip remaining settings once this many seconds have passed (0: no limit)")
     parser.add_argument("--sections", default="1,2,3,4", help="which sections to run (5, memory, comes with every row)")
     parser.add_argument("--dry-run", action="store_true", help="build the model on the meta device, print its size and the plan, exit")
+    add_flag(parser, "JSON (an --out under experiments/results/)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    check(parser, args, args.out)
     return args
 
 

@@ -72,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_flag(parser, "card in experiments/results/revision/")
     args = parser.parse_args(argv)
     args.out = resolve(parser, args, args.out, ROOT / "experiments" / "results" / "revision", RUNS / "revision_card")
+    if args.merge and not (args.out / "revision_card.json").is_file():
+        parser.error(f"--merge: no card in {args.out} to merge into (--write-committed: the committed card in experiments/results/revision/)")
     return args
 
 

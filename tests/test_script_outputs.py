@@ -154,6 +154,7 @@ CASES = [
      ["--out", str(ROOT / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json")]),
     ("plot_sudoku_trace", ["runs/trace_demo"], ["out"], None, ["--out", str(ROOT / "docs" / "sudoku_trace.png")]),
     ("compare_cards", ["a.json", "b.json"], [], None, ["--out", str(RESULTS / "revision" / "before_after.md")]),
+    ("bench_engine", [], [], None, ["--out", str(RESULTS / "bench" / "tiny.json")]),
 ]
 
 
