@@ -39,7 +39,7 @@ class ConfigError(ValueError):
 
 def decoder_presets() -> list[str]:
     """Names of the files in ``conf/decoder/``."""
-    return sorted(p.stem for p in (CONF_DIR / "decoder").glob("*.yaml"))
+    return group_options("decoder")
 
 
 def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
@@ -101,13 +101,13 @@ def closest(name: str, options: Iterable[str]) -> list[str]:
     return [option for ratio, option in scored if ratio >= scored[0][0] - 0.1] if scored else []
 
 
-def suggest(name: str, options: Iterable[str], listing: str = "one of") -> str:
+def suggest(name: str, options: Iterable[str]) -> str:
     """``'; did you mean X?'`` for a near miss, else ``'; one of: a, b, ...'`` (empty without options)."""
     options = sorted(set(options))
     near = closest(name, options)
     if near:
         return f"; did you mean {' or '.join(near)}?"
-    return f"; {listing}: {', '.join(options)}" if options else ""
+    return f"; one of: {', '.join(options)}" if options else ""
 
 
 def unknown(what: str, name: str, options: Iterable[str]) -> str:
@@ -122,7 +122,7 @@ def group_options(group: str) -> list[str]:
 
 def config_groups() -> list[str]:
     """Every config group of ``conf/`` (``cache``, ``decoder/population/choice``, ...)."""
-    return sorted(str(p.parent.relative_to(CONF_DIR)) for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR)
+    return sorted({str(p.parent.relative_to(CONF_DIR)) for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR})
 
 
 # ------------------------------------------------------------- every key is read by someone
@@ -195,9 +195,10 @@ def _parse(overrides: Sequence[str]) -> list[Any]:
         raise ConfigError(f"cannot read the override {error.override!r}: {error.message.splitlines()[0]}") from error
 
 
-def check_added_keys(cfg: DictConfig, groups: set[str], overrides: Sequence[str], config_name: str = "config") -> None:
+def check_added_keys(overrides: Sequence[str], groups: set[str], config_name: str = "config") -> None:
     """Every ``+key=`` / ``++key=`` of ``overrides`` must be read by someone (``key_problem``),
-    judged against the config composed without them; ``+group=option`` is Hydra's to check."""
+    judged against the config composed without them; ``+group=option`` (a group in ``groups``,
+    those the composition chose) is Hydra's to check."""
     added = [o for o in _parse(overrides) if (o.is_add() or o.is_force_add()) and not o.is_hydra_override() and o.key_or_group not in groups]
     if not added:
         return
@@ -263,7 +264,7 @@ def compose_checked(overrides: Sequence[str], config_name: str = "config") -> Di
         cfg, groups = _compose(overrides, config_name)
     except HydraException as error:
         raise explain(error, overrides, config_name) from error
-    check_added_keys(cfg, groups, overrides, config_name)
+    check_added_keys(overrides, groups, config_name)
     return cfg
 
 
