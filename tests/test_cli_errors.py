@@ -108,6 +108,14 @@ def test_api_text_lengths_follow_the_model() -> None:
     assert model.lengths == (16, 8)  # what lm-eval's backend takes when model_args give none
 
 
+def test_lm_eval_text_lengths_follow_the_model() -> None:
+    pytest.importorskip("lm_eval")
+    from dlmsearch.lm_eval import DLMSearchLM
+
+    lm = DLMSearchLM(family="countdown", decoder="llada", device="cpu")
+    assert (lm.gen_length, lm.block_length) == (16, 8)
+
+
 # item 9: a plain multirun ends with the comparison table
 def test_multirun_prints_the_comparison_table(sudoku_model: Path, tmp_path: Path) -> None:
     done = cli("-m", "+decoder=llada,fast_dllm", f"model.path={sudoku_model}", "task.limit=1", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)

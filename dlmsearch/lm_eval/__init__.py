@@ -14,7 +14,8 @@ refused with a clear error.
 
 Model args (``--model_args k=v,k=v``): ``path`` (local checkpoint directory), ``family``
 (llada|dream|sdar|llada2, or countdown / countdown_block: the shipped Countdown models, no path needed), ``decoder`` (a preset of ``conf/decoder/``), ``gen_length`` (used when a request
-gives no ``max_gen_toks``) and ``block_length``, ``batch_size``, ``cache`` (none|prefix|dual; unset: the config's, none),
+gives no ``max_gen_toks``) and ``block_length`` (unset: what the model was trained for, as
+``python -m dlmsearch`` takes them, else 256 in blocks of 32), ``batch_size``, ``cache`` (none|prefix|dual; unset: the config's, none),
 ``device`` (auto|cpu|cuda...), ``dtype``, ``chat`` (true: each context is one user turn of the
 tokenizer's chat template, Instruct models; false: raw text, Base models), ``temperature``
 (unset: the request's, greedy unless it samples), ``seed`` (unset: 0), ``decoding`` (text|sudoku), plus any
@@ -93,8 +94,8 @@ class DLMSearchLM(LM):
         path: str | None = None,
         family: str = "llada",
         decoder: str = "adalook",
-        gen_length: int = 256,
-        block_length: int = 32,
+        gen_length: int | None = None,
+        block_length: int | None = None,
         batch_size: int | str = 8,
         cache: str | None = None,
         device: str | None = "auto",
@@ -118,7 +119,7 @@ class DLMSearchLM(LM):
             log.warning("dlmsearch: batch_size=%s is not supported; decoding 8 at a time (model_args batch_size=N)", batch_size)
             batch_size = 8
         for name, value in (("gen_length", gen_length), ("block_length", block_length), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         unknown = [k for k in overrides if k.split(".")[0].split("/")[0] not in ("model", "decoder", "engine", "decoding", "deadline_s")]
         if unknown:
@@ -127,7 +128,8 @@ class DLMSearchLM(LM):
         decoder_keys = {k: v for k, v in overrides.items() if not k.startswith("model.")}
         self.model = Model.load(family, path=path, device=device or "auto", dtype=dtype, **model_keys)
         self.decoder = Decoder.from_preset(decoder, overrides=decoder_keys, decoding=decoding)
-        self.gen_length, self.block_length, self.batch_size = gen_length, block_length, batch_size
+        trained_gen, trained_block = self.model.lengths  # unset: what the model was trained for, else 256 in blocks of 32
+        self.gen_length, self.block_length, self.batch_size = gen_length or trained_gen, block_length or trained_block, batch_size
         self.chat, self.temperature, self.seed = bool(chat), temperature, seed
         self.cache = cache
         self._device = self.model.adapter.device
