@@ -127,7 +127,7 @@ def test_default_text_run_from_the_command_line(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_lm_eval_generate_until_on_a_local_countdown_task(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    pytest.importorskip("lm_eval", reason="lm-eval is not installed (optional extra): pip install 'dlmsearch[lm_eval]'")
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (optional extra): pip install -e '.[lm_eval]'")
     import datasets.config
     import huggingface_hub.constants
     import lm_eval
