@@ -2,11 +2,12 @@
 
 ```bash
 python -m dlmsearch.lm_eval --model_args path=/models/LLaDA-8B-Instruct,family=llada,decoder=fast_dllm \
-    --tasks gsm8k --limit 50
+    --tasks dlmsearch_gsm8k --limit 50
 ```
 
 Importing this module registers the model with lm-eval (``python -m dlmsearch.lm_eval`` does
-that, then runs lm-eval's own command line). Requests are decoded through :mod:`dlmsearch.api`
+that, adds dlmsearch's offline tasks of :mod:`dlmsearch.lm_eval.shipped`, then runs lm-eval's
+own command line). Requests are decoded through :mod:`dlmsearch.api`
 (one model, one decoder, batches of ``batch_size``), so a context gives the same text as
 ``python -m dlmsearch`` with ``task=prompts``. Masked diffusion decoding gives no
 left-to-right likelihoods here, so ``loglikelihood`` tasks (multiple choice, perplexity) are
@@ -28,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 try:
@@ -36,12 +38,15 @@ try:
     from lm_eval.api.registry import register_model
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "dlmsearch.lm_eval needs lm-evaluation-harness: pip install 'dlmsearch[lm_eval]' (or pip install lm-eval)"
+        "dlmsearch.lm_eval needs lm-evaluation-harness, the lm_eval extra: pip install -e '.[lm_eval]' in a clone of dlmsearch, "
+        "or pip install 'dist/dlmsearch-<version>-py3-none-any.whl[lm_eval]' for a wheel (dlmsearch is not on PyPI), "
+        "or pip install 'lm-eval>=0.4.13,<0.5'"
     ) from error
 
 from dlmsearch.api import Decoder, Model
+from dlmsearch.config import build
 
-__all__ = ["DLMSearchLM", "cut_at_stop", "gen_length_for"]
+__all__ = ["DLMSearchLM", "ModelArgsError", "cut_at_stop", "gen_length_for"]
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +86,14 @@ def _stops(value: Any) -> list[str]:
     raise ValueError(f"generation kwarg 'until' must be a string or a list of strings, got {value!r}")
 
 
+class ModelArgsError(ValueError):
+    """A mistake in ``--model_args`` (path, family, decoder, key or value): ``python -m dlmsearch.lm_eval``
+    prints it as one line, ``error: ...``, and exits 2."""
+
+
 TEXT_FAMILIES = ("llada", "dream", "sdar", "llada2")  # conf/model/<family>.yaml with model.path=DIR
 SHIPPED_TEXT_MODELS = ("countdown", "countdown_block")  # the Countdown models dlmsearch ships (LLaDA's and SDAR's formats)
+NAMED_ARGS = ("path", "family", "decoder", "gen_length", "block_length", "batch_size", "cache", "device", "dtype", "chat", "temperature", "seed", "decoding")
 
 
 @register_model("dlmsearch")
@@ -110,29 +121,55 @@ class DLMSearchLM(LM):
     ) -> None:
         super().__init__()
         if family not in TEXT_FAMILIES + SHIPPED_TEXT_MODELS:
-            raise ValueError(
-                f"family must be a text model ({', '.join(TEXT_FAMILIES)}) or a shipped one ({', '.join(SHIPPED_TEXT_MODELS)}: no path needed), got {family!r}"
+            raise ModelArgsError(
+                f"model_args family must be a text model ({', '.join(TEXT_FAMILIES)}) or a shipped one ({', '.join(SHIPPED_TEXT_MODELS)}: no path needed), got {family!r}"
             )
         if path is None and family not in SHIPPED_TEXT_MODELS:
-            raise ValueError("model_args needs path=DIR: the local directory of the checkpoint (nothing is downloaded)")
+            raise ModelArgsError("model_args needs path=DIR: the local directory of the checkpoint (nothing is downloaded)")
+        if path is not None and not Path(str(path)).expanduser().is_dir():
+            raise ModelArgsError(f"model_args path={path} is not a directory: give the local directory of the checkpoint (nothing is downloaded)")
+        if isinstance(batch_size, str) and batch_size.strip().isdigit():  # lm-eval's --batch_size 8 comes as a string
+            batch_size = int(batch_size)
         if isinstance(batch_size, str):  # "auto" / "auto:N": decoding uses a fixed batch
             log.warning("dlmsearch: batch_size=%s is not supported; decoding 8 at a time (model_args batch_size=N)", batch_size)
             batch_size = 8
         for name, value in (("gen_length", gen_length), ("block_length", block_length), ("batch_size", batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ModelArgsError(f"model_args {name} must be a positive integer, got {value!r}")
         unknown = [k for k in overrides if k.split(".")[0].split("/")[0] not in ("model", "decoder", "engine", "decoding", "deadline_s")]
         if unknown:
-            raise TypeError(f"unknown model_args: {', '.join(unknown)} (besides the named ones, model_args take decoder.*, engine.*, decoding.* and model.* keys)")
+            raise ModelArgsError(
+                f"unknown model_args: {', '.join(unknown)} (model_args take {', '.join(NAMED_ARGS)} and decoder.*, engine.*, decoding.*, model.* keys)"
+            )
         model_keys = {k[len("model.") :]: v for k, v in overrides.items() if k.startswith("model.")}
         decoder_keys = {k: v for k, v in overrides.items() if not k.startswith("model.")}
-        self.model = Model.load(family, path=path, device=device or "auto", dtype=dtype, **model_keys)
-        self.decoder = Decoder.from_preset(decoder, overrides=decoder_keys, decoding=decoding)
+        try:  # the API's messages name the key or the file (ConfigError is a ValueError; a directory without a tokenizer: OSError)
+            self.model = Model.load(family, path=path, device=device or "auto", dtype=dtype, **model_keys)
+        except (ValueError, OSError) as error:
+            raise ModelArgsError(f"model_args: {error}") from error
+        try:
+            self.decoder = Decoder.from_preset(decoder, overrides=decoder_keys, decoding=decoding)
+        except (ValueError, TypeError) as error:
+            raise ModelArgsError(f"model_args: {error}") from error
         trained_gen, trained_block = self.model.lengths  # unset: what the model was trained for, else 256 in blocks of 32
         self.gen_length, self.block_length, self.batch_size = gen_length or trained_gen, block_length or trained_block, batch_size
         self.chat, self.temperature, self.seed = bool(chat), temperature, seed
         self.cache = cache
         self._device = self.model.adapter.device
+        self._check_settings()
+
+    def _check_settings(self) -> None:
+        """Compose a decode of ``gen_length`` with these settings now, so that a wrong value (``cache``,
+        ``temperature``, ``seed``, a ``decoder.*`` / ``engine.*`` value) fails before any request."""
+        try:
+            cfg = self.decoder.config(
+                self.model, gen_length_for(self.gen_length, self.block_length), self.block_length, self.chat, self.batch_size,
+                cache=self.cache, temperature=self.temperature, seed=self.seed,
+            )
+            build(cfg, "decoder")
+            build(cfg, "engine", adapter=self.model.adapter)
+        except (ValueError, TypeError) as error:
+            raise ModelArgsError(f"model_args: {error}") from error
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "DLMSearchLM":
