@@ -92,6 +92,16 @@ def test_the_api_and_the_server_composition_refuse_the_same(tmp_path: Path) -> N
         compose_settings(["+decoder=adalook", "+seeed=3"], (), "serve")
 
 
+@pytest.mark.parametrize("mistake,line", [
+    (["+decoder=fast_dllm", "serve.prot=1"], "error: unknown key 'serve.prot'; did you mean serve.port?"),
+    (["+decoder=fast_dlm"], "error: unknown decoder 'fast_dlm'; did you mean fast_dllm?"),
+], ids=["serve.prot", "fast_dlm"])
+def test_the_server_command_line_is_checked_too(mistake: list[str], line: str, tmp_path: Path) -> None:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "dlmsearch.serve", *mistake], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert refused(done) == line
+
+
 # item 5: text lengths default to what the model was trained for (countdown: 16 in blocks of 8, 128 positions)
 def test_cli_text_lengths_follow_the_model(tmp_path: Path) -> None:
     done = cli("+decoder=llada", "model=countdown", "model.device=cpu", "task=prompts", "task.prompt='Make 12 from 3, 5, 7.'", f"out_dir={tmp_path / 'run'}", cwd=tmp_path)

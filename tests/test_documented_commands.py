@@ -241,9 +241,9 @@ class Shell:
         return path
 
     def environment(self) -> dict[str, str]:
-        """The venv's tools first; the copy's package before the editable install's, so that what a
+        """One thread (as every test process); the venv's tools first; the copy's package before the editable install's, so that what a
         script writes beside the package lands in the copy."""
-        return {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(self.checkout), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        return {**os.environ, "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(self.checkout), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
     def run(self, command: DocCommand) -> None:
         if command.language == "python":

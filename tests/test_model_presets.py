@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from dlmsearch.records import TIMING_FIELDS
 from dlmsearch.api import Decoder, Model
 from dlmsearch.config import ConfigError, build, compose
 from dlmsearch.models.llada_checkpoint import save_llada
@@ -101,7 +102,7 @@ def test_llada_preset_runs_the_countdown_task_as_model_countdown(tmp_path: Path)
     records = {}
     for name in ("llada", "countdown"):
         lines = (tmp_path / name / "results.jsonl").read_text().splitlines()
-        records[name] = [{k: v for k, v in json.loads(line).items() if k != "wall_seconds"} for line in lines]
+        records[name] = [{k: v for k, v in json.loads(line).items() if k not in TIMING_FIELDS} for line in lines]
     assert len(records["llada"]) == 4 and records["llada"] == records["countdown"]
 
 

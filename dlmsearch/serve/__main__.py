@@ -20,7 +20,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from dlmsearch.config import CONF_DIR, ConfigError, decoder_presets
+from dlmsearch.config import CONF_DIR, ConfigError, check_command_line, decoder_presets
 
 
 def _socket(host: str, port: int) -> socket.socket:
@@ -95,6 +95,13 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    """The command line is checked first (as ``python -m dlmsearch``'s): an unknown key, group or
+    option is one line naming it and the closest valid names, exit 2."""
+    try:
+        check_command_line(sys.argv[1:], "serve")
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     _main()
 
 
