@@ -151,3 +151,12 @@ def test_a_directory_without_records_takes_any_config(tmp_path: Path) -> None:
     (tmp_path / "results.jsonl").write_text("")
     decode(tmp_path, "+decoder=llada", "task.limit=1")
     assert json.loads((tmp_path / RUN_FILE).read_text())["config"]["decoder"]["name"] == "llada"
+
+
+def test_traces_do_not_depend_on_the_batch_size(tmp_path: Path) -> None:
+    """A sample's lookahead log names its own levels, not the deeper ones others in the decode roll on to."""
+    for batch_size in (1, 3):
+        decode(tmp_path / str(batch_size), "+decoder=adalook", "task.tier=hard", "task.limit=6", f"batch_size={batch_size}", "trace=true")
+    alone, together = ((tmp_path / b / "trace.jsonl").read_text().splitlines() for b in ("1", "3"))
+    assert [json.loads(line)["id"] for line in together] == [r["id"] for r in records(tmp_path / "3")]  # the task's order
+    assert alone == together
