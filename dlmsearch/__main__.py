@@ -13,7 +13,10 @@ from dlmsearch.config import CONF_DIR, ConfigError, check_command_line, decoder_
 def _report(summary: dict) -> None:
     accuracy = summary["accuracy"]
     print(
-        f"{summary['decoder']} on {summary['task']}: {summary['items']} items, "
+        f"{summary['decoder']} on {summary['task']}"
+        + (f" (cache {summary['cache']})" if summary.get("cache", "none") != "none" else "")
+        + (f" ({summary['population']['size']} particles)" if isinstance(summary.get("population"), dict) else "")
+        + f": {summary['items']} items, "
         + (f"solved/correct {100 * accuracy:.1f} %, " if accuracy is not None else "")
         + f"mean steps {summary['mean_steps']:.2f}, mean row-forwards {summary['mean_row_forwards']:.2f}, "
         f"mean token-forwards {summary['mean_token_forwards']:.0f}, "

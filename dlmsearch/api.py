@@ -13,7 +13,7 @@ Nothing here is a second implementation of the CLI: every object comes from a co
 from ``conf/`` by :func:`dlmsearch.config.compose` and built by :func:`dlmsearch.config.build`
 (the model through its loader, the decoder, the engine), prompts are encoded and outputs read
 back by the text tasks (chat template, cut at the first stop id), and each batch is decoded by
-:class:`dlmsearch.run.Decoding`, the CLI's own call of :meth:`SearchDecoder.decode`. So a
+:class:`dlmsearch.run.Decoding`, the CLI's own decode session (:class:`dlmsearch.search.session.DecodeSession`). So a
 prompt gives the same tokens and counters here as through ``python -m dlmsearch``.
 """
 

@@ -27,7 +27,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from dlmsearch.config import build, compose, to_plain
+from dlmsearch.config import build, compose_checked, to_plain
 from dlmsearch.distributed import Ranks
 from dlmsearch.records import RunIdentity, check_same_run, percentile, read_records
 from dlmsearch.search.components.lookahead import Lookahead
@@ -400,7 +400,7 @@ def build_fallback(cfg: DictConfig) -> SearchDecoder | None:
     """The ``fallback=<preset>`` decoder, composed with the run's own task and decoding settings."""
     if not cfg.get("fallback"):
         return None
-    fallback_cfg = compose([f"+decoder={cfg.fallback}"])
+    fallback_cfg = compose_checked([f"+decoder={cfg.fallback}"])  # a misspelled preset: one line with the closest names
     fallback_cfg.task, fallback_cfg.decoding = cfg.task, cfg.decoding
     return build(fallback_cfg, "decoder")
 

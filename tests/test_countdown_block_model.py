@@ -65,5 +65,5 @@ def test_the_command_line_decodes_it(tmp_path: Path) -> None:
                "model.device=cpu", f"out_dir={tmp_path}"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "sdar on countdown: 4 items" in done.stdout
+    assert "sdar on countdown (cache block): 4 items" in done.stdout
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 4

@@ -10,7 +10,7 @@ Numbers come from the per-item records, so an unfinished run counts what it has.
 
 - accuracy: solved / judged items, with a Wilson 95 % interval;
 - steps, row-forwards, token-forwards (where the records count them): means over decoded items;
-- wall: the items' summed shares of their batches' time (as in ``summary.json``);
+- wall: the items' summed shares of the steps they decoded in (as in ``summary.json``);
 - Pareto fronts (max accuracy, min cost) over mean steps and over mean row-forwards;
 - paired against the baseline on the items both judged: solved by only one of the two, and the
   exact two-sided sign test over those discordant items.
