@@ -29,5 +29,5 @@ grep -q "adalook on sudoku: 4 items" "$work/out.txt"
 grep -q "adalook on countdown: 4 items" "$work/text.txt"
 # the shipped block-diffusion Countdown model (SDAR's format) with the exact block cache
 "$work/venv/bin/python" -m dlmsearch +decoder=sdar model=countdown_block task=countdown cache=block task.limit=4 out_dir="$work/block" | tee "$work/block.txt"
-grep -q "sdar on countdown: 4 items" "$work/block.txt"
+grep -q "sdar on countdown (cache block): 4 items" "$work/block.txt"
 echo "wheel check passed: $(ls "$work"/dist)"
