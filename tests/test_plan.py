@@ -90,3 +90,19 @@ def test_block_causal_attention_counts_blocks_from_the_first_real_token() -> Non
     assert mask[3].tolist() == [False, True, True, True, True, False, False]  # block 1 sees block 0 and itself
     assert mask[6].tolist() == [False, True, True, True, True, True, True]  # block 2 sees everything real
     assert not bool(mask[:, 0].any())  # the padding is seen by no one
+
+
+def test_a_fallback_of_the_same_name_keeps_its_own_plan(tmp_path: Path) -> None:
+    """A fallback preset named like the primary (``+decoder=adalook`` with overrides, fallback
+    ``adalook``) must not replace the primary's plan (issue 36: plans were kept by decoder name,
+    so the primary decoded with the fallback's commit rule)."""
+    from dlmsearch.run import Decoding, build_fallback
+    from dlmsearch.tasks.sudoku import SudokuTask
+
+    cfg = compose(["+decoder=adalook", "decoder.commit.threshold=0.5", "fallback=adalook", "task.limit=2", f"out_dir={tmp_path}"])
+    engine = build(cfg, "engine", adapter=build(cfg, "model"))
+    primary, fallback = build(cfg, "decoder"), build_fallback(cfg)
+    assert primary.name == fallback.name and primary.commit.threshold != fallback.commit.threshold
+    task = SudokuTask(limit=2)
+    plan = Decoding(primary, engine, task, fallback).prepare(task.items())
+    assert plan.commit.threshold == primary.commit.threshold == 0.5

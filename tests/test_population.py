@@ -278,3 +278,19 @@ def test_pruning_needs_a_verifier_of_partial_outputs() -> None:
     with pytest.raises(ValueError, match="set decoder.population.prune_conflicts=auto"):
         Population(size=2, prune_conflicts=True).for_verifier(AnswerVerifier(lambda row: ""))
     Population(size=2, stop_when_accepted=True).for_verifier(AnswerVerifier(lambda row: ""))
+
+
+
+def test_klass_keeps_every_particles_history(adapter: ModelAdapter) -> None:
+    """KLASS inside a population: every particle's own canvas stores its step's distributions
+    (``is_root``), not only particle 0's (issue 36: the others compared against zeros forever, so
+    their tokens were never stable and they fell back to LLaDA's split)."""
+    from dlmsearch.search.session import DecodeSession
+
+    decoder = with_population("klass", Population(size=2, diversity=OrderTemperature(temperature=0.0)))
+    session = DecodeSession.open(decoder, RolloutEngine(adapter=adapter), 16, 8)
+    session.admit(make_requests([3, 0, 5], 16, seed=1, fixed=2))
+    session.step()
+    history = session.state.memory.history.probs
+    stored = history.flatten(1).abs().sum(dim=1) > 0
+    assert stored.tolist() == [True] * 6, f"slots with a stored history: {stored.tolist()}"

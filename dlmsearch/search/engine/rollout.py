@@ -326,7 +326,7 @@ class RolloutEngine:
                 None if bool(computed.all()) else source,
                 from_column - first,
                 guidance,
-                (memory, sample[index], row_key[index] == 0) if "kl" in statistics else None,
+                (memory, sample[index], is_root(row_key[index])) if "kl" in statistics else None,
                 (window[0][index] - first, shadow_length) if shadow_length else None,
             )
             if forward.layerwise:  # columns the policy did not bring up to date read as the mask
