@@ -7,13 +7,14 @@ file first, so a run can resume with another number of ranks (or none).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import attrs
 import torch
+
+from dlmsearch.records import read_records, write_records
 
 Item = TypeVar("Item")
 
@@ -70,19 +71,9 @@ class Ranks:
             import torch.distributed as dist
 
             dist.barrier()
-        ranked = sorted(out.glob("results.rank*.jsonl"))
         if self.rank == 0:
-            done: dict[str, dict[str, Any]] = {}
-            for path in [out / "results.jsonl", *ranked]:
-                done.update(read(path))
-            known = set(item_ids)
-            ordered = [done[i] for i in item_ids if i in done] + [r for i, r in done.items() if i not in known]
-            staging = out / "results.jsonl.tmp"
-            staging.write_text("".join(json.dumps(r) + "\n" for r in ordered))
-            staging.replace(out / "results.jsonl")
-            for path in ranked:
-                path.unlink()
-            merge_traces(out, item_ids)
+            done = fold_in_order(out, "results", item_ids, read)
+            fold_in_order(out, "trace", item_ids, read_records)
         if self.world > 1:
             import torch.distributed as dist
 
@@ -90,26 +81,22 @@ class Ranks:
         return done if self.rank == 0 else read(out / "results.jsonl")  # rank 0 holds what it wrote
 
 
-def merge_traces(out: Path, item_ids: list[str]) -> None:
-    """``trace.jsonl`` and every rank's trace as one file in the task's order (the last line of an
-    id wins; a line torn by a kill is dropped), replaced at once."""
-    ranked = sorted(out.glob("trace.rank*.jsonl"))
-    paths = [p for p in [out / "trace.jsonl", *ranked] if p.exists()]
+def fold_in_order(out: Path, name: str, item_ids: list[str], read: Callable[[Path], dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """``out/<name>.jsonl`` and every rank's ``<name>.rank<r>.jsonl`` as one file in the task's order
+    (``read`` decides which line of an id wins and what is dropped), replaced at once; the rank
+    files are removed. Nothing is written where there is no such file (a run without traces)."""
+    ranked = sorted(out.glob(f"{name}.rank*.jsonl"))
+    paths = [p for p in [out / f"{name}.jsonl", *ranked] if p.exists()]
     if not paths:
-        return
-    lines: dict[str, str] = {}
+        return {}
+    folded: dict[str, dict[str, Any]] = {}
     for path in paths:
-        for line in path.read_text().splitlines():
-            try:
-                trace = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            lines.pop(str(trace.get("id")), None)
-            lines[str(trace.get("id"))] = line
+        folded.update(read(path))
     known = set(item_ids)
-    ordered = [lines[i] for i in item_ids if i in lines] + [line for i, line in lines.items() if i not in known]
-    staging = out / "trace.jsonl.tmp"
-    staging.write_text("".join(line + "\n" for line in ordered))
-    staging.replace(out / "trace.jsonl")
+    ordered = [folded[i] for i in item_ids if i in folded] + [r for i, r in folded.items() if i not in known]
+    staging = out / f"{name}.jsonl.tmp"
+    write_records(staging, ordered)
+    staging.replace(out / f"{name}.jsonl")
     for path in ranked:
         path.unlink()
+    return folded

@@ -120,16 +120,17 @@ def paired(mine: dict[str, bool], theirs: dict[str, bool]) -> dict[str, Any]:
     }
 
 
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` as ``{"a.b": 1}`` (lists are values)."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1, "c": [2]}}`` as ``{"a.b": 1, "a.c": "[2]"}`` (lists as their JSON text, so
+    that every value compares and prints as one cell: the sweep tables and the resume check)."""
+    if isinstance(node, Mapping):
+        flat: dict[str, Any] = {}
+        for key, value in node.items():
+            flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    if isinstance(node, list):
+        return {prefix: json.dumps(node)}
+    return {prefix: node}
 
 
 def result_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,7 +160,7 @@ def config_changes(old: Mapping[str, Any], new: Mapping[str, Any], most: int = 3
     changed = sorted((k for k in keys if before.get(k, _ABSENT) != after.get(k, _ABSENT)), key=lambda k: (k.count("."), keys.index(k)))
     shown = [f"{k}: {_short(k, before.get(k, _ABSENT))} -> {_short(k, after.get(k, _ABSENT))}" for k in changed[:most]]
     more = len(changed) - len(shown)
-    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "") if shown else "an empty section added or removed"
 
 
 _ABSENT = object()

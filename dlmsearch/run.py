@@ -294,8 +294,7 @@ class Decoding:
         refused = self._admit(session, queue, running, batch_size)
         try:
             results = session.step()
-            if session.stalled():
-                raise RuntimeError(f"decoder {session.plan.name!r} did not finish within {session.plan.max_rounds() + 1} rounds")
+            session.check_progress()
         except Exception as error:  # one bad sample must not end the run
             session.clear()
             alone = len(running) == 1

@@ -15,6 +15,15 @@ from dlmsearch.config import build, compose
 from dlmsearch.search.driver import DecodeRequest, SearchDecoder
 
 torch.set_num_threads(1)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (servers and torchrun rendezvous in tests)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 # The experiment scripts (training, tiers) are tested too: they import as modules from here.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 

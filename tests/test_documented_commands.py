@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import attrs
 import pytest
+
+from conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -183,12 +184,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path | None]:
     return {"llada": llada, "dream": dream}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @attrs.define
 class Shell:
     """Runs documented commands in the copy, with the stand-ins substituted and outputs kept in ``scratch``."""
@@ -291,7 +286,7 @@ def test_serving_page_runs(shell: Shell) -> None:
     clients = [c for b in blocks for c in b.commands if not _is_server(c) and c.excluded is None]
     assert servers and clients
     for index, server in enumerate(servers):
-        shell.port = _free_port()
+        shell.port = free_port()
         with _running(shell, server):
             if index == 0:
                 for client in clients:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_port
 from dlmsearch.config import compose
 from dlmsearch.run import run
 
@@ -93,12 +93,6 @@ def test_interrupted_run_resumes_without_loss_or_duplicates(sig: signal.Signals,
     resumed = records(cut)
     assert [r["id"] for r in resumed] == [r["id"] for r in records(whole)]
     assert [r["output"] for r in resumed] == [r["output"] for r in records(whole)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(processes: int, *overrides: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -114,9 +114,14 @@ class ByUid:
         return self.verifier.answers(self.uid[sample], tokens)
 
 
+def sample_uids(state: DecodeState) -> torch.Tensor:
+    """``[samples]`` the uid of each sample of the decode, in its order (its first particle's)."""
+    return state.slots.uid.view(-1, state.slots.size)[:, 0]
+
+
 def placed(verifier: Verifier | None, state: DecodeState) -> Verifier | None:
     """``verifier`` (keyed by uid) as this decode's samples are placed."""
-    return None if verifier is None else ByUid(verifier, state.slots.uid.view(-1, state.slots.size)[:, 0])
+    return None if verifier is None else ByUid(verifier, sample_uids(state))
 
 
 @attrs.define(eq=False)
@@ -141,7 +146,7 @@ class DecodeSession:
     @property
     def uids(self) -> list[int]:
         """The samples decoding now, in their order in the decode."""
-        return [] if self.state is None else self.state.slots.uid.view(-1, self.state.slots.size)[:, 0].tolist()
+        return [] if self.state is None else sample_uids(self.state).tolist()
 
     @property
     def rows(self) -> int:
@@ -193,9 +198,11 @@ class DecodeSession:
         """Drop every sample at once, after a failed step has left the decode's state in doubt."""
         self.state = None
 
-    def stalled(self) -> bool:
-        """Whether a sample has run past the rounds any sample can need (a decoder that never finishes)."""
-        return self.state is not None and int(self.state.rounds.max()) > self.plan.max_rounds() + 1
+    def check_progress(self) -> None:
+        """Raise when a sample has run past the rounds any sample can need (a decoder that never finishes)."""
+        limit = self.plan.max_rounds() + 1  # a sample's own rounds, wherever it joined
+        if self.state is not None and int(self.state.rounds.max()) > limit:
+            raise RuntimeError(f"decoder {self.plan.name!r} did not finish within {limit} rounds")
 
     def _take_finished(self) -> list[DecodeResult]:
         assert self.state is not None
@@ -215,6 +222,5 @@ class DecodeSession:
         results: list[DecodeResult] = []
         while self.state is not None:
             results += self.step()
-            if self.stalled():
-                raise RuntimeError(f"decoder {self.plan.name!r} did not finish within {self.plan.max_rounds() + 1} rounds")
+            self.check_progress()
         return results

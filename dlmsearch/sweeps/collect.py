@@ -113,17 +113,6 @@ def parse_overrides(lines: Iterable[str]) -> dict[str, str]:
     return parsed
 
 
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        flat: dict[str, Any] = {}
-        for key, value in node.items():
-            flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return flat
-    if isinstance(node, list):
-        return {prefix: json.dumps(node)}
-    return {prefix: node}
-
-
 def read_config(directory: Path) -> dict[str, Any]:
     """The run's resolved config (its CONFIG_SECTIONS), flattened; empty if none was saved."""
     summary = directory / "summary.json"
@@ -146,7 +135,7 @@ def read_config(directory: Path) -> dict[str, Any]:
                     config[section] = OmegaConf.to_container(loaded[section], resolve=False) if OmegaConf.is_config(loaded[section]) else loaded[section]
     if not isinstance(config, dict):
         return {}
-    return flatten({k: v for k, v in config.items() if k in CONFIG_SECTIONS})
+    return result_records.flatten({k: v for k, v in config.items() if k in CONFIG_SECTIONS})
 
 
 def job_number(directory: Path) -> int | None:
