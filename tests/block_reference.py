@@ -25,7 +25,8 @@ Shims (in the subprocess only, never to the files): SDAR imports
 ``flash_attn.ops.triton.layer_norm.rms_norm_fn`` at the top, so a stand-in module gives plain
 RMSNorm (CPUs have no flash-attn); LLaDA2's ``generate`` builds its additive block mask in bfloat16,
 which SDPA refuses beside float32 queries, so ``scaled_dot_product_attention`` casts a floating
-mask to the queries' dtype (the mask holds 0 and -inf, exact in both).
+mask to the queries' dtype (the mask holds 0 and -inf, exact in both); the venv's ``kernels`` package
+(required by transformers 5, built for a newer huggingface_hub than the pinned copies) is hidden.
 """
 
 from __future__ import annotations
@@ -63,8 +64,13 @@ def missing_reason(family: str) -> str | None:
 
 def _stand_ins() -> None:
     """``flash_attn.ops.triton.layer_norm.rms_norm_fn`` as plain RMSNorm (float32 statistics, as SDAR's
-    commented-out path); SDPA with a floating mask cast to the queries' dtype."""
+    commented-out path); SDPA with a floating mask cast to the queries' dtype; no ``kernels``."""
     import torch
+
+    # The venv's ``kernels`` (transformers 5 requires it) needs a newer huggingface_hub than the pinned
+    # copies carry; hidden, the pinned transformers' probe (find_spec) sees none and never imports it
+    # (it only fetches GPU kernels from the Hub)
+    sys.modules["kernels"] = None
 
     def rms_norm_fn(x, weight, bias=None, eps=1e-6, **_):
         dtype = x.dtype
