@@ -20,7 +20,11 @@ def _report(summary: dict) -> None:
         + (f"solved/correct {100 * accuracy:.1f} %, " if accuracy is not None else "")
         + f"mean steps {summary['mean_steps']:.2f}, mean row-forwards {summary['mean_row_forwards']:.2f}, "
         f"mean token-forwards {summary['mean_token_forwards']:.0f}, "
-        + (f"mean live particles {summary['mean_live_particles']:.2f}, " if summary.get("mean_live_particles", 1.0) != 1.0 else "")
+        + (
+            f"mean live particles {summary['mean_live_particles']:.2f}, "
+            if summary.get("mean_live_particles", 1.0) != 1.0
+            else ""
+        )
         + f"wall {summary['wall_seconds']:.1f} s"
     )
     print(

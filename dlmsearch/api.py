@@ -50,7 +50,9 @@ def _is_group(key: str) -> bool:
 
 
 def _split_overrides(
-    overrides: Mapping[str, Any] | Sequence[str] | None, allowed: tuple[str, ...], what: str,
+    overrides: Mapping[str, Any] | Sequence[str] | None,
+    allowed: tuple[str, ...],
+    what: str,
 ) -> tuple[tuple[str, ...], tuple[Setting, ...]]:
     """Hydra override strings (group choices, or strings the caller wrote in Hydra's grammar)
     and settings (Python values for keys), from a mapping (``{"decoder.commit.threshold": 0.8,
@@ -69,11 +71,15 @@ def _split_overrides(
         strings, settings = [str(o) for o in overrides], ()
         keys = [o.split("=", 1)[0].lstrip("+~") for o in strings]
     else:
-        raise TypeError(f"{what} must be a dict of key -> value or a list of 'key=value' strings, got {type(overrides).__name__}")
+        raise TypeError(
+            f"{what} must be a dict of key -> value or a list of 'key=value' strings, got {type(overrides).__name__}"
+        )
     for key in keys:
         root = re.split(r"[./]", key, maxsplit=1)[0]
         if root not in allowed:
-            raise ValueError(f"{what}: {key!r} is not a key of {', '.join(allowed)}; {_WHERE.get(root, 'see conf/config.yaml')}")
+            raise ValueError(
+                f"{what}: {key!r} is not a key of {', '.join(allowed)}; {_WHERE.get(root, 'see conf/config.yaml')}"
+            )
     return tuple(strings), settings
 
 
@@ -144,11 +150,13 @@ class Model:
     config: DictConfig
     settings: tuple[Setting, ...] = ()
     tokenizer: Any = None
-    lengths: tuple[int, int] | None = None  # text: the default (gen_length, block_length), what the model was trained for, else 256 and 32
+    lengths: tuple[int, int] | None = (
+        None  # text: the default (gen_length, block_length), what the model was trained for, else 256 and 32
+    )
     _tasks: dict[tuple[Any, ...], PromptList] = attrs.field(factory=dict, repr=False)
 
     @classmethod
-    def load(cls, family_or_config: str = "sudoku", path: str | Path | None = None, **model_overrides: Any) -> "Model":
+    def load(cls, family_or_config: str = "sudoku", path: str | Path | None = None, **model_overrides: Any) -> Model:
         """Load ``conf/model/<family_or_config>.yaml`` with ``model.path=path`` and ``model.<key>=<value>``
         for each keyword (``device="cuda"``, ``dtype="bfloat16"``, ``logits_eos_inf=True``, ...).
 
@@ -166,7 +174,14 @@ class Model:
         adapter = build(cfg, "model")
         tokenizer = load_tokenizer(cfg.task.tokenizer, bool(cfg.task.trust_remote_code)) if text else None
         lengths = (int(cfg.task.gen_length), int(cfg.task.block_length)) if text else None
-        return cls(name=family_or_config, adapter=adapter, config=cfg.model, settings=values, tokenizer=tokenizer, lengths=lengths)
+        return cls(
+            name=family_or_config,
+            adapter=adapter,
+            config=cfg.model,
+            settings=values,
+            tokenizer=tokenizer,
+            lengths=lengths,
+        )
 
     @property
     def is_text(self) -> bool:
@@ -201,7 +216,7 @@ class Decoder:
     @classmethod
     def from_preset(
         cls, name: str, overrides: Mapping[str, Any] | Sequence[str] | None = None, decoding: str | None = None
-    ) -> "Decoder":
+    ) -> Decoder:
         """A preset with overrides of ``decoder.*``, ``engine.*``, ``decoding.*``, ``seed`` or ``deadline_s``.
 
         ``overrides`` is a dict (``{"decoder.commit.threshold": 0.8, "engine.cache": "dual",
@@ -225,7 +240,12 @@ class Decoder:
         return self.preset
 
     def _overrides(self, *choices: str) -> list[str]:
-        return [f"+decoder={self.preset}", *([f"decoding={self.decoding}"] if self.decoding else []), *choices, *self.overrides]
+        return [
+            f"+decoder={self.preset}",
+            *([f"decoding={self.decoding}"] if self.decoding else []),
+            *choices,
+            *self.overrides,
+        ]
 
     def config(
         self,
@@ -240,9 +260,18 @@ class Decoder:
         task: list[Setting] = []
         if model.is_text:
             # Unset lengths stay the config's: what the model was trained for, else 256 in blocks of 32 (conf/task/prompts.yaml)
-            task = [("task.chat", chat), *((f"task.{k}", v) for k, v in (("gen_length", gen_length), ("block_length", block_length)) if v is not None)]
+            task = [
+                ("task.chat", chat),
+                *(
+                    (f"task.{k}", v)
+                    for k, v in (("gen_length", gen_length), ("block_length", block_length))
+                    if v is not None
+                ),
+            ]
         elif (gen_length, block_length) not in ((None, None), (81, 81)):
-            raise ValueError(f"a Sudoku canvas is one block of 81 cells: leave gen_length and block_length unset (got {gen_length}, {block_length})")
+            raise ValueError(
+                f"a Sudoku canvas is one block of 81 cells: leave gen_length and block_length unset (got {gen_length}, {block_length})"
+            )
         given = {k: v for k, v in engine.items() if v is not None}
         unknown = set(given) - {"cache", "temperature", "top_p", "top_k", "seed", "row_budget"}
         if unknown:
@@ -250,7 +279,9 @@ class Decoder:
         explicit = [("seed" if k == "seed" else f"engine.{k}", v) for k, v in given.items()]
         choices = [f"model={model.name}", *(["task=prompts"] if model.is_text else [])]
         # Explicit generate() arguments win over the preset's overrides: they come last.
-        return compose_settings(self._overrides(*choices), [*model.settings, *task, *self.settings, ("batch_size", batch_size), *explicit])
+        return compose_settings(
+            self._overrides(*choices), [*model.settings, *task, *self.settings, ("batch_size", batch_size), *explicit]
+        )
 
     def generate(
         self,
@@ -287,7 +318,17 @@ class Decoder:
         if not prompts:
             return []
         cfg = self.config(
-            model, gen_length, block_length, chat, batch_size, cache=cache, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, row_budget=row_budget,
+            model,
+            gen_length,
+            block_length,
+            chat,
+            batch_size,
+            cache=cache,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            row_budget=row_budget,
         )
         decoder = build(cfg, "decoder")
         engine = build(cfg, "engine", adapter=model.adapter)
@@ -303,7 +344,11 @@ class Decoder:
         decoding = Decoding(decoder, engine, task, deadline_s=cfg.get("deadline_s"))
         order = sorted(range(len(items)), key=lambda i: -len(items[i].prompt))
         results: list[Generation | None] = [None] * len(items)
-        bar = _progress(len(items), f"{decoder.name} on {len(items)} {'prompts' if model.is_text else 'puzzles'}") if progress else None
+        bar = (
+            _progress(len(items), f"{decoder.name} on {len(items)} {'prompts' if model.is_text else 'puzzles'}")
+            if progress
+            else None
+        )
         try:
             for start in range(0, len(order), batch_size):
                 batch = order[start : start + batch_size]

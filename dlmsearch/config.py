@@ -48,7 +48,9 @@ def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
         raise ConfigError(f"config has no '{key}' section")
     try:
         # Objects are passed after instantiation: OmegaConf would turn attrs instances into configs.
-        return hydra.utils.instantiate(cfg[key], _partial_=True)(**kwargs) if kwargs else hydra.utils.instantiate(cfg[key])
+        return (
+            hydra.utils.instantiate(cfg[key], _partial_=True)(**kwargs) if kwargs else hydra.utils.instantiate(cfg[key])
+        )
     except Exception as error:  # Hydra wraps the real cause; unwrap it into one line
         cause = error.__cause__ or error
         detail = str(error).split("full_key:")[-1].strip().splitlines()[0] if "full_key:" in str(error) else key
@@ -85,7 +87,7 @@ def _compose(overrides: Sequence[str], config_name: str = "config") -> tuple[Dic
         GlobalHydra.instance().clear()
         if outer is not None:
             GlobalHydra.instance().initialize(outer)
-    groups = {str(g).split("@")[0] for g in cfg.hydra.runtime.choices.keys()}  # "decoder/generation@decoder": the group
+    groups = {str(g).split("@")[0] for g in cfg.hydra.runtime.choices}  # "decoder/generation@decoder": the group
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg, groups
@@ -93,11 +95,15 @@ def _compose(overrides: Sequence[str], config_name: str = "config") -> tuple[Dic
 
 # ----------------------------------------------------------------------- closest names
 
+
 def closest(name: str, options: Iterable[str]) -> list[str]:
     """The options that look like a misspelling of ``name``: difflib's best match (ratio at least
     0.6) and those nearly as close (within 0.1 of it)."""
     options = sorted(set(options))
-    scored = [(difflib.SequenceMatcher(None, name, option).ratio(), option) for option in difflib.get_close_matches(name, options, n=3, cutoff=0.6)]
+    scored = [
+        (difflib.SequenceMatcher(None, name, option).ratio(), option)
+        for option in difflib.get_close_matches(name, options, n=3, cutoff=0.6)
+    ]
     return [option for ratio, option in scored if ratio >= scored[0][0] - 0.1] if scored else []
 
 
@@ -167,10 +173,12 @@ def key_problem(cfg: DictConfig, key: str) -> str | None:
             return None  # a target taking any keyword
         if accepted is not None and part in accepted:
             group = "/".join([*parts[:depth], part])
-            if depth + 1 < len(parts) and (CONF_DIR / group).is_dir():  # a slot this preset leaves empty: a file fills it
+            if (
+                depth + 1 < len(parts) and (CONF_DIR / group).is_dir()
+            ):  # a slot this preset leaves empty: a file fills it
                 return f"{key!r}: {where}.{part} is not in this config; choose one first with +{group}=NAME (one of: {', '.join(group_options(group))})"
             return None  # a parameter its yaml leaves at the default
-        known = {str(k) for k in node.keys()} | (accepted or set())
+        known = {str(k) for k in node} | (accepted or set())
         known -= _HYDRA_KEYS
         if depth == 0 and "/" in part:
             return unknown("config group", part, config_groups())
@@ -183,6 +191,7 @@ def key_problem(cfg: DictConfig, key: str) -> str | None:
 
 
 # ------------------------------------------------------------------- overrides and their mistakes
+
 
 def _parse(overrides: Sequence[str]) -> list[Any]:
     """Hydra's own reading of override strings (a mistake: one ConfigError line)."""
@@ -199,7 +208,11 @@ def check_added_keys(overrides: Sequence[str], groups: set[str], config_name: st
     """Every ``+key=`` / ``++key=`` of ``overrides`` must be read by someone (``key_problem``),
     judged against the config composed without them; ``+group=option`` (a group in ``groups``,
     those the composition chose) is Hydra's to check."""
-    added = [o for o in _parse(overrides) if (o.is_add() or o.is_force_add()) and not o.is_hydra_override() and o.key_or_group not in groups]
+    added = [
+        o
+        for o in _parse(overrides)
+        if (o.is_add() or o.is_force_add()) and not o.is_hydra_override() and o.key_or_group not in groups
+    ]
     if not added:
         return
     lines = {o.input_line for o in added}
@@ -227,14 +240,22 @@ def explain(error: Exception, overrides: Sequence[str], config_name: str = "conf
     appended = re.match(r"Could not append to config\. An item is already at '([^']+)'", text)
     if appended:
         key, plain = appended.group(1), re.search(r"remove \+ prefix: '(.+)'", text)
-        group = f" (or {key.replace('.', '/')}=NAME to choose a file of conf/{key.replace('.', '/')}/)" if (CONF_DIR / key.replace(".", "/")).is_dir() else ""
-        return ConfigError(f"{key} is in the config already: set it without +, {plain.group(1) if plain else key + '=...'}{group}")
+        group = (
+            f" (or {key.replace('.', '/')}=NAME to choose a file of conf/{key.replace('.', '/')}/)"
+            if (CONF_DIR / key.replace(".", "/")).is_dir()
+            else ""
+        )
+        return ConfigError(
+            f"{key} is in the config already: set it without +, {plain.group(1) if plain else key + '=...'}{group}"
+        )
     deleted = re.match(r"Could not delete from config\. '([^']+)' does not exist", text)
     if deleted:
         return ConfigError(_unknown_override(deleted.group(1), overrides, config_name) or first)
     if "No match in the defaults list" in text and overridden:
         hint = re.search(r"use (\+\S+)", text)
-        return ConfigError(f"{overridden.group(1)} has no default to override: choose one with {hint.group(1) if hint else '+' + overridden.group(1) + '=NAME'}")
+        return ConfigError(
+            f"{overridden.group(1)} has no default to override: choose one with {hint.group(1) if hint else '+' + overridden.group(1) + '=NAME'}"
+        )
     cause = f" ({str(error.__cause__).splitlines()[0]})" if error.__cause__ is not None else ""
     return ConfigError(f"{first}{cause}")
 
@@ -251,7 +272,11 @@ def _unknown_override(key: str, overrides: Sequence[str], config_name: str) -> s
     if problem is not None:
         return problem
     missing = object()
-    return f"{key} is not in the config: add it with +{key}=..." if OmegaConf.select(base, key, default=missing) is missing else None
+    return (
+        f"{key} is not in the config: add it with +{key}=..."
+        if OmegaConf.select(base, key, default=missing) is missing
+        else None
+    )
 
 
 def compose_checked(overrides: Sequence[str], config_name: str = "config") -> DictConfig:
@@ -270,6 +295,7 @@ def compose_checked(overrides: Sequence[str], config_name: str = "config") -> Di
 
 # ---------------------------------------------------------------------------- command lines
 
+
 def run_variants(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
     """The override lists a command line runs, enough to check each value once: a sweep's first
     values together, then each further value of each sweep (``a=1,2 b=x,y``: ``a=1 b=x``,
@@ -280,9 +306,16 @@ def run_variants(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
     sweeps = [o for o in parsed if o.is_sweep_override()]
     if sweeps and not multirun:
         key = sweeps[0].get_key_element()
-        raise ConfigError(f"{sweeps[0].input_line} gives several values: add -m to run one job per value, or write {key}=[...] for a list")
+        raise ConfigError(
+            f"{sweeps[0].input_line} gives several values: add -m to run one job per value, or write {key}=[...] for a list"
+        )
     try:
-        values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line] for o in parsed]
+        values = [
+            [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+            if o.is_sweep_override()
+            else [o.input_line]
+            for o in parsed
+        ]
     except HydraException:
         return []
     first = [options[0] for options in values]
@@ -314,7 +347,15 @@ def check_command_line(argv: Sequence[str], config_name: str = "config") -> None
         args, _ = parser.parse_known_args(list(argv))
     except _UsageError:
         return
-    if args.help or args.hydra_help or args.info or args.shell_completion or args.config_path or args.config_dir or args.experimental_rerun:
+    if (
+        args.help
+        or args.hydra_help
+        or args.info
+        or args.shell_completion
+        or args.config_path
+        or args.config_dir
+        or args.experimental_rerun
+    ):
         return
     if sum(map(bool, (args.run, args.multirun, args.cfg))) > 1:  # Hydra would say so with a traceback
         raise ConfigError("only one of --run, --multirun (-m) and --cfg can be given")
@@ -334,7 +375,9 @@ def check_command_line(argv: Sequence[str], config_name: str = "config") -> None
 Setting = tuple[str, Any]
 
 
-def compose_settings(overrides: Sequence[str], settings: Sequence[Setting] = (), config_name: str = "config") -> DictConfig:
+def compose_settings(
+    overrides: Sequence[str], settings: Sequence[Setting] = (), config_name: str = "config"
+) -> DictConfig:
     """:func:`compose_checked` with the overrides, then each setting set on the result (later
     settings win); every mistake is one :class:`ConfigError` naming the key (the Python API and
     the server's lanes compose so)."""

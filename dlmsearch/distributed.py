@@ -8,8 +8,9 @@ file first, so a run can resume with another number of ranks (or none).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import torch
@@ -28,7 +29,7 @@ class Ranks:
     local_rank: int = 0
 
     @staticmethod
-    def from_environment() -> "Ranks":
+    def from_environment() -> Ranks:
         """Read torchrun's environment and join its process group (gloo on CPU, nccl on CUDA)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
@@ -81,7 +82,9 @@ class Ranks:
         return done if self.rank == 0 else read(out / "results.jsonl")  # rank 0 holds what it wrote
 
 
-def fold_in_order(out: Path, name: str, item_ids: list[str], read: Callable[[Path], dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def fold_in_order(
+    out: Path, name: str, item_ids: list[str], read: Callable[[Path], dict[str, dict[str, Any]]]
+) -> dict[str, dict[str, Any]]:
     """``out/<name>.jsonl`` and every rank's ``<name>.rank<r>.jsonl`` as one file in the task's order
     (``read`` decides which line of an id wins and what is dropped), replaced at once; the rank
     files are removed. Nothing is written where there is no such file (a run without traces)."""

@@ -157,10 +157,15 @@ def config_changes(old: Mapping[str, Any], new: Mapping[str, Any], most: int = 3
     decoder's name sits), at most ``most`` of them and how many more."""
     before, after = flatten(result_config(old)), flatten(result_config(new))
     keys = list(dict.fromkeys([*before, *after]))
-    changed = sorted((k for k in keys if before.get(k, _ABSENT) != after.get(k, _ABSENT)), key=lambda k: (k.count("."), keys.index(k)))
+    changed = sorted(
+        (k for k in keys if before.get(k, _ABSENT) != after.get(k, _ABSENT)),
+        key=lambda k: (k.count("."), keys.index(k)),
+    )
     shown = [f"{k}: {_short(k, before.get(k, _ABSENT))} -> {_short(k, after.get(k, _ABSENT))}" for k in changed[:most]]
     more = len(changed) - len(shown)
-    return ", ".join(shown) + (f" and {more} more" if more > 0 else "") if shown else "an empty section added or removed"
+    return (
+        ", ".join(shown) + (f" and {more} more" if more > 0 else "") if shown else "an empty section added or removed"
+    )
 
 
 _ABSENT = object()
@@ -186,11 +191,11 @@ class RunIdentity:
     overrides: list[str] = attrs.field(factory=list)
 
     @classmethod
-    def of(cls, config: Mapping[str, Any], overrides: Sequence[str] = ()) -> "RunIdentity":
+    def of(cls, config: Mapping[str, Any], overrides: Sequence[str] = ()) -> RunIdentity:
         return cls(config_fingerprint(config), result_config(config), list(overrides))
 
     @classmethod
-    def read(cls, out: Path) -> "RunIdentity | None":
+    def read(cls, out: Path) -> RunIdentity | None:
         """The identity stored in ``out`` (None: none, or a file this cannot read)."""
         try:
             stored = json.loads((out / RUN_FILE).read_text())
@@ -226,6 +231,10 @@ def check_same_run(out: Path, identity: RunIdentity, records: int) -> None:
     stored = RunIdentity.read(out) or legacy_identity(out)
     afresh = f"use another out_dir, or delete {out} to start afresh"
     if stored is None:
-        raise ValueError(f"out_dir={out} holds {records} records but no {RUN_FILE} or summary.json to tell which config wrote them (written by an older dlmsearch): {afresh}")
+        raise ValueError(
+            f"out_dir={out} holds {records} records but no {RUN_FILE} or summary.json to tell which config wrote them (written by an older dlmsearch): {afresh}"
+        )
     if stored.fingerprint != identity.fingerprint:
-        raise ValueError(f"out_dir={out} holds {records} records of another config ({config_changes(stored.config, identity.config)}): {afresh}")
+        raise ValueError(
+            f"out_dir={out} holds {records} records of another config ({config_changes(stored.config, identity.config)}): {afresh}"
+        )

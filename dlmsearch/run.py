@@ -56,7 +56,9 @@ class LookaheadLog:
     a sample's log does not depend on what decodes beside it."""
 
     levels: dict[int, list[dict[str, Any]]] = attrs.field(factory=dict)
-    lookahead: torch.Tensor | None = None  # the exploring slots of the lookahead being logged: one tensor per lookahead, kept through its levels
+    lookahead: torch.Tensor | None = (
+        None  # the exploring slots of the lookahead being logged: one tensor per lookahead, kept through its levels
+    )
     stopped: set[tuple[int, int]] = attrs.field(factory=set)  # (uid, particle) whose branches stopped rolling in it
 
     def begin(self, uid: int) -> None:
@@ -74,15 +76,19 @@ class LookaheadLog:
                 continue
             live = look.live[s].tolist()
             rolling = bool(look.rolling[s]) and not look.done
-            self.levels.setdefault(key[0], []).append({
-                "call": calls[s],
-                "particle": key[1],
-                "depth": look.depth if rolling or look.done else look.depth - 1,  # the level it stopped at, not the one others roll on to
-                "live": [k for k, alive in enumerate(live) if alive],
-                "scores": [round(v, 5) for v, alive in zip(scores[s], live) if alive],
-                "rolling": rolling,
-                "restarted": bool(look.restarted[s]),
-            })
+            self.levels.setdefault(key[0], []).append(
+                {
+                    "call": calls[s],
+                    "particle": key[1],
+                    "depth": look.depth
+                    if rolling or look.done
+                    else look.depth - 1,  # the level it stopped at, not the one others roll on to
+                    "live": [k for k, alive in enumerate(live) if alive],
+                    "scores": [round(v, 5) for v, alive in zip(scores[s], live) if alive],
+                    "rolling": rolling,
+                    "restarted": bool(look.restarted[s]),
+                }
+            )
             if not rolling:
                 self.stopped.add(key)
 
@@ -95,15 +101,17 @@ def trace_events(result: DecodeResult, task: Task) -> list[dict[str, Any]]:
     events = []
     for call in torch.unique(result.commit_call[result.commit_call >= 0]).tolist():
         at = (result.commit_call == call).nonzero().squeeze(1)
-        events.append({
-            "call": call,
-            "positions": at.tolist(),
-            "tokens": result.tokens[at].tolist(),
-            "strings": task.token_strings(result.tokens[at].tolist()),
-            "confidences": [round(c, 5) for c in result.commit_confidence[at].tolist()],
-            "depth": result.commit_depth[at].tolist(),
-            "branch": result.commit_branch[at].tolist(),
-        })
+        events.append(
+            {
+                "call": call,
+                "positions": at.tolist(),
+                "tokens": result.tokens[at].tolist(),
+                "strings": task.token_strings(result.tokens[at].tolist()),
+                "confidences": [round(c, 5) for c in result.commit_confidence[at].tolist()],
+                "depth": result.commit_depth[at].tolist(),
+                "branch": result.commit_branch[at].tolist(),
+            }
+        )
     return events
 
 
@@ -135,7 +143,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     n = len(records)
     decoded = [r for r in records if not r.get("error")]
     judged = [r["correct"] for r in decoded if r["correct"] is not None]
-    mean = lambda key: round(sum(r.get(key, 0) for r in decoded) / max(len(decoded), 1), 3)  # noqa: E731  (older records lack newer counters)
+    mean = lambda key: round(sum(r.get(key, 0) for r in decoded) / max(len(decoded), 1), 3)
     wall = sum(r["wall_seconds"] for r in records)
     latencies = [r["latency_seconds"] for r in decoded if "latency_seconds" in r]
     return {
@@ -162,7 +170,9 @@ class Interrupted(Exception):
     """SIGTERM or SIGINT arrived: the finished samples' records are written, the run stops (and resumes later)."""
 
     def __init__(self, signum: int, written: int) -> None:
-        super().__init__(f"interrupted by {signal.Signals(signum).name} after {written} items were written; run the same command again to resume")
+        super().__init__(
+            f"interrupted by {signal.Signals(signum).name} after {written} items were written; run the same command again to resume"
+        )
         self.signum = signum
 
 
@@ -219,11 +229,15 @@ def by_generation_length(pending: list[tuple[int, TaskItem]]) -> list[list[tuple
 def fits(session: DecodeSession, item: TaskItem, joining: list[tuple[int, TaskItem]]) -> bool:
     """Whether ``item`` may join the decode (and the items joining with it) without padding its
     canvas, or theirs, by more than :data:`PADDING_SLACK` of its own canvas."""
-    widths = [len(i.prompt) for _, i in joining] + ([session.state.layout.gen_start] if session.state is not None else [])
+    widths = [len(i.prompt) for _, i in joining] + (
+        [session.state.layout.gen_start] if session.state is not None else []
+    )
     if not widths:
         return True
     width = max(widths)
-    return max(width - len(item.prompt), len(item.prompt) - width) <= PADDING_SLACK * (len(item.prompt) + len(item.generation))
+    return max(width - len(item.prompt), len(item.prompt) - width) <= PADDING_SLACK * (
+        len(item.prompt) + len(item.generation)
+    )
 
 
 @attrs.define
@@ -237,8 +251,12 @@ class Decoding:
     fallback: SearchDecoder | None = None
     deadline_s: float | None = None  # per sample, from its admission into the decode
     lookahead_log: LookaheadLog | None = None  # set: every lookahead level is kept for the trace
-    verifier: Verifier | None = None  # the task's check of every item (``prepare``), keyed by uid: item ``i`` is uid ``i``
-    plans: dict[tuple[int, int], DecodePlan] = attrs.field(factory=dict)  # per (decoder, generation length): checked once, used by every decode
+    verifier: Verifier | None = (
+        None  # the task's check of every item (``prepare``), keyed by uid: item ``i`` is uid ``i``
+    )
+    plans: dict[tuple[int, int], DecodePlan] = attrs.field(
+        factory=dict
+    )  # per (decoder, generation length): checked once, used by every decode
 
     def prepare(self, items: list[TaskItem]) -> DecodePlan:
         """Build the verifier over every item's question (never the references) and check the
@@ -260,20 +278,31 @@ class Decoding:
         return self.plans[key]
 
     def session(self, decoder: SearchDecoder, gen_length: int) -> DecodeSession:
-        return DecodeSession(decoder, self.engine, self.plan(decoder, gen_length), self.verifier, self.deadline_s, on_lookahead=self.lookahead_log)
+        return DecodeSession(
+            decoder,
+            self.engine,
+            self.plan(decoder, gen_length),
+            self.verifier,
+            self.deadline_s,
+            on_lookahead=self.lookahead_log,
+        )
 
     def results(self, decoder: SearchDecoder, items: list[TaskItem], uids: list[int]) -> list[DecodeResult]:
         """These items decoded together, in their order (the Python API's and scripts' call); item
         ``j`` keys its randomness with ``uids[j]``, as the ``uids[j]``-th item of a run does. Errors propagate."""
         if not items:
             return []
-        batch = attrs.evolve(self, verifier=self.task.verifier([i.question for i in items]), lookahead_log=None)  # keyed by place in ``items``
+        batch = attrs.evolve(
+            self, verifier=self.task.verifier([i.question for i in items]), lookahead_log=None
+        )  # keyed by place in ``items``
         session = batch.session(decoder, len(items[0].generation))
         session.admit([request(j, item, key=uid) for j, (uid, item) in enumerate(zip(uids, items))])
         by_place = {result.uid: result for result in session.run()}
         return [attrs.evolve(by_place[j], uid=uid) for j, uid in enumerate(uids)]
 
-    def stream(self, pending: list[tuple[int, TaskItem]], batch_size: int, stopping: Callable[[], bool]) -> Iterator[Finished]:
+    def stream(
+        self, pending: list[tuple[int, TaskItem]], batch_size: int, stopping: Callable[[], bool]
+    ) -> Iterator[Finished]:
         """Decode ``(uid, item)`` pairs, at most ``batch_size`` samples at a time, yielding each
         sample as it finishes: between steps the places of finished samples go to the next pending
         items (continuous batching), one session per generation length. Returns between steps
@@ -287,7 +316,9 @@ class Decoding:
                     return
                 yield from self._round(session, queue, running, batch_size)
 
-    def _round(self, session: DecodeSession, queue: deque[tuple[int, TaskItem]], running: dict[int, Admission], batch_size: int) -> list[Finished]:
+    def _round(
+        self, session: DecodeSession, queue: deque[tuple[int, TaskItem]], running: dict[int, Admission], batch_size: int
+    ) -> list[Finished]:
         """Admit what fits, step once, and the samples that finished. A failed step leaves its
         samples to be decoded again alone (:meth:`_rescue`), as do items the decode refused."""
         tick = time.perf_counter()
@@ -295,7 +326,7 @@ class Decoding:
         try:
             results = session.step()
             session.check_progress()
-        except Exception as error:  # one bad sample must not end the run
+        except Exception as error:  # noqa: BLE001  one bad sample must not end the run
             session.clear()
             alone = len(running) == 1
             failed = [self._rescue(uid, running.pop(uid), error, alone) for uid in list(running)]
@@ -310,7 +341,9 @@ class Decoding:
         """Items the decode refused to admit: each alone, unless it was refused alone."""
         return [self._rescue(uid, admission, error, len(refused) == 1) for uid, admission, error in refused]
 
-    def _admit(self, session: DecodeSession, queue: deque[tuple[int, TaskItem]], running: dict[int, Admission], batch_size: int) -> list[tuple[int, Admission, Exception]]:
+    def _admit(
+        self, session: DecodeSession, queue: deque[tuple[int, TaskItem]], running: dict[int, Admission], batch_size: int
+    ) -> list[tuple[int, Admission, Exception]]:
         """Move the next pending items that fit into the free places; those the decode refuses
         (what only a request shows) come back with the error."""
         joining: list[tuple[int, TaskItem]] = []
@@ -333,20 +366,29 @@ class Decoding:
         """A sample whose decode failed: decoded again alone (unless it already was), then by the
         fallback decoder (marked); a sample that still fails is recorded with its error."""
         tick = time.perf_counter()
-        attempts = ([] if alone else [(self.decoder, None)]) + ([(self.fallback, self.fallback.name)] if self.fallback is not None else [])
+        attempts = ([] if alone else [(self.decoder, None)]) + (
+            [(self.fallback, self.fallback.name)] if self.fallback is not None else []
+        )
         for decoder, fallback in attempts:
             try:
                 result = self._alone(decoder, uid, admission.item)
             except Exception as failed:  # noqa: BLE001
                 if fallback is not None:  # the fallback failed too: record both
-                    error = RuntimeError(f"{type(error).__name__}: {error}; fallback {fallback}: {type(failed).__name__}: {failed}")
+                    error = RuntimeError(
+                        f"{type(error).__name__}: {error}; fallback {fallback}: {type(failed).__name__}: {failed}"
+                    )
                 else:
                     error = failed
                 continue
             admission.share += self._elapsed(tick)
             return self._finished(uid, admission, result, fallback)
         admission.share += self._elapsed(tick)
-        record = {"id": admission.item.id, "error": f"{type(error).__name__}: {error}", "correct": None, **self._timing(admission)}
+        record = {
+            "id": admission.item.id,
+            "error": f"{type(error).__name__}: {error}",
+            "correct": None,
+            **self._timing(admission),
+        }
         return Finished(uid, record, None)
 
     def _alone(self, decoder: SearchDecoder, uid: int, item: TaskItem) -> DecodeResult:
@@ -363,9 +405,14 @@ class Decoding:
     @staticmethod
     def _timing(admission: Admission) -> dict[str, float]:
         """The sample's share of the decode's wall time, and its latency from admission to now."""
-        return {"wall_seconds": round(admission.share, 4), "latency_seconds": round(time.perf_counter() - admission.since, 4)}
+        return {
+            "wall_seconds": round(admission.share, 4),
+            "latency_seconds": round(time.perf_counter() - admission.since, 4),
+        }
 
-    def record(self, item: TaskItem, result: DecodeResult, timing: dict[str, float], fallback: str | None = None) -> dict[str, Any]:
+    def record(
+        self, item: TaskItem, result: DecodeResult, timing: dict[str, float], fallback: str | None = None
+    ) -> dict[str, Any]:
         record = {
             "id": item.id,
             "output": self.task.output(item, result.tokens),
@@ -416,7 +463,11 @@ def population_name(decoder: SearchDecoder) -> str | dict[str, Any]:
     population = decoder.population
     if isinstance(population, SinglePath):
         return "none"
-    parts = {name: type(getattr(population, name)).__name__ for name in ("diversity", "resampling", "choice", "score") if hasattr(population, name)}
+    parts = {
+        name: type(getattr(population, name)).__name__
+        for name in ("diversity", "resampling", "choice", "score")
+        if hasattr(population, name)
+    }
     return {"size": population.size, **parts}
 
 
@@ -458,11 +509,21 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     adapter = build(cfg, "model", **ranks.model_overrides(cfg))
     task = build(cfg, "task")
     engine = build(cfg, "engine", adapter=adapter)
-    decoding = Decoding(build(cfg, "decoder"), engine, task, build_fallback(cfg), cfg.get("deadline_s"), LookaheadLog() if cfg.trace else None)
+    decoding = Decoding(
+        build(cfg, "decoder"),
+        engine,
+        task,
+        build_fallback(cfg),
+        cfg.get("deadline_s"),
+        LookaheadLog() if cfg.trace else None,
+    )
     items = task.items()
     plan = decoding.prepare(items)
     longest = max(items, key=lambda item: len(item.prompt) + len(item.generation))
-    engine.capabilities.check_length(len(longest.prompt) + len(longest.generation), f"the canvas of item {longest.id} (prompt {len(longest.prompt)} + generation {len(longest.generation)})")
+    engine.capabilities.check_length(
+        len(longest.prompt) + len(longest.generation),
+        f"the canvas of item {longest.id} (prompt {len(longest.prompt)} + generation {len(longest.generation)})",
+    )
     done = read_all_done(out)
     already = sum(1 for item in items if item.id in done)
     if already and ranks.rank == 0:
@@ -472,11 +533,23 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     # the batch (tested), and results.jsonl is rewritten in the task's order at the end (merge).
     pending.sort(key=lambda pair: -len(pair[1].prompt))
     decoder_name = decoding.decoder.name
-    bar = tqdm(total=len(items), initial=len(items) - len(pending) * ranks.world, desc=f"{decoder_name} on {task.name}", unit="item", dynamic_ncols=True, disable=ranks.rank > 0)
+    bar = tqdm(
+        total=len(items),
+        initial=len(items) - len(pending) * ranks.world,
+        desc=f"{decoder_name} on {task.name}",
+        unit="item",
+        dynamic_ncols=True,
+        disable=ranks.rank > 0,
+    )
     written = 0
     judged = [r["correct"] for r in done.values() if r.get("correct") is not None]
     solved = sum(judged)
-    with bar, graceful_signals() as stop, (out / ranks.results_name).open("a") as results, (out / ranks.trace_name).open("a") if cfg.trace else nullcontext() as traces:
+    with (
+        bar,
+        graceful_signals() as stop,
+        (out / ranks.results_name).open("a") as results,
+        (out / ranks.trace_name).open("a") if cfg.trace else nullcontext() as traces,
+    ):
         for finished in decoding.stream(pending, int(cfg.batch_size), lambda: stop["signal"] is not None):
             write_finished(finished, results, traces, decoding, task)
             written += 1
@@ -490,16 +563,26 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     done = ranks.merge(out, [item.id for item in items], partial(read_done, keep_errors=True))
     records = [done[item.id] for item in items if item.id in done]
     summary = {
-        "decoder": decoder_name, "task": task.name, "cache": engine.cache.name, "population": population_name(decoding.decoder),
-        "overrides": overrides, "fingerprint": identity.fingerprint,
-        **summarise(records), **peak_memory_mb(), "world_size": ranks.world,
+        "decoder": decoder_name,
+        "task": task.name,
+        "cache": engine.cache.name,
+        "population": population_name(decoding.decoder),
+        "overrides": overrides,
+        "fingerprint": identity.fingerprint,
+        **summarise(records),
+        **peak_memory_mb(),
+        "world_size": ranks.world,
         "sampling": plan.sampling.as_dict(),  # what was used: the engine's, the checkpoint's and the decoder's settings layered
         **engine.layerwise_cost(),
         "config": to_plain(cfg),
     }
     if ranks.rank == 0:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    summary["examples"] = [task.render(item, done[item.id]["output"]) for item in items[: int(cfg.examples)] if "output" in done.get(item.id, {})]
+    summary["examples"] = [
+        task.render(item, done[item.id]["output"])
+        for item in items[: int(cfg.examples)]
+        if "output" in done.get(item.id, {})
+    ]
     return summary
 
 
@@ -509,7 +592,12 @@ def write_finished(finished: Finished, results: Any, traces: Any, decoding: Deco
     results.flush()
     if traces is not None and finished.result is not None:
         lookahead = decoding.lookahead_log.take(finished.uid) if decoding.lookahead_log is not None else []
-        line = {"id": finished.record["id"], "events": trace_events(finished.result, task), "lookahead": lookahead, "revisions": finished.result.revisions.tolist()}
+        line = {
+            "id": finished.record["id"],
+            "events": trace_events(finished.result, task),
+            "lookahead": lookahead,
+            "revisions": finished.result.revisions.tolist(),
+        }
         traces.write(json.dumps(line) + "\n")
         traces.flush()
 

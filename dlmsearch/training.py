@@ -7,8 +7,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 import numpy as np
@@ -53,7 +54,12 @@ def checkpoint_solve_rate(model: BidirectionalDenoiser, puzzles: list[SudokuPuzz
     """Solve rate and mean steps of a decoder preset on held-out Sudoku puzzles."""
     adapter = ModelAdapter(module=model, mask_id=SUDOKU_MASK_ID, vocab_size=SUDOKU_VOCAB)
     found = checkpoint_accuracy(adapter, SudokuTask(), [puzzle_item(p) for p in puzzles], decoder)
-    return {"decoder": decoder, "puzzles": found["items"], "solved": found["accuracy"], "mean_steps": found["mean_steps"]}
+    return {
+        "decoder": decoder,
+        "puzzles": found["items"],
+        "solved": found["accuracy"],
+        "mean_steps": found["mean_steps"],
+    }
 
 
 def progress(step: int, steps: int, train_seconds: float, budget_minutes: float | None) -> float:
@@ -171,7 +177,9 @@ class TrainingLoop:
     checkpoints: Checkpointer
 
     def run(
-        self, batch_loss: Callable[[float], tuple[torch.Tensor, dict[str, float]]], on_checkpoint: Callable[[int, float, float], dict[str, Any]],
+        self,
+        batch_loss: Callable[[float], tuple[torch.Tensor, dict[str, float]]],
+        on_checkpoint: Callable[[int, float, float], dict[str, Any]],
     ) -> int:
         """Train until the budget is spent (or ``max_minutes``); returns the last step.
         ``batch_loss(done)`` draws a batch and returns its loss and what to log beside it;
@@ -218,8 +226,17 @@ class TrainingLoop:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.4f}", **{k: f"{v:.4f}" for k, v in extras.items()})
                 # deterministic lines (no clock): a resumed run's log equals the uninterrupted one's; time is at the checkpoints
-                log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), **{k: round(v, 5) for k, v in extras.items()},
-                                      "lr": optimizer.param_groups[0]["lr"]}) + "\n")
+                log.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "loss": round(loss.item(), 5),
+                            **{k: round(v, 5) for k, v in extras.items()},
+                            "lr": optimizer.param_groups[0]["lr"],
+                        }
+                    )
+                    + "\n"
+                )
                 log.flush()
                 finished = progress(step, cfg.steps, seconds(), cfg.budget_minutes) >= 1.0
                 out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes

@@ -7,7 +7,8 @@ with the key's name, not deep inside a tensor operation.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -19,22 +20,26 @@ _NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a s
 def check_type(kind: type, *, optional: bool = False) -> Validator:
     """Accept ``kind`` (ints where floats are expected; never bools as numbers)."""
 
-    def validate(instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    def validate(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if value is None and optional:
             return
         ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             ok = True
         if not ok:
-            raise TypeError(f"{attribute.name} must be {_NAMES.get(kind, kind.__name__)}, got {value!r} ({type(value).__name__})")
+            raise TypeError(
+                f"{attribute.name} must be {_NAMES.get(kind, kind.__name__)}, got {value!r} ({type(value).__name__})"
+            )
 
     return validate
 
 
-def check_range(low: float = -math.inf, high: float = math.inf, *, optional: bool = False, open_low: bool = False) -> Validator:
+def check_range(
+    low: float = -math.inf, high: float = math.inf, *, optional: bool = False, open_low: bool = False
+) -> Validator:
     """Numbers within ``[low, high]`` (``(low, high]`` with ``open_low``)."""
 
-    def validate(instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    def validate(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if value is None and optional:
             return
         if not (low < value if open_low else low <= value) or not value <= high:
@@ -46,7 +51,7 @@ def check_range(low: float = -math.inf, high: float = math.inf, *, optional: boo
 def check_choice(*choices: str, optional: bool = False) -> Validator:
     """One of a fixed set of strings."""
 
-    def validate(instance: Any, attribute: "attrs.Attribute[Any]", value: Any) -> None:
+    def validate(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if value is None and optional:
             return
         if value not in choices:
@@ -55,6 +60,17 @@ def check_choice(*choices: str, optional: bool = False) -> Validator:
     return validate
 
 
-def number(kind: type, low: float = -math.inf, high: float = math.inf, *, optional: bool = False, open_low: bool = False, **kwargs: Any) -> Any:
+def number(
+    kind: type,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    optional: bool = False,
+    open_low: bool = False,
+    **kwargs: Any,
+) -> Any:
     """An attrs field holding a typed number within a range (``optional``: None allowed, meaning not set)."""
-    return attrs.field(validator=[check_type(kind, optional=optional), check_range(low, high, optional=optional, open_low=open_low)], **kwargs)
+    return attrs.field(
+        validator=[check_type(kind, optional=optional), check_range(low, high, optional=optional, open_low=open_low)],
+        **kwargs,
+    )

@@ -32,15 +32,15 @@ from pathlib import Path
 
 import attrs
 import torch
-
 from bench.random_model import MASK_ID, PROMPT_ID_LIMIT, VOCAB, initialise, model_config
 from decoder_table import measure, paired
+from outputs import RUNS, add_flag, check
+
 from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer
 from dlmsearch.search.driver import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
-from outputs import RUNS, add_flag, check
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED_OUT = ROOT / "experiments" / "results" / "adaptive_caches"
@@ -94,20 +94,36 @@ def random_part(out: Path) -> None:
     path = out / "random.jsonl"
     have = {(r["family"], r["decoder"], r["cache"]) for r in done_rows(path)}
     generator = torch.Generator().manual_seed(0)
-    requests = [DecodeRequest(uid=i, prompt=torch.randint(0, PROMPT_ID_LIMIT, (n,), generator=generator), generation=torch.full((GEN,), MASK_ID))
-                for i, n in enumerate(PROMPTS)]
+    requests = [
+        DecodeRequest(
+            uid=i,
+            prompt=torch.randint(0, PROMPT_ID_LIMIT, (n,), generator=generator),
+            generation=torch.full((GEN,), MASK_ID),
+        )
+        for i, n in enumerate(PROMPTS)
+    ]
     for family in ("llada", "dream"):
         adapter = random_adapter(family)
         for decoder_name in DECODERS:
             if all((family, decoder_name, cache) in have for cache in CACHES):
                 continue
             decoder = build(compose([f"+decoder={decoder_name}", "decoding=text", f"task.gen_length={GEN}"]), "decoder")
-            reference = next((torch.tensor(r["tokens"]) for r in done_rows(path)
-                              if (r["family"], r["decoder"], r["cache"]) == (family, decoder_name, "none") and "tokens" in r), None)
+            reference = next(
+                (
+                    torch.tensor(r["tokens"])
+                    for r in done_rows(path)
+                    if (r["family"], r["decoder"], r["cache"]) == (family, decoder_name, "none") and "tokens" in r
+                ),
+                None,
+            )
             for cache in CACHES:
                 if (family, decoder_name, cache) in have and (cache != "none" or reference is not None):
                     continue
-                policy = build(compose([f"model={family}", "model.path=unused", f"cache={cache}"]), "cache") if cache not in ("none", "prefix", "dual") else cache
+                policy = (
+                    build(compose([f"model={family}", "model.path=unused", f"cache={cache}"]), "cache")
+                    if cache not in ("none", "prefix", "dual")
+                    else cache
+                )
                 engine = RolloutEngine(adapter=adapter, cache=policy, row_budget=64)
                 started = time.perf_counter()
                 results = decoder.decode(engine, requests, BLOCK)
@@ -119,19 +135,30 @@ def random_part(out: Path) -> None:
                         rewrite_none(path, family, decoder_name, tokens)
                         continue
                 cost = engine.layerwise_cost()
-                append(path, {
-                    "family": family, "decoder": decoder_name, "cache": cache, "decode_seconds": seconds,
-                    "tokens_per_second": tokens.numel() / seconds, "mean_steps": sum(r.steps for r in results) / len(results),
-                    "mean_token_forwards": sum(r.token_forwards for r in results) / len(results),
-                    "agreement": float((tokens == reference).float().mean()),
-                    "recomputed_per_layer": cost.get("layer_recompute_share"), "store_peak_mib": cost.get("cache_store_peak_mb", 0.0),
-                    **({"tokens": tokens.tolist()} if cache == "none" else {}),
-                })
+                append(
+                    path,
+                    {
+                        "family": family,
+                        "decoder": decoder_name,
+                        "cache": cache,
+                        "decode_seconds": seconds,
+                        "tokens_per_second": tokens.numel() / seconds,
+                        "mean_steps": sum(r.steps for r in results) / len(results),
+                        "mean_token_forwards": sum(r.token_forwards for r in results) / len(results),
+                        "agreement": float((tokens == reference).float().mean()),
+                        "recomputed_per_layer": cost.get("layer_recompute_share"),
+                        "store_peak_mib": cost.get("cache_store_peak_mb", 0.0),
+                        **({"tokens": tokens.tolist()} if cache == "none" else {}),
+                    },
+                )
 
 
 def rewrite_none(path: Path, family: str, decoder: str, tokens: torch.Tensor) -> None:
     """Keep the uncached decode's tokens in its row, so that a resumed run need not decode it again."""
-    rows = [{**r, "tokens": tokens.tolist()} if (r["family"], r["decoder"], r["cache"]) == (family, decoder, "none") else r for r in done_rows(path)]
+    rows = [
+        {**r, "tokens": tokens.tolist()} if (r["family"], r["decoder"], r["cache"]) == (family, decoder, "none") else r
+        for r in done_rows(path)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -155,8 +182,17 @@ def block_part(limit: int | None, out: Path) -> None:
         for decoder_name in ("sdar_greedy", "sdar"):  # fast_dllm decodes this model as sdar_greedy does
             if (tier, decoder_name) in have:
                 continue
-            cfg = compose(["model=countdown_block", "task=countdown", f"task.tier={tier}", "cache=block", "model.device=cpu", f"+decoder={decoder_name}",
-                           f"task.limit={limit or 'null'}"])
+            cfg = compose(
+                [
+                    "model=countdown_block",
+                    "task=countdown",
+                    f"task.tier={tier}",
+                    "cache=block",
+                    "model.device=cpu",
+                    f"+decoder={decoder_name}",
+                    f"task.limit={limit or 'null'}",
+                ]
+            )
             adapter = build(cfg, "model")
             engine, task = build(cfg, "engine", adapter=adapter), build(cfg, "task")
             decoding = Decoding(build(cfg, "decoder"), engine, task, None, None, None)
@@ -166,7 +202,9 @@ def block_part(limit: int | None, out: Path) -> None:
             computed = committed = settled = forwards = 0
             for start in range(0, len(items), 64):
                 chunk = items[start : start + 64]
-                for item, result in zip(chunk, decoding.results(decoding.decoder, chunk, list(range(start, start + len(chunk))))):
+                for item, result in zip(
+                    chunk, decoding.results(decoding.decoder, chunk, list(range(start, start + len(chunk))))
+                ):
                     calls = result.commit_call[: len(item.generation)]
                     blocks = (len(item.prompt) + torch.arange(len(calls))) // block
                     for b in blocks.unique():
@@ -176,10 +214,21 @@ def block_part(limit: int | None, out: Path) -> None:
                         committed += int((own[None, :] < steps[:, None]).sum())
                         settled += int((own[None, :] < torch.cat([steps[:1], steps[:-1]])[:, None]).sum())
                     forwards += result.token_forwards
-            append(path, {"tier": tier, "decoder": decoder_name, "problems": len(items), "mean_token_forwards": forwards / len(items),
-                          "mean_block_columns": computed / len(items), "already_committed": committed / computed, "committed_before_previous_step": settled / computed,
-                          "committed_of_token_forwards": committed / forwards, "settled_of_token_forwards": settled / forwards,
-                          **({"limit": limit} if limit else {})})
+            append(
+                path,
+                {
+                    "tier": tier,
+                    "decoder": decoder_name,
+                    "problems": len(items),
+                    "mean_token_forwards": forwards / len(items),
+                    "mean_block_columns": computed / len(items),
+                    "already_committed": committed / computed,
+                    "committed_before_previous_step": settled / computed,
+                    "committed_of_token_forwards": committed / forwards,
+                    "settled_of_token_forwards": settled / forwards,
+                    **({"limit": limit} if limit else {}),
+                },
+            )
 
 
 def _policy_settings(cache: str, family: str) -> str:
@@ -190,39 +239,74 @@ def _policy_settings(cache: str, family: str) -> str:
 
 
 def tables(out: Path, limit: int | None) -> None:
-    lines = ["# Adaptive KV caches side by side", "", "Measured by `python experiments/adaptive_caches.py` (CPU, one process; wall times swing by about 30 % between runs).", ""]
+    lines = [
+        "# Adaptive KV caches side by side",
+        "",
+        "Measured by `python experiments/adaptive_caches.py` (CPU, one process; wall times swing by about 30 % between runs).",
+        "",
+    ]
     rows = same_limit(done_rows(out / "countdown.jsonl"), limit)
     if rows:
-        lines += [f"## The shipped Countdown model (gen 16, block 8; {limit or 256} problems per tier)", "",
-                  "Paired: problems solved only with this cache / only with `cache=none` (same decoder), exact sign test.", "",
-                  "| tier | decoder | cache | solved | 95 % interval | only this / only none | sign p | mean steps | mean token-forwards | wall s |",
-                  "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"## The shipped Countdown model (gen 16, block 8; {limit or 256} problems per tier)",
+            "",
+            "Paired: problems solved only with this cache / only with `cache=none` (same decoder), exact sign test.",
+            "",
+            "| tier | decoder | cache | solved | 95 % interval | only this / only none | sign p | mean steps | mean token-forwards | wall s |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for row in rows:
-            base = next(r for r in rows if r["tier"] == row["tier"] and r["decoder"] == row["decoder"] and r["cache"] == "none")
+            base = next(
+                r for r in rows if r["tier"] == row["tier"] and r["decoder"] == row["decoder"] and r["cache"] == "none"
+            )
             only, only_base, p = paired(row, base)
-            lines.append(f"| {row['tier']} | {row['decoder']} | {row['cache']} | {100 * row['accuracy']:.1f} % | {100 * row['wilson_low']:.1f}-{100 * row['wilson_high']:.1f} "
-                         f"| {only} / {only_base} | {p:.3g} | {row['mean_steps']:.1f} | {row['mean_token_forwards']:.0f} | {row['wall_seconds']:.0f} |")
+            lines.append(
+                f"| {row['tier']} | {row['decoder']} | {row['cache']} | {100 * row['accuracy']:.1f} % | {100 * row['wilson_low']:.1f}-{100 * row['wilson_high']:.1f} "
+                f"| {only} / {only_base} | {p:.3g} | {row['mean_steps']:.1f} | {row['mean_token_forwards']:.0f} | {row['wall_seconds']:.0f} |"
+            )
     rows = done_rows(out / "random.jsonl")
     if rows:
-        lines += ["", f"## Tiny random models (4 prompts of {PROMPTS[0]}-{PROMPTS[-1]} tokens, gen {GEN}, block {BLOCK})", "",
-                  "Agreement: the share of generated tokens equal to the uncached decode's. Per layer: the share of the "
-                  "forwarded canvases' columns each layer recomputed. Store: the most the policy's store held (MiB, float32).", "",
-                  "| model | decoder | cache | settings | agreement | mean steps | mean token-forwards | decode s | tokens/s | per layer | store MiB |",
-                  "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
+        lines += [
+            "",
+            f"## Tiny random models (4 prompts of {PROMPTS[0]}-{PROMPTS[-1]} tokens, gen {GEN}, block {BLOCK})",
+            "",
+            (
+                "Agreement: the share of generated tokens equal to the uncached decode's. Per layer: the share of the "
+                "forwarded canvases' columns each layer recomputed. Store: the most the policy's store held (MiB, float32)."
+            ),
+            "",
+            "| model | decoder | cache | settings | agreement | mean steps | mean token-forwards | decode s | tokens/s | per layer | store MiB |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|",
+        ]
         for row in rows:
-            per_layer = "-" if row["recomputed_per_layer"] is None else " ".join(f"{v:.2f}" for v in row["recomputed_per_layer"])
-            lines.append(f"| {row['family']} | {row['decoder']} | {row['cache']} | {_policy_settings(row['cache'], row['family'])} | {100 * row['agreement']:.1f} % "
-                         f"| {row['mean_steps']:.1f} | {row['mean_token_forwards']:.0f} | {row['decode_seconds']:.1f} | {row['tokens_per_second']:.0f} | {per_layer} | {row['store_peak_mib']:.1f} |")
+            per_layer = (
+                "-"
+                if row["recomputed_per_layer"] is None
+                else " ".join(f"{v:.2f}" for v in row["recomputed_per_layer"])
+            )
+            lines.append(
+                f"| {row['family']} | {row['decoder']} | {row['cache']} | {_policy_settings(row['cache'], row['family'])} | {100 * row['agreement']:.1f} % "
+                f"| {row['mean_steps']:.1f} | {row['mean_token_forwards']:.0f} | {row['decode_seconds']:.1f} | {row['tokens_per_second']:.0f} | {per_layer} | {row['store_peak_mib']:.1f} |"
+            )
     rows = same_limit(done_rows(out / "block.jsonl"), limit)
     if rows:
-        lines += ["", "## The block-diffusion Countdown model under its exact block cache (`model=countdown_block cache=block`, blocks of 4)", "",
-                  "Block columns: the decoded block's columns its steps computed (per problem). Committed: the share of them already decided "
-                  "(the most a within-block policy could skip); before the previous step: dKV-Cache's delayed share. Both also as shares of all token-forwards.", "",
-                  "| tier | decoder | mean token-forwards | block columns | committed | before the previous step | committed / token-forwards | before previous / token-forwards |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "## The block-diffusion Countdown model under its exact block cache (`model=countdown_block cache=block`, blocks of 4)",
+            "",
+            (
+                "Block columns: the decoded block's columns its steps computed (per problem). Committed: the share of them already decided "
+                "(the most a within-block policy could skip); before the previous step: dKV-Cache's delayed share. Both also as shares of all token-forwards."
+            ),
+            "",
+            "| tier | decoder | mean token-forwards | block columns | committed | before the previous step | committed / token-forwards | before previous / token-forwards |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for row in rows:
-            lines.append(f"| {row['tier']} | {row['decoder']} | {row['mean_token_forwards']:.1f} | {row['mean_block_columns']:.1f} | {100 * row['already_committed']:.1f} % "
-                         f"| {100 * row['committed_before_previous_step']:.1f} % | {100 * row['committed_of_token_forwards']:.1f} % | {100 * row['settled_of_token_forwards']:.1f} % |")
+            lines.append(
+                f"| {row['tier']} | {row['decoder']} | {row['mean_token_forwards']:.1f} | {row['mean_block_columns']:.1f} | {100 * row['already_committed']:.1f} % "
+                f"| {100 * row['committed_before_previous_step']:.1f} % | {100 * row['committed_of_token_forwards']:.1f} % | {100 * row['settled_of_token_forwards']:.1f} % |"
+            )
     (out / "adaptive_caches.md").write_text("\n".join(lines) + "\n")
     plot(same_limit(done_rows(out / "countdown.jsonl"), limit), out / "accuracy_vs_token_forwards.png")
     print(f"wrote {out / 'adaptive_caches.md'}")
@@ -242,8 +326,15 @@ def plot(rows: list[dict], path: Path) -> None:
     for axis, tier in zip(axes[0], TIERS):
         for row in (r for r in rows if r["tier"] == tier):
             x, y = row["mean_token_forwards"], 100 * row["accuracy"]
-            axis.errorbar(x, y, yerr=[[y - 100 * row["wilson_low"]], [100 * row["wilson_high"] - y]], fmt=markers[row["decoder"]], color=colours[row["cache"]],
-                          label=f"{row['decoder']}/{row['cache']}", capsize=2)
+            axis.errorbar(
+                x,
+                y,
+                yerr=[[y - 100 * row["wilson_low"]], [100 * row["wilson_high"] - y]],
+                fmt=markers[row["decoder"]],
+                color=colours[row["cache"]],
+                label=f"{row['decoder']}/{row['cache']}",
+                capsize=2,
+            )
         axis.set_xlabel("mean token-forwards per problem")
         axis.set_ylabel("solved % (Wilson 95 %)")
         axis.set_title(f"Countdown {tier}")
@@ -258,12 +349,22 @@ def plot(rows: list[dict], path: Path) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, with ``out`` and ``runs`` resolved: a quick look never reads or writes the committed rows."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", nargs="+", default=["countdown", "random", "block"], choices=["countdown", "random", "block"])
+    parser.add_argument(
+        "--parts", nargs="+", default=["countdown", "random", "block"], choices=["countdown", "random", "block"]
+    )
     parser.add_argument("--limit", type=int, default=None, help="Countdown problems per tier (default: all 256)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="the rows, tables and figure (default runs/adaptive_caches/all/, or .../limit<N>/ with --limit N)")
-    parser.add_argument("--runs", type=Path, default=None,
-                        help="the runner's output directories (resumable; default runs/adaptive_caches/<all or limit<N>>/runs)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the rows, tables and figure (default runs/adaptive_caches/all/, or .../limit<N>/ with --limit N)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        default=None,
+        help="the runner's output directories (resumable; default runs/adaptive_caches/<all or limit<N>>/runs)",
+    )
     add_flag(parser, "rows, tables and figure in experiments/results/adaptive_caches/")
     args = parser.parse_args(argv)
     check(parser, args, args.out, args.runs)

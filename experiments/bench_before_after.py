@@ -41,7 +41,9 @@ def metrics(doc: dict[str, Any]) -> dict[str, float | None]:
     rows = [r for r in doc.get("rows", []) if "skipped" not in r]
 
     def pick(section: str, **match: Any) -> dict[str, Any] | None:
-        return next((r for r in rows if r["section"].startswith(section) and all(r.get(k) == v for k, v in match.items())), None)
+        return next(
+            (r for r in rows if r["section"].startswith(section) and all(r.get(k) == v for k, v in match.items())), None
+        )
 
     def value(row: dict[str, Any] | None, key: str) -> float | None:
         return None if row is None or row.get(key) is None else float(row[key])
@@ -51,7 +53,9 @@ def metrics(doc: dict[str, Any]) -> dict[str, float | None]:
     return {
         "fast_dllm tokens/s, batch 1": speed_one,
         "fast_dllm tokens/s, batch 32": speed_many,
-        "batched / one at a time (tokens/s, 32 vs 1)": None if not (speed_one and speed_many) else round(speed_many / speed_one, 2),
+        "batched / one at a time (tokens/s, 32 vs 1)": None
+        if not (speed_one and speed_many)
+        else round(speed_many / speed_one, 2),
         "K=4 call / plain call, no cache": value(pick("2", cache="none", k=4), "ratio_vs_plain"),
         "K=4 call / plain call, dual cache": value(pick("2", cache="dual", k=4), "ratio_vs_plain"),
         "dual / none tokens/s": value(pick("3", cache="dual"), "ratio_vs_none"),
@@ -73,13 +77,34 @@ def export(commit: str, into: Path) -> Path:
 
 
 def run_bench(tree: Path, out: Path, args: argparse.Namespace, compile_: bool) -> dict[str, Any]:
-    command = [sys.executable, str(tree / "experiments" / "bench_engine.py"), "--size", args.size, "--device", "cpu", "--quick",
-               "--repeats", str(args.repeats), "--threads", str(args.threads), "--sections", args.sections, "--out", str(out)] + (["--compile"] if compile_ else [])
-    env = {**os.environ, "PYTHONPATH": str(tree), "DLMSEARCH_UPSTREAM": os.environ.get("DLMSEARCH_UPSTREAM", str(UPSTREAM))}
+    command = [
+        sys.executable,
+        str(tree / "experiments" / "bench_engine.py"),
+        "--size",
+        args.size,
+        "--device",
+        "cpu",
+        "--quick",
+        "--repeats",
+        str(args.repeats),
+        "--threads",
+        str(args.threads),
+        "--sections",
+        args.sections,
+        "--out",
+        str(out),
+    ] + (["--compile"] if compile_ else [])
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "DLMSEARCH_UPSTREAM": os.environ.get("DLMSEARCH_UPSTREAM", str(UPSTREAM)),
+    }
     print(f"$ PYTHONPATH={tree} {' '.join(command[1:])}", flush=True)
-    done = subprocess.run(command, cwd=tree, env=env, text=True, capture_output=True)
+    done = subprocess.run(command, cwd=tree, env=env, text=True, capture_output=True, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"benchmark in {tree} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise SystemExit(
+            f"benchmark in {tree} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
     return json.loads(out.read_text())
 
 
@@ -96,8 +121,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="bench_engine.py --repeats")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sections", default="1,2,3,4", help="bench_engine.py --sections (1b on CPU: 2)")
-    parser.add_argument("--no-compile", action="store_true", help="leave out the engine.compile run (eager before and after only)")
-    parser.add_argument("--out", type=Path, default=None, help="where to write before_after_<size>.{json,md} (default runs/bench_before_after/)")
+    parser.add_argument(
+        "--no-compile", action="store_true", help="leave out the engine.compile run (eager before and after only)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write before_after_<size>.{json,md} (default runs/bench_before_after/)",
+    )
     add_flag(parser, "table in experiments/results/bench/")
     args = parser.parse_args(argv)
     out = resolve(parser, args, args.out, ROOT / "experiments" / "results" / "bench", RUNS / "bench_before_after")
@@ -110,9 +142,23 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out
     runs_dir = ROOT / "runs" / "bench_before_after"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip())
-    variants = {f"before ({args.before})": None, f"after ({head}{'+' if dirty else ''})": False, f"after, engine.compile": True}
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    )
+    variants = {
+        f"before ({args.before})": None,
+        f"after ({head}{'+' if dirty else ''})": False,
+        "after, engine.compile": True,
+    }
     if args.no_compile:
         variants.pop("after, engine.compile")
     found: dict[str, list[dict[str, float | None]]] = {name: [] for name in variants}
@@ -125,17 +171,34 @@ def main(argv: list[str] | None = None) -> int:
                 found[name].append(metrics(doc))
                 print(f"  {name}, round {round_ + 1}: {json.dumps(found[name][-1])}", flush=True)
     keys = list(next(iter(found.values()))[0])
-    medians = {name: {k: (statistics.median(v) if (v := [m[k] for m in ms if m[k] is not None]) else None) for k in keys} for name, ms in found.items()}
+    medians = {
+        name: {k: (statistics.median(v) if (v := [m[k] for m in ms if m[k] is not None]) else None) for k in keys}
+        for name, ms in found.items()
+    }
     names = list(variants)
-    lines = [f"| metric ({args.size}, CPU, {args.threads} threads, median of {args.rounds} rounds) | " + " | ".join(names) + " |",
-             "|---|" + "---:|" * len(names)]
-    lines += [f"| {k} | " + " | ".join(fmt(round(medians[n][k], 3) if medians[n][k] is not None else None) for n in names) + " |" for k in keys]
+    lines = [
+        f"| metric ({args.size}, CPU, {args.threads} threads, median of {args.rounds} rounds) | "
+        + " | ".join(names)
+        + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    lines += [
+        f"| {k} | "
+        + " | ".join(fmt(round(medians[n][k], 3) if medians[n][k] is not None else None) for n in names)
+        + " |"
+        for k in keys
+    ]
     table = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
-    command = (f"python experiments/bench_before_after.py --before {args.before} --size {args.size} --rounds {args.rounds} --repeats {args.repeats}"
-               + (f" --sections {args.sections}" if args.sections != "1,2,3,4" else "") + (" --no-compile" if args.no_compile else ""))
+    command = (
+        f"python experiments/bench_before_after.py --before {args.before} --size {args.size} --rounds {args.rounds} --repeats {args.repeats}"
+        + (f" --sections {args.sections}" if args.sections != "1,2,3,4" else "")
+        + (" --no-compile" if args.no_compile else "")
+    )
     (out / f"before_after_{args.size}.md").write_text(f"{table}\n\nMeasured by `{command}`.\n")
-    (out / f"before_after_{args.size}.json").write_text(json.dumps({"command": command, "rounds": found, "median": medians}, indent=1) + "\n")
+    (out / f"before_after_{args.size}.json").write_text(
+        json.dumps({"command": command, "rounds": found, "median": medians}, indent=1) + "\n"
+    )
     print("\n" + table)
     print(f"wrote {out}/before_after_{args.size}.{{md,json}}")
     return 0

@@ -14,8 +14,9 @@ import argparse
 import json
 from pathlib import Path
 
-from dlmsearch import records
 from outputs import add_flag, check
+
+from dlmsearch import records
 
 
 def compare(before: list[dict], after: list[dict]) -> list[str]:
@@ -30,13 +31,19 @@ def compare(before: list[dict], after: list[dict]) -> list[str]:
         if old is None:
             continue
         assert old["ids"] == row["ids"], f"{row['label']}: the cards decoded different items"
-        found = records.paired({i: i in row["solved_ids"] for i in row["ids"]}, {i: i in old["solved_ids"] for i in old["ids"]})
+        found = records.paired(
+            {i: i in row["solved_ids"] for i in row["ids"]}, {i: i in old["solved_ids"] for i in old["ids"]}
+        )
         same = found["only_config"] == found["only_baseline"] == 0 and old["mean_steps"] == row["mean_steps"]
         lines.append(
             f"| {row['task']} {row['tier']} | {row['label']} | {100 * old['accuracy']:.1f} → {100 * row['accuracy']:.1f} % | "
             f"{old['mean_steps']} → {row['mean_steps']} | {old.get('mean_revisions', 0)} → {row.get('mean_revisions', 0)} | "
-            + ("same items solved, same steps and revisions" if same and old.get("mean_revisions") == row.get("mean_revisions") else
-               f"{found['only_config']} / {found['only_baseline']} (p = {found['sign_p']:.3g})") + " |"
+            + (
+                "same items solved, same steps and revisions"
+                if same and old.get("mean_revisions") == row.get("mean_revisions")
+                else f"{found['only_config']} / {found['only_baseline']} (p = {found['sign_p']:.3g})"
+            )
+            + " |"
         )
     return lines
 

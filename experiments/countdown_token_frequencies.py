@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
-
 from outputs import RUNS, add_flag, resolve
 from train_countdown import EOS_ID, EOT_ID, ProblemSampler, held_out_triples
 
@@ -29,11 +28,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", type=int, default=20000)
-    parser.add_argument("--out", type=Path, default=None, help="the JSON file (default runs/countdown_token_frequencies/token_frequencies.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the JSON file (default runs/countdown_token_frequencies/token_frequencies.json)",
+    )
     add_flag(parser, "table shipped beside the Countdown model")
     args = parser.parse_args(argv)
-    args.out = resolve(parser, args, args.out, ROOT / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json",
-                       RUNS / "countdown_token_frequencies" / "token_frequencies.json")
+    args.out = resolve(
+        parser,
+        args,
+        args.out,
+        ROOT / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json",
+        RUNS / "countdown_token_frequencies" / "token_frequencies.json",
+    )
     return args
 
 
@@ -50,8 +59,17 @@ def main(argv: list[str] | None = None) -> int:
         _, answer = sampler.draw(1.0)
         response = tokenizer(answer, add_special_tokens=False)["input_ids"] + [EOT_ID]
         counts.update(response + [EOS_ID] * (cfg.gen_length - len(response)))
-    args.out.write_text(json.dumps({"num_token": sum(counts.values()), "p_baseline_dict": {str(k): v for k, v in sorted(counts.items())},
-                                    "source": f"{args.problems} training draws of experiments/train_countdown.py (end of curriculum)"}, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "num_token": sum(counts.values()),
+                "p_baseline_dict": {str(k): v for k, v in sorted(counts.items())},
+                "source": f"{args.problems} training draws of experiments/train_countdown.py (end of curriculum)",
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}: {len(counts)} token ids, {sum(counts.values())} tokens")
     return 0
 

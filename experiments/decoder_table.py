@@ -23,29 +23,56 @@ def parse_variant(text: str) -> tuple[str, str, list[str]]:
 
 
 def measure(
-    out_dir: Path, tier: str, label: str, preset: str, overrides: list[str], base: list[str], limit: int | None, batch_size: int,
+    out_dir: Path,
+    tier: str,
+    label: str,
+    preset: str,
+    overrides: list[str],
+    base: list[str],
+    limit: int | None,
+    batch_size: int,
     extras: Callable[[dict[str, records.Record]], dict] | None = None,
 ) -> dict:
     """One decoder on one tier: accuracy with its Wilson interval, counters, and the ids it got right.
     ``extras`` adds fields computed from the run's records (read once)."""
-    cfg = compose([
-        *base, f"+decoder={preset}", f"task.tier={tier}", f"task.limit={limit or 'null'}", f"batch_size={batch_size}",
-        f"out_dir={out_dir}", "examples=0", *overrides,
-    ])
+    cfg = compose(
+        [
+            *base,
+            f"+decoder={preset}",
+            f"task.tier={tier}",
+            f"task.limit={limit or 'null'}",
+            f"batch_size={batch_size}",
+            f"out_dir={out_dir}",
+            "examples=0",
+            *overrides,
+        ]
+    )
     summary = run(cfg)
     found = records.read_records(out_dir / "results.jsonl")
     solved = records.judged(found)
     _, _, low, high = records.accuracy_interval(found)
-    return {"tier": tier, "label": label, "preset": preset, "overrides": overrides, "solved_ids": sorted(i for i, ok in solved.items() if ok),
-            "ids": sorted(solved), "wilson_low": low, "wilson_high": high, "mean_live_particles": summary.get("mean_live_particles", 1.0),
-            **{k: summary[k] for k in ("items", "accuracy", "mean_steps", "mean_row_forwards", "wall_seconds")},
-            "mean_token_forwards": summary.get("mean_token_forwards"), **(extras(found) if extras else {})}
+    return {
+        "tier": tier,
+        "label": label,
+        "preset": preset,
+        "overrides": overrides,
+        "solved_ids": sorted(i for i, ok in solved.items() if ok),
+        "ids": sorted(solved),
+        "wilson_low": low,
+        "wilson_high": high,
+        "mean_live_particles": summary.get("mean_live_particles", 1.0),
+        **{k: summary[k] for k in ("items", "accuracy", "mean_steps", "mean_row_forwards", "wall_seconds")},
+        "mean_token_forwards": summary.get("mean_token_forwards"),
+        **(extras(found) if extras else {}),
+    }
 
 
 def paired(row: dict, baseline: dict) -> tuple[int, int, float]:
     """Items solved only by ``row``, only by ``baseline``, and the exact sign test's p-value."""
     assert row["ids"] == baseline["ids"], "paired tests need the same items"
-    found = records.paired({i: i in row["solved_ids"] for i in row["ids"]}, {i: i in baseline["solved_ids"] for i in baseline["ids"]})
+    found = records.paired(
+        {i: i in row["solved_ids"] for i in row["ids"]}, {i: i in baseline["solved_ids"] for i in baseline["ids"]}
+    )
     return found["only_config"], found["only_baseline"], found["sign_p"]
 
 
@@ -60,7 +87,13 @@ def plot_accuracy_vs_steps(rows: list[dict], tiers: list[str], title: str, unit:
     for axis, tier in zip(axes[0], tiers):
         for row in (r for r in rows if r["tier"] == tier):
             axis.scatter(row["mean_steps"], 100 * row["accuracy"], s=40)
-            axis.annotate(row["label"], (row["mean_steps"], 100 * row["accuracy"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            axis.annotate(
+                row["label"],
+                (row["mean_steps"], 100 * row["accuracy"]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=8,
+            )
         axis.set_xscale("log")
         axis.set_xlabel(f"mean steps per {unit} (sequential model calls, log scale)")
         axis.set_ylabel("solved %")
@@ -75,5 +108,7 @@ def plot_accuracy_vs_steps(rows: list[dict], tiers: list[str], title: str, unit:
 if __name__ == "__main__":  # a module the model cards import; run, it only explains itself
     import argparse
 
-    argparse.ArgumentParser(description=__doc__ + "\nImported by the model-card scripts; nothing to run on its own.",
-                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    argparse.ArgumentParser(
+        description=__doc__ + "\nImported by the model-card scripts; nothing to run on its own.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args()

@@ -18,20 +18,45 @@ import sys
 from pathlib import Path
 
 import torch
+from bench.random_model import MASK_ID, VOCAB, build_model
+from outputs import RUNS, add_flag, resolve
 from torch.profiler import ProfilerActivity, profile
 
-from bench.random_model import MASK_ID, VOCAB, build_model
-from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.core.sampling import Sampling
+from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine.rollout import RolloutEngine
-from outputs import RUNS, add_flag, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
-METADATA = {"aten::view", "aten::reshape", "aten::transpose", "aten::expand", "aten::slice", "aten::select", "aten::as_strided",
-            "aten::unsqueeze", "aten::squeeze", "aten::t", "aten::permute", "aten::alias", "aten::_unsafe_view", "aten::detach",
-            "aten::empty", "aten::empty_strided", "aten::resize_", "aten::lift_fresh", "aten::contiguous", "aten::result_type",
-            "aten::_reshape_alias", "aten::unbind", "aten::split", "aten::chunk", "aten::narrow", "aten::is_nonzero", "aten::item",
-            "aten::_local_scalar_dense"}
+METADATA = {
+    "aten::view",
+    "aten::reshape",
+    "aten::transpose",
+    "aten::expand",
+    "aten::slice",
+    "aten::select",
+    "aten::as_strided",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::t",
+    "aten::permute",
+    "aten::alias",
+    "aten::_unsafe_view",
+    "aten::detach",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::resize_",
+    "aten::lift_fresh",
+    "aten::contiguous",
+    "aten::result_type",
+    "aten::_reshape_alias",
+    "aten::unbind",
+    "aten::split",
+    "aten::chunk",
+    "aten::narrow",
+    "aten::is_nonzero",
+    "aten::item",
+    "aten::_local_scalar_dense",
+}
 
 
 def counted(run) -> dict[str, int]:
@@ -39,8 +64,13 @@ def counted(run) -> dict[str, int]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run()
     events = prof.events()
-    ops = [e for e in events if e.name.startswith("aten::") and e.name not in METADATA
-           and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
+    ops = [
+        e
+        for e in events
+        if e.name.startswith("aten::")
+        and e.name not in METADATA
+        and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+    ]
     fused = [e for e in events if "fused" in e.name or e.name.startswith("cpp_") or e.name.startswith("triton_")]
     return {"operators": len(ops), "fused_kernels": len(fused)}
 
@@ -58,7 +88,9 @@ def measure(size: str, compile_: bool) -> dict[str, dict[str, int]]:
     for cache in ("none", "dual"):
         engine = RolloutEngine(adapter=adapter, cache=cache, compile=compile_)
         memory, sampling = engine.memory(1), engine.sampling_over(Sampling())
-        call = lambda: engine.evaluate(tokens, attention, zeros, zeros, zeros, zeros, memory, sampling, frozenset(), prompt, window)  # noqa: E731
+        call = lambda: engine.evaluate(
+            tokens, attention, zeros, zeros, zeros, zeros, memory, sampling, frozenset(), prompt, window
+        )
         for _ in range(3):  # the first call refreshes the cache (dual); later ones hit it; compiles warm up
             call()
         out["dual-cache call (32-token window)" if cache == "dual" else "full forward (96 tokens)"] = counted(call)
@@ -69,7 +101,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="tiny")
-    parser.add_argument("--out", type=Path, default=None, help="where to write forward_ops_<size>.{md,json} (default runs/forward_ops/)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where to write forward_ops_<size>.{md,json} (default runs/forward_ops/)"
+    )
     add_flag(parser, "table in experiments/results/bench/")
     args = parser.parse_args(argv)
     results = resolve(parser, args, args.out, ROOT / "experiments" / "results" / "bench", RUNS / "forward_ops")
@@ -84,13 +118,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     found = {"eager": measure(args.size, False), "engine.compile": measure(args.size, True)}
     layers = build_model(args.size, "meta", torch.float32).config.num_layers
-    lines = [f"| call ({args.size}, {layers} layers) | eager operators | compiled: operators + fused kernels |", "|---|---:|---:|"]
+    lines = [
+        f"| call ({args.size}, {layers} layers) | eager operators | compiled: operators + fused kernels |",
+        "|---|---:|---:|",
+    ]
     for what in found["eager"]:
         e, c = found["eager"][what], found["engine.compile"][what]
         lines.append(f"| {what} | {e['operators']} | {c['operators']} + {c['fused_kernels']} |")
     table = "\n".join(lines)
     results.mkdir(parents=True, exist_ok=True)
-    (results / f"forward_ops_{args.size}.md").write_text(f"{table}\n\nMeasured by `python experiments/forward_ops.py --size {args.size}`.\n")
+    (results / f"forward_ops_{args.size}.md").write_text(
+        f"{table}\n\nMeasured by `python experiments/forward_ops.py --size {args.size}`.\n"
+    )
     (results / f"forward_ops_{args.size}.json").write_text(json.dumps(found, indent=1) + "\n")
     print(table)
     print(f"wrote {results}/forward_ops_{args.size}.{{md,json}}")

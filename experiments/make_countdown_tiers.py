@@ -12,18 +12,29 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dlmsearch.tasks.countdown import TIERS, load_countdown, shipped_countdown_path
-from dlmsearch.tasks.countdown_problems import draw_tier, triples_in, write_tier
 from outputs import RUNS, add_flag, resolve
 
+from dlmsearch.tasks.countdown import TIERS, load_countdown, shipped_countdown_path
+from dlmsearch.tasks.countdown_problems import draw_tier, triples_in, write_tier
+
 # tier -> (seed, count, low, high)
-RECIPES = {"validation": (100, 128, 1, 20), "small": (101, 256, 1, 20), "medium": (102, 256, 1, 50), "large": (103, 256, 1, 100)}
+RECIPES = {
+    "validation": (100, 128, 1, 20),
+    "small": (101, 256, 1, 20),
+    "medium": (102, 256, 1, 50),
+    "large": (103, 256, 1, 100),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=None, help="the folder to write the tiers' files into (default runs/countdown_tiers/)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the folder to write the tiers' files into (default runs/countdown_tiers/)",
+    )
     add_flag(parser, "tiers shipped in dlmsearch/data/countdown/")
     args = parser.parse_args(argv)
     out = resolve(parser, args, args.out, shipped_countdown_path("small").parent, RUNS / "countdown_tiers")

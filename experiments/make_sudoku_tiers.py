@@ -13,11 +13,11 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+from outputs import RUNS, add_flag, resolve
 from tqdm import tqdm
 
 from dlmsearch.tasks.sudoku_files import tier_path, write_puzzles
 from dlmsearch.tasks.sudoku_grids import carve_puzzle, random_solved_grid, transform_grids
-from outputs import RUNS, add_flag, resolve
 
 TIER_CLUES = {"easy": (30, 36), "hard": (0, 0)}  # (0, 0): carve to a minimal puzzle
 
@@ -27,7 +27,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=256)
     parser.add_argument("--seed", type=int, default=20261130)
-    parser.add_argument("--out", type=Path, default=None, help="the folder to write the tiers' files into (default runs/sudoku_tiers/)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="the folder to write the tiers' files into (default runs/sudoku_tiers/)"
+    )
     add_flag(parser, "tiers shipped in dlmsearch/data/")
     args = parser.parse_args(argv)
     out = resolve(parser, args, args.out, tier_path("easy").parent, RUNS / "sudoku_tiers")
@@ -45,7 +47,9 @@ def main(argv: list[str] | None = None) -> None:
         puzzles = [(carve_puzzle(s, rng, low, high), s) for s in tqdm(solutions, desc=tier)]
         write_puzzles(out / tier_path(tier).name, puzzles)
         clues = [int((p > 0).sum()) for p, _ in puzzles]
-        print(f"{tier}: {len(puzzles)} puzzles, clues {min(clues)}-{max(clues)} (mean {np.mean(clues):.1f}) -> {out / tier_path(tier).name}")
+        print(
+            f"{tier}: {len(puzzles)} puzzles, clues {min(clues)}-{max(clues)} (mean {np.mean(clues):.1f}) -> {out / tier_path(tier).name}"
+        )
 
 
 if __name__ == "__main__":

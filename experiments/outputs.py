@@ -25,8 +25,12 @@ COMMITTED = tuple(ROOT / p for p in ("docs", "experiments/results", "dlmsearch/d
 
 def add_flag(parser: argparse.ArgumentParser, what: str) -> None:
     """``--write-committed``: write ``what`` (the committed outputs) in place."""
-    parser.add_argument(FLAG, dest="write_committed", action="store_true",
-                        help=f"regenerate the committed {what}; without it nothing git tracks is written (the default outputs go under runs/)")
+    parser.add_argument(
+        FLAG,
+        dest="write_committed",
+        action="store_true",
+        help=f"regenerate the committed {what}; without it nothing git tracks is written (the default outputs go under runs/)",
+    )
 
 
 def committed(path: Path | str) -> bool:
@@ -37,7 +41,14 @@ def committed(path: Path | str) -> bool:
     if path != ROOT and ROOT not in path.parents:
         return False
     try:
-        found = subprocess.run(["git", "ls-files", "--", str(path.relative_to(ROOT)) or "."], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        found = subprocess.run(
+            ["git", "ls-files", "--", str(path.relative_to(ROOT)) or "."],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return found.returncode == 0 and bool(found.stdout.strip())
@@ -47,10 +58,14 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace, *paths: Pat
     """Refuse (exit 2) any of ``paths`` that is committed unless ``--write-committed`` was given."""
     for path in paths:
         if path is not None and not args.write_committed and committed(path):
-            parser.error(f"{path} is committed: add {FLAG} to regenerate it, or leave the path out to write under runs/")
+            parser.error(
+                f"{path} is committed: add {FLAG} to regenerate it, or leave the path out to write under runs/"
+            )
 
 
-def resolve(parser: argparse.ArgumentParser, args: argparse.Namespace, given: Path | None, committed_path: Path, quick: Path) -> Path:
+def resolve(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, given: Path | None, committed_path: Path, quick: Path
+) -> Path:
     """An output path: ``given`` if given (checked), else ``committed_path`` with ``--write-committed``, else ``quick`` (under runs/)."""
     if given is not None:
         check(parser, args, given)

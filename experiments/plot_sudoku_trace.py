@@ -17,9 +17,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from outputs import RUNS, add_flag, check  # noqa: E402
+import matplotlib.pyplot as plt
+from outputs import RUNS, add_flag, check
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,9 +66,17 @@ def main(argv: list[str] | None = None) -> None:
     axis.set_aspect("equal")
     axis.axis("off")
     verdict = "solved" if record["correct"] else "not solved"
-    axis.set_title(f"{record['id']}: {verdict} in {record['steps']} steps, {record['row_forwards']} row-forwards\n"
-                   "colour / number = model call that committed the cell; ·dN = lookahead depth", fontsize=9)
-    figure.colorbar(plt.cm.ScalarMappable(cmap=colours, norm=plt.Normalize(1, last_call)), ax=axis, fraction=0.04, label="model call")
+    axis.set_title(
+        f"{record['id']}: {verdict} in {record['steps']} steps, {record['row_forwards']} row-forwards\n"
+        "colour / number = model call that committed the cell; ·dN = lookahead depth",
+        fontsize=9,
+    )
+    figure.colorbar(
+        plt.cm.ScalarMappable(cmap=colours, norm=plt.Normalize(1, last_call)),
+        ax=axis,
+        fraction=0.04,
+        label="model call",
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out, dpi=130, bbox_inches="tight")
     print(f"wrote {args.out}")

@@ -39,7 +39,9 @@ def variants(task: str) -> list[tuple[str, str, list[str]]]:
     """(label, preset, overrides) per decoder; Sudoku is one block of 81, Countdown 16 tokens in blocks of 8."""
     n = 81 if task == "sudoku" else 16
     half = n // 3 if task == "sudoku" else 8
-    thresholds = (0.95, 0.9) if task == "sudoku" else (0.7, 0.5)  # the Sudoku model needs sure commits (its default: 0.99)
+    thresholds = (
+        (0.95, 0.9) if task == "sudoku" else (0.7, 0.5)
+    )  # the Sudoku model needs sure commits (its default: 0.99)
     rows = [
         ("fast_dllm", "fast_dllm", []),
         *[(f"fast_dllm τ={t}", "fast_dllm", [f"decoder.commit.threshold={t}"]) for t in thresholds],
@@ -50,9 +52,20 @@ def variants(task: str) -> list[tuple[str, str, list[str]]]:
         (f"remdm steps={n}", "remdm", [f"decoder.commit.steps={n}"]),
         ("saber", "saber", []),
         (f"klass steps={n}", "klass", [f"decoder.commit.steps={n}"]),
-        *([(f"klass steps={n} τ=0.99", "klass", [f"decoder.commit.steps={n}", "decoder.commit.confidence=0.99"])] if task == "sudoku" else []),
-        *[(f"wino τ1={t}", "wino", [f"decoder.commit.tau1={t}"]) for t in ((0.7, 0.9, 0.99) if task == "sudoku" else (0.5, 0.7))],
-        (f"pc_sampler steps={n}", "pc_sampler", [f"decoder.commit.steps={n}", f"decoder.commit.decay={0.0 if task == 'sudoku' else 1.0}"]),
+        *(
+            [(f"klass steps={n} τ=0.99", "klass", [f"decoder.commit.steps={n}", "decoder.commit.confidence=0.99"])]
+            if task == "sudoku"
+            else []
+        ),
+        *[
+            (f"wino τ1={t}", "wino", [f"decoder.commit.tau1={t}"])
+            for t in ((0.7, 0.9, 0.99) if task == "sudoku" else (0.5, 0.7))
+        ],
+        (
+            f"pc_sampler steps={n}",
+            "pc_sampler",
+            [f"decoder.commit.steps={n}", f"decoder.commit.decay={0.0 if task == 'sudoku' else 1.0}"],
+        ),
         ("eb_sampler γ=0.01", "eb_sampler", ["decoder.commit.gamma=0.01"]),
         ("eb_sampler γ=0.1", "eb_sampler", ["decoder.commit.gamma=0.1"]),
         ("eb_sampler γ=1", "eb_sampler", ["decoder.commit.gamma=1.0"]),
@@ -67,13 +80,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=Path, default=Path("runs/revision_card"))
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--only", default=None, help="comma-separated presets to run (fast_dllm is always run: the paired baseline)")
-    parser.add_argument("--merge", action="store_true", help="replace these rows in the card already in --out, keep its other rows")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated presets to run (fast_dllm is always run: the paired baseline)"
+    )
+    parser.add_argument(
+        "--merge", action="store_true", help="replace these rows in the card already in --out, keep its other rows"
+    )
     add_flag(parser, "card in experiments/results/revision/")
     args = parser.parse_args(argv)
     args.out = resolve(parser, args, args.out, ROOT / "experiments" / "results" / "revision", RUNS / "revision_card")
     if args.merge and not (args.out / "revision_card.json").is_file():
-        parser.error(f"--merge: no card in {args.out} to merge into (--write-committed: the committed card in experiments/results/revision/)")
+        parser.error(
+            f"--merge: no card in {args.out} to merge into (--write-committed: the committed card in experiments/results/revision/)"
+        )
     return args
 
 
@@ -84,28 +103,49 @@ def main(argv: list[str] | None = None) -> int:
     for task, tier in TIERS:
         baseline = None
         for label, preset, overrides in (v for v in variants(task) if only is None or v[1] in only):
-            run_dir = args.runs / f"{task}_{tier}" / label.replace(" ", "_").replace("=", "").replace("τ", "tau").replace("γ", "gamma")
-            row = measure(run_dir, tier, label, preset, overrides, SETTINGS[task], args.limit, args.batch_size,
-                          extras=lambda found: {"mean_revisions": round(sum(r.get("revisions", 0) for r in found.values()) / max(len(found), 1), 2)})
+            run_dir = (
+                args.runs
+                / f"{task}_{tier}"
+                / label.replace(" ", "_").replace("=", "").replace("τ", "tau").replace("γ", "gamma")
+            )
+            row = measure(
+                run_dir,
+                tier,
+                label,
+                preset,
+                overrides,
+                SETTINGS[task],
+                args.limit,
+                args.batch_size,
+                extras=lambda found: {
+                    "mean_revisions": round(sum(r.get("revisions", 0) for r in found.values()) / max(len(found), 1), 2)
+                },
+            )
             row["task"] = task
             if baseline is None:
                 baseline = row
             only_new, only_fast, p = paired(row, baseline)
             row.update(only_new=only_new, only_fast_dllm=only_fast, sign_p=p)
             table.append(row)
-            print(f"{task}/{tier} {label}: {100 * row['accuracy']:.1f} % at {row['mean_steps']} steps, revisions {row['mean_revisions']}, "
-                  f"vs fast_dllm +{only_new}/-{only_fast} p={p:.3g}", flush=True)
+            print(
+                f"{task}/{tier} {label}: {100 * row['accuracy']:.1f} % at {row['mean_steps']} steps, revisions {row['mean_revisions']}, "
+                f"vs fast_dllm +{only_new}/-{only_fast} p={p:.3g}",
+                flush=True,
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     if args.merge:
         table = merged(json.loads((args.out / "revision_card.json").read_text()), table)
     (args.out / "revision_card.json").write_text(json.dumps(table, indent=2) + "\n")
-    lines = ["| tier | decoder | accuracy [95 % CI] | steps | row-forwards | revisions | vs fast_dllm: only new / only fast_dllm (p) |",
-             "|---|---|---|---:|---:|---:|---|"]
+    lines = [
+        "| tier | decoder | accuracy [95 % CI] | steps | row-forwards | revisions | vs fast_dllm: only new / only fast_dllm (p) |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
     for r in table:
         lines.append(
             f"| {r['task']} {r['tier']} | {r['label']} | {100 * r['accuracy']:.1f} % [{100 * r['wilson_low']:.1f}, {100 * r['wilson_high']:.1f}] | "
             f"{r['mean_steps']} | {r['mean_row_forwards']} | {r['mean_revisions']} | "
-            + ("—" if r["label"] == "fast_dllm" else f"{r['only_new']} / {r['only_fast_dllm']} (p = {r['sign_p']:.3g})") + " |"
+            + ("—" if r["label"] == "fast_dllm" else f"{r['only_new']} / {r['only_fast_dllm']} (p = {r['sign_p']:.3g})")
+            + " |"
         )
     (args.out / "revision_card.md").write_text("\n".join(lines) + "\n")
     plot(table, args.out / "revision_card.png")
@@ -116,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def merged(card: list[dict], fresh: list[dict]) -> list[dict]:
     """The card with its rows of the same tier and label replaced by the fresh ones (in place, in order)."""
-    key = lambda r: (r["task"], r["tier"], r["label"])  # noqa: E731
+    key = lambda r: (r["task"], r["tier"], r["label"])
     replacing = {key(r): r for r in fresh}
     return [replacing.get(key(r), r) for r in card] + [r for r in fresh if key(r) not in {key(c) for c in card}]
 

@@ -16,8 +16,8 @@ import argparse
 from pathlib import Path
 
 import torch
-
 from bench.random_model import MASK_ID, VOCAB, build_model
+
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine.memory import model_shape, row_bytes
 
@@ -34,7 +34,9 @@ SHAPES = {"tiny": (16, 64, 64), "1b": (4, 200, 128)}  # size -> (rows, prompt, g
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", choices=list(SHAPES), default=list(SHAPES), help="the benchmark's model sizes to measure")
+    parser.add_argument(
+        "--sizes", nargs="+", choices=list(SHAPES), default=list(SHAPES), help="the benchmark's model sizes to measure"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     for size in args.sizes:
@@ -52,8 +54,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.softmax(logits, -1), torch.softmax(logits / 0.7, -1)
             peak = peak_bytes() - base
         estimate = rows * row_bytes(model_shape(module), prompt + gen, gen, 4, False)
-        print(f"{size}: {rows} rows of {prompt}+{gen} tokens: estimate {estimate / 2**20:.0f} MiB, "
-              f"measured peak above the weights {peak / 2**20:.0f} MiB (estimate / peak {estimate / max(peak, 1):.2f})", flush=True)
+        print(
+            f"{size}: {rows} rows of {prompt}+{gen} tokens: estimate {estimate / 2**20:.0f} MiB, "
+            f"measured peak above the weights {peak / 2**20:.0f} MiB (estimate / peak {estimate / max(peak, 1):.2f})",
+            flush=True,
+        )
         del module, adapter, logits
     return 0
 

@@ -34,19 +34,19 @@ import httpx
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from serving import running_server  # noqa: E402
+from serving import running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import attrs  # noqa: E402
+import attrs
+from bench.random_model import initialise, model_config
+from outputs import RUNS, add_flag, resolve
 
-from bench.random_model import initialise, model_config  # noqa: E402
-from dlmsearch.api import Decoder, Model  # noqa: E402
-from dlmsearch.models.loading import checkpoint_ids  # noqa: E402
-from dlmsearch.models.llada_checkpoint import save_llada  # noqa: E402
-from dlmsearch.models.transformer import BidirectionalTransformer  # noqa: E402
-from dlmsearch.records import percentile  # noqa: E402
-from dlmsearch.shipped import package_data  # noqa: E402
-from outputs import RUNS, add_flag, resolve  # noqa: E402
+from dlmsearch.api import Decoder, Model
+from dlmsearch.models.llada_checkpoint import save_llada
+from dlmsearch.models.loading import checkpoint_ids
+from dlmsearch.models.transformer import BidirectionalTransformer
+from dlmsearch.records import percentile
+from dlmsearch.shipped import package_data
 
 COMMITTED_OUT = Path(__file__).resolve().parent / "results" / "serve"
 BLOCK = 8  # the Countdown model's block length; the random LLaDA is served with the same
@@ -86,22 +86,42 @@ async def load(url: str, model: str, texts: list[str], concurrency: int, max_tok
         nonlocal tokens
         async with gate:
             tick = time.perf_counter()
-            r = await client.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": texts[i]}], "max_tokens": max_tokens, "seed": i})
+            r = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": model,
+                    "messages": [{"role": "user", "content": texts[i]}],
+                    "max_tokens": max_tokens,
+                    "seed": i,
+                },
+            )
             r.raise_for_status()
             latencies.append(time.perf_counter() - tick)
             tokens += r.json()["usage"]["completion_tokens"]
 
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        steps0, slots0 = await metric(client, "dlmsearch_steps_total"), await metric(client, "dlmsearch_slot_steps_total")
+        steps0, slots0 = (
+            await metric(client, "dlmsearch_steps_total"),
+            await metric(client, "dlmsearch_slot_steps_total"),
+        )
         tick = time.perf_counter()
         await asyncio.gather(*(one(client, i) for i in range(len(texts))))
         wall = time.perf_counter() - tick
-        steps, slots = await metric(client, "dlmsearch_steps_total") - steps0, await metric(client, "dlmsearch_slot_steps_total") - slots0
+        steps, slots = (
+            await metric(client, "dlmsearch_steps_total") - steps0,
+            await metric(client, "dlmsearch_slot_steps_total") - slots0,
+        )
     return {
-        "concurrency": concurrency, "requests": len(texts), "wall_s": round(wall, 3), "requests_per_s": round(len(texts) / wall, 3),
-        "tokens_per_s": round(tokens / wall, 1), "p50_s": round(percentile(latencies, 50), 3), "p95_s": round(percentile(latencies, 95), 3),
-        "p99_s": round(percentile(latencies, 99), 3), "mean_rows_per_step": round(slots / max(steps, 1), 2),
+        "concurrency": concurrency,
+        "requests": len(texts),
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(len(texts) / wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+        "p50_s": round(percentile(latencies, 50), 3),
+        "p95_s": round(percentile(latencies, 95), 3),
+        "p99_s": round(percentile(latencies, 99), 3),
+        "mean_rows_per_step": round(slots / max(steps, 1), 2),
     }
 
 
@@ -115,7 +135,9 @@ async def metric(client: httpx.AsyncClient, name: str) -> float:
 def offline(model: Model, preset: str, texts: list[str], max_tokens: int) -> float:
     """Requests per second of the offline decode of the same prompts at batch 16 (greedy: the seeds do not matter)."""
     decoder = Decoder.from_preset(preset)
-    decoder.generate(model, texts[:16], gen_length=max_tokens, block_length=BLOCK, batch_size=16, seed=0)  # warm-up, as the server's first request
+    decoder.generate(
+        model, texts[:16], gen_length=max_tokens, block_length=BLOCK, batch_size=16, seed=0
+    )  # warm-up, as the server's first request
     tick = time.perf_counter()
     decoder.generate(model, texts, gen_length=max_tokens, block_length=BLOCK, batch_size=16, seed=0)
     return len(texts) / (time.perf_counter() - tick)
@@ -124,14 +146,18 @@ def offline(model: Model, preset: str, texts: list[str], max_tokens: int) -> flo
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="where to write load.{json,md,png} (default runs/serve_load/)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where to write load.{json,md,png} (default runs/serve_load/)"
+    )
     add_flag(parser, "table and figure in experiments/results/serve/")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--presets", nargs="+", default=["fast_dllm", "adalook"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--batch-wait-ms", type=float, nargs="+", default=[0.0], help="serve.batch_wait_ms values, each measured")
+    parser.add_argument(
+        "--batch-wait-ms", type=float, nargs="+", default=[0.0], help="serve.batch_wait_ms values, each measured"
+    )
     args = parser.parse_args(argv)
     out = resolve(parser, args, args.out, COMMITTED_OUT, RUNS / "serve_load")
     args.out = out
@@ -151,23 +177,54 @@ def main(argv: list[str] | None = None) -> None:
             for preset in args.presets:
                 mine = []
                 for wait in args.batch_wait_ms:
-                    settings = [*overrides, f"+decoder={preset}", "serve.max_batch=64", "serve.max_queue=1024", f"serve.batch_wait_ms={wait}"]
+                    settings = [
+                        *overrides,
+                        f"+decoder={preset}",
+                        "serve.max_batch=64",
+                        "serve.max_queue=1024",
+                        f"serve.batch_wait_ms={wait}",
+                    ]
                     with running_server(settings, cwd=str(out), threads=2) as (_, url, _):
                         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
                         served_as = client.models.list().data[0].id
-                        client.chat.completions.create(model=served_as, messages=[{"role": "user", "content": texts[0]}], max_tokens=args.max_tokens)  # warm-up
-                        mine += [{"model": name, "preset": preset, "batch_wait_ms": wait, **asyncio.run(load(url, served_as, texts, c, args.max_tokens))} for c in args.concurrency]
+                        client.chat.completions.create(
+                            model=served_as,
+                            messages=[{"role": "user", "content": texts[0]}],
+                            max_tokens=args.max_tokens,
+                        )  # warm-up
+                        mine += [
+                            {
+                                "model": name,
+                                "preset": preset,
+                                "batch_wait_ms": wait,
+                                **asyncio.run(load(url, served_as, texts, c, args.max_tokens)),
+                            }
+                            for c in args.concurrency
+                        ]
                 rate = offline(model, preset, texts, args.max_tokens)
                 for row in mine:
-                    base = next((r["requests_per_s"] for r in mine if r["concurrency"] == 1 and r["batch_wait_ms"] == row["batch_wait_ms"]), None)
+                    base = next(
+                        (
+                            r["requests_per_s"]
+                            for r in mine
+                            if r["concurrency"] == 1 and r["batch_wait_ms"] == row["batch_wait_ms"]
+                        ),
+                        None,
+                    )
                     row["offline_batch16_requests_per_s"] = round(rate, 3)
                     row["vs_one_at_a_time"] = round(row["requests_per_s"] / base, 2) if base else None
                     row["vs_offline_batch16"] = round(row["requests_per_s"] / rate, 2)
                     print(json.dumps(row), flush=True)
                 rows += mine
     (out / "load.json").write_text(json.dumps(rows, indent=2) + "\n")
-    lines = ["| model | preset | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | p50 s | p95 s | p99 s | mean rows/step |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['model']} | `{r['preset']}` | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} |" for r in rows]
+    lines = [
+        "| model | preset | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | p50 s | p95 s | p99 s | mean rows/step |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['model']} | `{r['preset']}` | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} |"
+        for r in rows
+    ]
     (out / "load.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(rows, args.requests, out / "load.png")
@@ -187,10 +244,21 @@ def plot(rows: list[dict], requests: int, path: Path) -> None:
             for wait in dict.fromkeys(r["batch_wait_ms"] for r in rows):
                 mine = [r for r in rows if r["model"] == name and r["preset"] == preset and r["batch_wait_ms"] == wait]
                 x, label = [r["concurrency"] for r in mine], f"{preset}, wait {wait:g} ms"
-                left.plot(x, [r["requests_per_s"] for r in mine], marker="o", linestyle="-" if wait == 0 else "--", label=label)
+                left.plot(
+                    x,
+                    [r["requests_per_s"] for r in mine],
+                    marker="o",
+                    linestyle="-" if wait == 0 else "--",
+                    label=label,
+                )
                 right.plot(x, [r["p95_s"] for r in mine], marker="o", linestyle="-" if wait == 0 else "--", label=label)
             left.axhline(mine[0]["offline_batch16_requests_per_s"], linestyle=":", color="grey")
-            left.annotate(f"{preset} offline, batch 16", (x[0], mine[0]["offline_batch16_requests_per_s"]), fontsize=7, va="bottom")
+            left.annotate(
+                f"{preset} offline, batch 16",
+                (x[0], mine[0]["offline_batch16_requests_per_s"]),
+                fontsize=7,
+                va="bottom",
+            )
         for ax, label in ((left, "requests / s"), (right, "p95 latency (s)")):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("concurrent clients")

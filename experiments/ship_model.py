@@ -20,9 +20,9 @@ import shutil
 from pathlib import Path
 
 import torch
+from outputs import RUNS, add_flag, check, resolve
 
 from dlmsearch.models.loading import shipped_sudoku_model_path
-from outputs import RUNS, add_flag, check, resolve
 
 
 def cpu_name() -> str:
@@ -47,13 +47,17 @@ def plot_curve(losses: list[dict], evals: list[dict], path: Path) -> None:
     steps, values = np.array([r["step"] for r in losses]), np.array([r["loss"] for r in losses])
     window = 50
     if len(values) >= window:
-        left.plot(steps[window - 1:], np.convolve(values, np.ones(window) / window, mode="valid"))
+        left.plot(steps[window - 1 :], np.convolve(values, np.ones(window) / window, mode="valid"))
     left.set_xlabel("step")
     left.set_ylabel("training loss (50-step mean)")
     left.set_yscale("log")
     left.grid(alpha=0.3)
-    if evals and "held_out_masked_ce" in evals[0]:  # the block-diffusion run: held-out masked cross-entropy at each checkpoint
-        right.plot([e["step"] for e in evals], [e["held_out_masked_ce"] for e in evals], marker="o", label="held-out masked CE")
+    if (
+        evals and "held_out_masked_ce" in evals[0]
+    ):  # the block-diffusion run: held-out masked cross-entropy at each checkpoint
+        right.plot(
+            [e["step"] for e in evals], [e["held_out_masked_ce"] for e in evals], marker="o", label="held-out masked CE"
+        )
         right.set_yscale("log")
         right.set_ylabel("held-out masked cross-entropy (validation tier)")
     else:
@@ -74,14 +78,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-dir", type=Path, default=Path("runs/sudoku_train"))
-    parser.add_argument("--dest", type=Path, default=None,
-                        help="the model directory to write (default runs/ship_model/<train-dir name>; --write-committed: the shipped Sudoku model)")
-    parser.add_argument("--command", default="python experiments/train_sudoku.py", help="the training command, recorded verbatim")
-    parser.add_argument("--curve", type=Path, default=None, help="also draw loss and held-out accuracy against steps (PNG)")
+    parser.add_argument(
+        "--dest",
+        type=Path,
+        default=None,
+        help="the model directory to write (default runs/ship_model/<train-dir name>; --write-committed: the shipped Sudoku model)",
+    )
+    parser.add_argument(
+        "--command", default="python experiments/train_sudoku.py", help="the training command, recorded verbatim"
+    )
+    parser.add_argument(
+        "--curve", type=Path, default=None, help="also draw loss and held-out accuracy against steps (PNG)"
+    )
     add_flag(parser, "model in dlmsearch/data/ (and a --curve in docs/)")
     args = parser.parse_args(argv)
     check(parser, args, args.curve)
-    args.dest = resolve(parser, args, args.dest, shipped_sudoku_model_path(), RUNS / "ship_model" / args.train_dir.resolve().name)
+    args.dest = resolve(
+        parser, args, args.dest, shipped_sudoku_model_path(), RUNS / "ship_model" / args.train_dir.resolve().name
+    )
     return args
 
 
@@ -100,7 +114,12 @@ def main(argv: list[str] | None = None) -> None:
         "train_seconds": round(state["train_seconds"], 1),
         "final_loss_last_100_steps": round(sum(tail) / len(tail), 4),
         "checkpoint_evals": evals,
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()},
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
         "command": args.command,
     }
     (args.dest / "training.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -19,10 +19,11 @@ import argparse
 import json
 from pathlib import Path
 
+from outputs import ROOT, RUNS, add_flag, resolve
+
 from dlmsearch import records
 from dlmsearch.config import compose
 from dlmsearch.run import run
-from outputs import ROOT, RUNS, add_flag, resolve
 
 EOS, STOPS = 1401, (1401, 1405)  # the Countdown tokenizer's <|endoftext|> and <|eot_id|>
 
@@ -35,17 +36,29 @@ def tail_filled(trace_path: Path) -> dict[str, bool]:
         tokens = {p: t for event in trace["events"] for p, t in zip(event["positions"], event["tokens"])}
         ordered = [tokens[p] for p in sorted(tokens)]
         first = next((i for i, t in enumerate(ordered) if t in STOPS), len(ordered))
-        filled[str(trace["id"])] = all(t == EOS for t in ordered[first + 1:])
+        filled[str(trace["id"])] = all(t == EOS for t in ordered[first + 1 :])
     return filled
 
 
-def measure(runs: Path, preset: str, gen_length: int, stop: bool, limit: int | None, batch_size: int) -> tuple[dict, dict[str, records.Record]]:
+def measure(
+    runs: Path, preset: str, gen_length: int, stop: bool, limit: int | None, batch_size: int
+) -> tuple[dict, dict[str, records.Record]]:
     run_dir = runs / f"{preset}_gen{gen_length}_{'stop' if stop else 'full'}"
-    cfg = compose([
-        "model=countdown", "task=countdown", "model.device=cpu", f"+decoder={preset}", f"task.gen_length={gen_length}",
-        f"task.limit={limit or 'null'}", f"batch_size={batch_size}", f"out_dir={run_dir}", "examples=0", "trace=true",
-        f"decoder.stop_at_eos={str(stop).lower()}",
-    ])
+    cfg = compose(
+        [
+            "model=countdown",
+            "task=countdown",
+            "model.device=cpu",
+            f"+decoder={preset}",
+            f"task.gen_length={gen_length}",
+            f"task.limit={limit or 'null'}",
+            f"batch_size={batch_size}",
+            f"out_dir={run_dir}",
+            "examples=0",
+            "trace=true",
+            f"decoder.stop_at_eos={str(stop).lower()}",
+        ]
+    )
     summary = run(cfg)
     return summary, records.read_records(run_dir / "results.jsonl")
 
@@ -54,14 +67,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, with every output path resolved (under runs/ unless --write-committed)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="the table (default runs/stop_at_eos/)")
-    parser.add_argument("--runs", type=Path, default=Path("runs/stop_at_eos"), help="the runs (resumable), apart from the results")
+    parser.add_argument(
+        "--runs", type=Path, default=Path("runs/stop_at_eos"), help="the runs (resumable), apart from the results"
+    )
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 96, 128, 256])
     parser.add_argument("--presets", nargs="+", default=["llada", "fast_dllm"])
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=256)
     add_flag(parser, "table in experiments/results/countdown/small/stop_at_eos/")
     args = parser.parse_args(argv)
-    args.out = resolve(parser, args, args.out, ROOT / "experiments" / "results" / "countdown" / "small" / "stop_at_eos", RUNS / "stop_at_eos")
+    args.out = resolve(
+        parser,
+        args,
+        args.out,
+        ROOT / "experiments" / "results" / "countdown" / "small" / "stop_at_eos",
+        RUNS / "stop_at_eos",
+    )
     return args
 
 
@@ -80,15 +101,25 @@ def main(argv: list[str] | None = None) -> int:
             filled = tail_filled(args.runs / f"{preset}_gen{gen_length}_full" / "trace.jsonl")
             same_text = [stop_records[i]["output"] == r["output"] for i, r in full_records.items() if i in stop_records]
             pair = records.paired(records.judged(stop_records), records.judged(full_records))
-            rows.append({
-                "preset": preset, "gen_length": gen_length, "items": full["items"],
-                "accuracy_full": full["accuracy"], "accuracy_stop": stopped["accuracy"], "sign_p": pair["sign_p"],
-                "steps_full": full["mean_steps"], "steps_stop": stopped["mean_steps"],
-                "row_forwards_full": full["mean_row_forwards"], "row_forwards_stop": stopped["mean_row_forwards"],
-                "step_saving": round(full["mean_steps"] / max(stopped["mean_steps"], 1e-9), 2),
-                "same_text": round(sum(same_text) / len(same_text), 4), "tail_already_eos": round(sum(filled.values()) / len(filled), 4),
-                "wall_full_s": full["wall_seconds"], "wall_stop_s": stopped["wall_seconds"],
-            })
+            rows.append(
+                {
+                    "preset": preset,
+                    "gen_length": gen_length,
+                    "items": full["items"],
+                    "accuracy_full": full["accuracy"],
+                    "accuracy_stop": stopped["accuracy"],
+                    "sign_p": pair["sign_p"],
+                    "steps_full": full["mean_steps"],
+                    "steps_stop": stopped["mean_steps"],
+                    "row_forwards_full": full["mean_row_forwards"],
+                    "row_forwards_stop": stopped["mean_row_forwards"],
+                    "step_saving": round(full["mean_steps"] / max(stopped["mean_steps"], 1e-9), 2),
+                    "same_text": round(sum(same_text) / len(same_text), 4),
+                    "tail_already_eos": round(sum(filled.values()) / len(filled), 4),
+                    "wall_full_s": full["wall_seconds"],
+                    "wall_stop_s": stopped["wall_seconds"],
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stop_at_eos.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -34,7 +34,14 @@ from dlmsearch.tasks.countdown_problems import CountdownProblem, draw_worked
 from dlmsearch.training import Checkpointer, TrainingLoop, checkpoint_accuracy
 
 # LLaDA's special tokens, at small ids just above the byte vocabulary and the whole numbers.
-SPECIALS = {"<|startoftext|>": 1400, "<|endoftext|>": 1401, "<|mdm_mask|>": 1402, "<|start_header_id|>": 1403, "<|end_header_id|>": 1404, "<|eot_id|>": 1405}
+SPECIALS = {
+    "<|startoftext|>": 1400,
+    "<|endoftext|>": 1401,
+    "<|mdm_mask|>": 1402,
+    "<|start_header_id|>": 1403,
+    "<|end_header_id|>": 1404,
+    "<|eot_id|>": 1405,
+}
 VOCAB_SIZE = 1408
 NUMBER_DIGITS = 3  # 0-999 are one token each: copying a number and each step's arithmetic are one token
 WORDS = ("Make", "from", "user", "assistant", "\u010a\u010a")  # "\u010a\u010a": byte-level "\n\n"
@@ -43,8 +50,15 @@ MASK_ID, EOS_ID, EOT_ID = SPECIALS["<|mdm_mask|>"], SPECIALS["<|endoftext|>"], S
 
 def write_countdown_tokenizer(directory: Path) -> None:
     """The model's tokenizer: bytes, whole numbers below 1000, a few whole words, LLaDA's specials and chat template."""
-    save_tokenizer(directory, byte_level_bpe(SPECIALS, WORDS, number_digits=NUMBER_DIGITS), bos="<|startoftext|>", eos="<|endoftext|>", pad="<|endoftext|>",
-                   mask="<|mdm_mask|>", chat_template=LLADA_CHAT_TEMPLATE)
+    save_tokenizer(
+        directory,
+        byte_level_bpe(SPECIALS, WORDS, number_digits=NUMBER_DIGITS),
+        bos="<|startoftext|>",
+        eos="<|endoftext|>",
+        pad="<|endoftext|>",
+        mask="<|mdm_mask|>",
+        chat_template=LLADA_CHAT_TEMPLATE,
+    )
 
 
 def held_out_triples() -> set[tuple[int, ...]]:
@@ -60,7 +74,7 @@ class ProblemSampler:
 
     def high(self, done: float) -> int:
         c = self.cfg
-        return int(round(c.start_high + (c.high - c.start_high) * min(1.0, done / c.ramp)))
+        return round(c.start_high + (c.high - c.start_high) * min(1.0, done / c.ramp))
 
     def draw(self, done: float) -> tuple[CountdownProblem, str]:
         c = self.cfg
@@ -71,7 +85,9 @@ class ProblemSampler:
                 return problem, answers[self.rng.integers(len(answers))]
 
 
-def encode_batch(task: CountdownTask, pairs: list[tuple[CountdownProblem, str]], gen_length: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def encode_batch(
+    task: CountdownTask, pairs: list[tuple[CountdownProblem, str]], gen_length: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Left-padded rows ``prompt + response`` with their attention mask, and where responses start."""
     tokenizer = task._tokenizer
     prompts = [task.encode(task.prompt(p)) for p, _ in pairs]
@@ -88,7 +104,13 @@ def encode_batch(task: CountdownTask, pairs: list[tuple[CountdownProblem, str]],
     return torch.tensor(rows), torch.tensor(masks), width
 
 
-def sft_loss(model: BidirectionalTransformer, tokens: torch.Tensor, attention: torch.Tensor, start: int, generator: torch.Generator) -> tuple[torch.Tensor, float]:
+def sft_loss(
+    model: BidirectionalTransformer,
+    tokens: torch.Tensor,
+    attention: torch.Tensor,
+    start: int,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, float]:
     """LLaDA's SFT loss on the response columns ``start:`` and the plain masked-token cross-entropy."""
     rows, length = tokens.shape
     eps = 1e-3
@@ -103,8 +125,17 @@ def sft_loss(model: BidirectionalTransformer, tokens: torch.Tensor, attention: t
 
 
 def countdown_task(directory: Path, cfg: DictConfig, tier: str, block_length: int) -> CountdownTask:
-    return CountdownTask(tokenizer=str(directory), mask_id=MASK_ID, vocab_size=VOCAB_SIZE, stop_ids=(EOS_ID, EOT_ID), chat=True,
-                         gen_length=cfg.gen_length, block_length=block_length, template=cfg.template, tier=tier)
+    return CountdownTask(
+        tokenizer=str(directory),
+        mask_id=MASK_ID,
+        vocab_size=VOCAB_SIZE,
+        stop_ids=(EOS_ID, EOT_ID),
+        chat=True,
+        gen_length=cfg.gen_length,
+        block_length=block_length,
+        template=cfg.template,
+        tier=tier,
+    )
 
 
 @hydra.main(version_base=None, config_path="conf/train", config_name="countdown")
@@ -118,10 +149,19 @@ def main(cfg: DictConfig) -> None:
     rng = np.random.default_rng(cfg.seed)
     sampler = ProblemSampler(cfg.curriculum, rng, held_out_triples())
     m = cfg.model
-    model = BidirectionalTransformer(TransformerConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=m.d_model, num_layers=m.n_layers, num_heads=m.n_heads, num_kv_heads=m.n_heads,
-        intermediate_size=m.mlp_hidden_size, max_length=m.max_sequence_length, rope_theta=500000.0, tie_embeddings=False,
-    ))
+    model = BidirectionalTransformer(
+        TransformerConfig(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=m.d_model,
+            num_layers=m.n_layers,
+            num_heads=m.n_heads,
+            num_kv_heads=m.n_heads,
+            intermediate_size=m.mlp_hidden_size,
+            max_length=m.max_sequence_length,
+            rope_theta=500000.0,
+            tie_embeddings=False,
+        )
+    )
     for name, parameter in model.named_parameters():
         if parameter.dim() == 2:
             torch.nn.init.normal_(parameter, std=0.02)
@@ -130,14 +170,19 @@ def main(cfg: DictConfig) -> None:
     checkpoints = Checkpointer(out, model, optimizer, generator, rng)
 
     def batch_loss(done: float) -> tuple[torch.Tensor, dict[str, float]]:
-        tokens, attention, start = encode_batch(task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length)
+        tokens, attention, start = encode_batch(
+            task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length
+        )
         loss, plain = sft_loss(model, tokens, attention, start, generator)
         return loss, {"masked_ce": plain}
 
     def on_checkpoint(step: int, seconds: float, done: float) -> dict:
         save_llada(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
         adapter = ModelAdapter(module=model, mask_id=MASK_ID, vocab_size=VOCAB_SIZE, max_length=m.max_sequence_length)
-        measured = [checkpoint_accuracy(adapter, task, eval_items, decoder, ("task=countdown",)) for decoder in cfg.eval_decoders]
+        measured = [
+            checkpoint_accuracy(adapter, task, eval_items, decoder, ("task=countdown",))
+            for decoder in cfg.eval_decoders
+        ]
         tqdm.write(f"checkpoint step {step}: " + ", ".join(f"{e['decoder']} {e['accuracy']:.3f}" for e in measured))
         return {"numbers_up_to": sampler.high(done), "eval_tier": cfg.eval_tier, "eval": measured}
 

@@ -28,14 +28,24 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
+from train_countdown import (
+    EOS_ID,
+    EOT_ID,
+    MASK_ID,
+    VOCAB_SIZE,
+    ProblemSampler,
+    countdown_task,
+    encode_batch,
+    held_out_triples,
+    write_countdown_tokenizer,
+)
 
 from dlmsearch.core import attention as pattern
+from dlmsearch.models.sdar_checkpoint import save_sdar
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.tasks.countdown import load_countdown, shipped_countdown_path
 from dlmsearch.tasks.countdown_problems import CountdownProblem, solutions
 from dlmsearch.training import Checkpointer, TrainingLoop
-from dlmsearch.models.sdar_checkpoint import save_sdar
-from train_countdown import EOS_ID, EOT_ID, MASK_ID, VOCAB_SIZE, ProblemSampler, countdown_task, encode_batch, held_out_triples, write_countdown_tokenizer
 
 
 def block_ids(attention: torch.Tensor, block_length: int) -> torch.Tensor:
@@ -44,7 +54,9 @@ def block_ids(attention: torch.Tensor, block_length: int) -> torch.Tensor:
     return torch.where(attention, pattern.positions(attention) // block_length, -1)
 
 
-def clean_noisy_layout(attention: torch.Tensor, block_length: int, noisy_from: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def clean_noisy_layout(
+    attention: torch.Tensor, block_length: int, noisy_from: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``[rows, W + N, W + N]`` attention (query may attend to key) and ``[rows, W + N]``
     positions of a ``[clean | noisy]`` row whose noisy copy holds columns ``noisy_from:`` only
     (``N = W - noisy_from``): clean attends to clean blocks up to its own, noisy to its own noisy
@@ -66,8 +78,14 @@ def clean_noisy_layout(attention: torch.Tensor, block_length: int, noisy_from: i
 
 
 def block_sft_loss(
-    model: BidirectionalTransformer, tokens: torch.Tensor, attention: torch.Tensor, start: int, block_length: int, generator: torch.Generator,
-    rate: torch.Tensor | None = None, mask_id: int = MASK_ID,
+    model: BidirectionalTransformer,
+    tokens: torch.Tensor,
+    attention: torch.Tensor,
+    start: int,
+    block_length: int,
+    generator: torch.Generator,
+    rate: torch.Tensor | None = None,
+    mask_id: int = MASK_ID,
 ) -> tuple[torch.Tensor, float]:
     """Block-diffusion SFT on the response columns ``start:``: the ``1/t``-weighted loss and the plain
     masked-token cross-entropy. ``rate`` ``[rows, width]`` fixes the mask rates (held-out evaluation)."""
@@ -81,7 +99,9 @@ def block_sft_loss(
     noisy_from = max(0, start - block_length + 1)  # the earliest column of a block that holds a response token
     layout, positions = clean_noisy_layout(attention, block_length, noisy_from)
     noisy = torch.where(masked, mask_id, tokens)[:, noisy_from:]
-    logits, _ = model.run(torch.cat([tokens, noisy], dim=1), None, width + start - noisy_from, attention=layout, positions=positions)
+    logits, _ = model.run(
+        torch.cat([tokens, noisy], dim=1), None, width + start - noisy_from, attention=layout, positions=positions
+    )
     chosen = masked[:, start:]
     losses = torch.nn.functional.cross_entropy(logits[chosen], tokens[:, start:][chosen], reduction="none")
     weights = (1.0 / rate[:, start:])[chosen]
@@ -97,11 +117,22 @@ def held_out_rows(tier: str, count: int) -> list[tuple[CountdownProblem, str]]:
 def build_model(m: DictConfig, block_length: int) -> BidirectionalTransformer:
     """SDAR's architecture at the configured size: q/k norm, grouped-query attention, untied head,
     block-causal attention over ``block_length`` (training passes its own ``[clean | noisy]`` layout)."""
-    return BidirectionalTransformer(TransformerConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=m.d_model, num_layers=m.n_layers, num_heads=m.n_heads, num_kv_heads=m.n_kv_heads,
-        intermediate_size=m.mlp_hidden_size, max_length=m.max_sequence_length, rope_theta=m.rope_theta, rms_norm_eps=1e-6,
-        qk_norm=True, tie_embeddings=False, block_size=block_length,
-    ))
+    return BidirectionalTransformer(
+        TransformerConfig(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=m.d_model,
+            num_layers=m.n_layers,
+            num_heads=m.n_heads,
+            num_kv_heads=m.n_kv_heads,
+            intermediate_size=m.mlp_hidden_size,
+            max_length=m.max_sequence_length,
+            rope_theta=m.rope_theta,
+            rms_norm_eps=1e-6,
+            qk_norm=True,
+            tie_embeddings=False,
+            block_size=block_length,
+        )
+    )
 
 
 @hydra.main(version_base=None, config_path="conf/train", config_name="countdown_block")
@@ -127,12 +158,24 @@ def main(cfg: DictConfig) -> None:
         model.eval()
         tokens, attention, start = encode_batch(task, held_out, cfg.gen_length)
         with torch.no_grad():
-            values = [block_sft_loss(model, tokens, attention, start, cfg.block_length, torch.Generator().manual_seed(7), torch.full(tokens.shape, r))[1]
-                      for r in (0.1, 0.3, 0.5, 0.7, 0.9)]
+            values = [
+                block_sft_loss(
+                    model,
+                    tokens,
+                    attention,
+                    start,
+                    cfg.block_length,
+                    torch.Generator().manual_seed(7),
+                    torch.full(tokens.shape, r),
+                )[1]
+                for r in (0.1, 0.3, 0.5, 0.7, 0.9)
+            ]
         return float(np.mean(values))
 
     def batch_loss(done: float) -> tuple[torch.Tensor, dict[str, float]]:
-        tokens, attention, start = encode_batch(task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length)
+        tokens, attention, start = encode_batch(
+            task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length
+        )
         loss, plain = block_sft_loss(model, tokens, attention, start, cfg.block_length, generator)
         return loss, {"masked_ce": plain}
 
@@ -143,7 +186,9 @@ def main(cfg: DictConfig) -> None:
         return record
 
     TrainingLoop(cfg, checkpoints).run(batch_loss, on_checkpoint)
-    save_sdar(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)  # the weights reached (a finished run exports them again)
+    save_sdar(
+        model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID
+    )  # the weights reached (a finished run exports them again)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ class GridSampler:
         return grids[keep]
 
 
-def masked_diffusion_loss(model: BidirectionalDenoiser, tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def masked_diffusion_loss(
+    model: BidirectionalDenoiser, tokens: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
     """Mean cross-entropy on cells masked with a per-grid rate t ~ U(0, 1)."""
     rows, length = tokens.shape
     rate = torch.rand(rows, 1, generator=generator)

@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+ruff check . && ruff format --check .  # the linter and the layout (pyproject.toml [tool.ruff])
 python -m pytest -q -p no:cacheprovider -n auto tests
 bash scripts/check_wheel.sh

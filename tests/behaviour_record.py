@@ -23,20 +23,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import NoRepeatVerifier, make_requests, text_decoder  # noqa: E402
-from dlmsearch.config import build, compose, decoder_presets  # noqa: E402
-from dlmsearch.models.loading import load_denoiser  # noqa: E402
-from dlmsearch.search.driver import DecodeRequest  # noqa: E402
-from dlmsearch.search.engine.rollout import RolloutEngine  # noqa: E402
-from dlmsearch.tasks.sudoku import SudokuTask  # noqa: E402
-from test_text_batching import GEN, MASK_ID, adapter_for  # noqa: E402
+from conftest import NoRepeatVerifier, make_requests, text_decoder
+from test_text_batching import GEN, MASK_ID, adapter_for
+
+from dlmsearch.config import build, compose, decoder_presets
+from dlmsearch.models.loading import load_denoiser
+from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.tasks.sudoku import SudokuTask
 
 RECORD = Path(__file__).resolve().parent / "data" / "behaviour.json"
 PUZZLES = 6
 CACHED = ("fast_dllm", "adalook", "best_of_n")
 # The block-diffusion families' own presets are pinned by their parity with the reference loops
 # (tests/test_block_diffusion_parity.py) and tests/test_block_diffusion.py, not recorded here.
-BLOCK_PRESETS = frozenset({"sdar", "sdar_greedy", "sdar_static", "sdar_sequential", "entropy_bounded", "llada2", "llada21"})
+BLOCK_PRESETS = frozenset(
+    {"sdar", "sdar_greedy", "sdar_static", "sdar_sequential", "entropy_bounded", "llada2", "llada21"}
+)
 
 
 def recorded_presets() -> list[str]:
@@ -64,12 +67,16 @@ def record() -> dict[str, list]:
             out[f"sudoku/{tier}/{preset}"] = [digest(r) for r in results]
     for family in ("llada", "dream"):
         adapter = adapter_for(family, True)
-        requests = make_requests([3, 0, 5, 2], GEN, seed=1, fixed=2, mask_id=MASK_ID)  # the text models' own mask: every request decodes
+        requests = make_requests(
+            [3, 0, 5, 2], GEN, seed=1, fixed=2, mask_id=MASK_ID
+        )  # the text models' own mask: every request decodes
         for preset in recorded_presets():
             for cache in ("none", "prefix", "dual") if preset in CACHED else ("none",):
                 engine = RolloutEngine(adapter=adapter, cache=cache)
                 try:
-                    results = text_decoder(preset, gen_length=GEN).decode(engine, requests, 8, verifier=NoRepeatVerifier())
+                    results = text_decoder(preset, gen_length=GEN).decode(
+                        engine, requests, 8, verifier=NoRepeatVerifier()
+                    )
                 except ValueError:  # a combination the decoder refuses (WINO's shadow block on Dream's shifted logits)
                     out[f"text/{family}/{preset}/{cache}"] = ["refused"]
                     continue

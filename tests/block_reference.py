@@ -39,7 +39,9 @@ import sys
 import types
 from pathlib import Path
 
-UPSTREAM = Path(os.environ.get("DLMSEARCH_BLOCK_UPSTREAM") or Path(__file__).resolve().parents[2] / "shared" / "upstream")
+UPSTREAM = Path(
+    os.environ.get("DLMSEARCH_BLOCK_UPSTREAM") or Path(__file__).resolve().parents[2] / "shared" / "upstream"
+)
 PIPELINES = UPSTREAM / "llada2" / "dllm" / "pipelines"
 REFERENCE = {"sdar": UPSTREAM / "sdar", "llada2": PIPELINES / "llada2", "llada21": PIPELINES / "llada21"}
 NEEDED = {
@@ -48,8 +50,13 @@ NEEDED = {
     "llada21": ("sampler.py", "models/modeling_llada21_moe.py", "../../core/samplers/base.py"),
 }
 VERSIONS = {"sdar": "4.52.4", "llada2": "4.57.6", "llada21": "4.57.6"}
-TRANSFORMERS = {family: Path(__file__).resolve().parents[1] / ".venv" / "reference" / f"transformers-{v}" for family, v in VERSIONS.items()}
-QK_NORM_GAIN = 2.0  # q/k RMSNorm weights: sharp, position-dependent attention (the projections' gain is normalised away)
+TRANSFORMERS = {
+    family: Path(__file__).resolve().parents[1] / ".venv" / "reference" / f"transformers-{v}"
+    for family, v in VERSIONS.items()
+}
+QK_NORM_GAIN = (
+    2.0  # q/k RMSNorm weights: sharp, position-dependent attention (the projections' gain is normalised away)
+)
 
 
 def missing_reason(family: str) -> str | None:
@@ -94,7 +101,9 @@ def _stand_ins() -> None:
 
 
 def _load(name: str, path: Path, package: bool = False):
-    spec = importlib.util.spec_from_file_location(name, path / "__init__.py" if package else path, submodule_search_locations=[str(path)] if package else None)
+    spec = importlib.util.spec_from_file_location(
+        name, path / "__init__.py" if package else path, submodule_search_locations=[str(path)] if package else None
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -104,11 +113,17 @@ def _load(name: str, path: Path, package: bool = False):
 def _sharpen(model, options: dict, residual_writers: list[str], embedding: str) -> None:
     """``tiny_checkpoints._adjust_weights``, then the q/k norms at :data:`QK_NORM_GAIN`."""
     import torch
-
     from tiny_checkpoints import _adjust_weights
 
-    _adjust_weights(model, seed=options["seed"], embedding=embedding, head="lm_head.weight", residual_writers=residual_writers,
-                    mask_id=options["mask_id"], sharpness=options["sharpness"])
+    _adjust_weights(
+        model,
+        seed=options["seed"],
+        embedding=embedding,
+        head="lm_head.weight",
+        residual_writers=residual_writers,
+        mask_id=options["mask_id"],
+        sharpness=options["sharpness"],
+    )
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight", "query_layernorm.weight", "key_layernorm.weight")):
@@ -131,12 +146,24 @@ def build(family: str, directory: Path, options: dict) -> None:
     config_class, model_class = _model_class(family)
     fields = {k: v for k, v in options.items() if k not in ("seed", "sharpness", "mask_id", "eos_id", "block_size")}
     extra = {"fuse_cross_entropy": False} if family == "sdar" else {}
-    config = config_class(**fields, **extra, mask_token_id=options["mask_id"], eos_token_id=options["eos_id"], pad_token_id=options["eos_id"])
+    config = config_class(
+        **fields,
+        **extra,
+        mask_token_id=options["mask_id"],
+        eos_token_id=options["eos_id"],
+        pad_token_id=options["eos_id"],
+    )
     config._attn_implementation = "sdpa"
     model = model_class(config).eval()
     params = dict(model.named_parameters())
-    writers = [name for name in params if name.endswith(("self_attn.o_proj.weight", "attention.dense.weight", "down_proj.weight"))]
-    _sharpen(model, options, writers, "model.embed_tokens.weight" if family == "sdar" else "model.word_embeddings.weight")
+    writers = [
+        name
+        for name in params
+        if name.endswith(("self_attn.o_proj.weight", "attention.dense.weight", "down_proj.weight"))
+    ]
+    _sharpen(
+        model, options, writers, "model.embed_tokens.weight" if family == "sdar" else "model.word_embeddings.weight"
+    )
     generator = torch.Generator().manual_seed(options["seed"] + 1)
     with torch.no_grad():
         for name, buffer in model.named_buffers():
@@ -145,8 +172,15 @@ def build(family: str, directory: Path, options: dict) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith("inv_freq")}
     save_file(state, str(directory / "model.safetensors"))
-    model_type, architecture = ("sdar", "SDARForCausalLM") if family == "sdar" else ("llada2_moe", "LLaDA2MoeModelLM")  # LLaDA2.1: the same
-    written = {**config.to_dict(), "model_type": model_type, "architectures": [architecture], "block_size": options["block_size"]}
+    model_type, architecture = (
+        ("sdar", "SDARForCausalLM") if family == "sdar" else ("llada2_moe", "LLaDA2MoeModelLM")
+    )  # LLaDA2.1: the same
+    written = {
+        **config.to_dict(),
+        "model_type": model_type,
+        "architectures": [architecture],
+        "block_size": options["block_size"],
+    }
     (directory / "config.json").write_text(json.dumps(written, indent=2))
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": options["eos_id"]}))
 
@@ -165,12 +199,16 @@ def run(family: str, directory: Path, requests: list[dict], seed: int) -> list[d
     model = model_class(config).eval()
     missing, unexpected = model.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
     assert not unexpected and all(name.endswith("inv_freq") for name in missing), (missing[:5], unexpected[:5])
-    generate = _load("dlmsearch_upstream_sdar_generate", REFERENCE["sdar"] / "generate.py") if family == "sdar" else None
+    generate = (
+        _load("dlmsearch_upstream_sdar_generate", REFERENCE["sdar"] / "generate.py") if family == "sdar" else None
+    )
     topk, multinomial_of_torch = torch.topk, torch.multinomial
 
     def stable_topk(values, k, dim=-1, largest=True, sorted=True):
         order = torch.sort(values, dim=dim, descending=largest, stable=True)
-        return torch.return_types.topk((order.values.narrow(dim, 0, int(k)).contiguous(), order.indices.narrow(dim, 0, int(k)).contiguous()))
+        return torch.return_types.topk(
+            (order.values.narrow(dim, 0, int(k)).contiguous(), order.indices.narrow(dim, 0, int(k)).contiguous())
+        )
 
     results = []
     for request in requests:
@@ -181,17 +219,26 @@ def run(family: str, directory: Path, requests: list[dict], seed: int) -> list[d
                 state["calls"] += 1
                 state["positions"] = kwargs["position_ids"][0]
                 return forward(*args, **kwargs)
+
             return call
 
         def multinomial(probs, num_samples):
-            positions = state["positions"][-probs.shape[0]:]  # LLaDA2 samples the block's last columns of its forward
-            keys = [torch.tensor(seed), torch.tensor(request["uid"]), torch.tensor(state["calls"] - 1), torch.tensor(0), positions, torch.tensor(Stream.TOKEN_SAMPLE)]
+            positions = state["positions"][-probs.shape[0] :]  # LLaDA2 samples the block's last columns of its forward
+            keys = [
+                torch.tensor(seed),
+                torch.tensor(request["uid"]),
+                torch.tensor(state["calls"] - 1),
+                torch.tensor(0),
+                positions,
+                torch.tensor(Stream.TOKEN_SAMPLE),
+            ]
             return inverse_cdf(probs, hashed_uniform(keys))[:, None]
 
         torch.multinomial, torch.topk = multinomial, stable_topk
         prompt = torch.tensor([request["prompt"]])
         try:
             if family == "sdar":
+
                 class Counted:
                     """The model, counting its forwards and remembering the positions of the latest."""
 
@@ -202,28 +249,54 @@ def run(family: str, directory: Path, requests: list[dict], seed: int) -> list[d
                         return self
 
                 out = generate.block_diffusion_generate(
-                    Counted(), {"input_ids": prompt}, request["mask_id"], gen_length=request["gen_length"], block_length=request["block_length"],
-                    denoising_steps=request["steps"], temperature=request["temperature"], top_k=request.get("top_k", 0), top_p=request.get("top_p", 1.0),
-                    remasking_strategy=request["remasking"], confidence_threshold=request["threshold"], stopping_criteria_idx=request.get("stop"),
-                )[0, prompt.shape[1]:]
+                    Counted(),
+                    {"input_ids": prompt},
+                    request["mask_id"],
+                    gen_length=request["gen_length"],
+                    block_length=request["block_length"],
+                    denoising_steps=request["steps"],
+                    temperature=request["temperature"],
+                    top_k=request.get("top_k", 0),
+                    top_p=request.get("top_p", 1.0),
+                    remasking_strategy=request["remasking"],
+                    confidence_threshold=request["threshold"],
+                    stopping_criteria_idx=request.get("stop"),
+                )[0, prompt.shape[1] :]
             elif family == "llada21":
                 sys.path.insert(0, str(UPSTREAM / "llada2"))  # its sampler imports dllm.core.samplers
                 from dllm.pipelines.llada21.sampler import LLaDA21Sampler
 
                 model.forward = counted(model.forward)
-                sampler = LLaDA21Sampler(model=model, tokenizer=types.SimpleNamespace(mask_token_id=request["mask_id"], eos_token_id=request["eos_id"]))
+                sampler = LLaDA21Sampler(
+                    model=model,
+                    tokenizer=types.SimpleNamespace(mask_token_id=request["mask_id"], eos_token_id=request["eos_id"]),
+                )
                 out = sampler.sample(
-                    [prompt[0]], max_new_tokens=request["gen_length"], block_size=request["block_length"], temperature=request["temperature"],
-                    top_p=request.get("top_p"), top_k=request.get("top_k"), threshold=request["threshold"], editing_threshold=request["editing_threshold"],
+                    [prompt[0]],
+                    max_new_tokens=request["gen_length"],
+                    block_size=request["block_length"],
+                    temperature=request["temperature"],
+                    top_p=request.get("top_p"),
+                    top_k=request.get("top_k"),
+                    threshold=request["threshold"],
+                    editing_threshold=request["editing_threshold"],
                     max_post_steps=request["max_post_steps"],
-                )[0, prompt.shape[1]:]
+                )[0, prompt.shape[1] :]
                 del model.forward
             else:
                 model.forward = counted(model.forward)
                 out = model.generate(
-                    prompt, temperature=request["temperature"], block_length=request["block_length"], steps=request["steps"], gen_length=request["gen_length"],
-                    top_p=request.get("top_p"), top_k=request.get("top_k"), minimal_topk=request.get("minimal_topk", 1), threshold=request["threshold"],
-                    eos_id=request["eos_id"], mask_id=request["mask_id"],
+                    prompt,
+                    temperature=request["temperature"],
+                    block_length=request["block_length"],
+                    steps=request["steps"],
+                    gen_length=request["gen_length"],
+                    top_p=request.get("top_p"),
+                    top_k=request.get("top_k"),
+                    minimal_topk=request.get("minimal_topk", 1),
+                    threshold=request["threshold"],
+                    eos_id=request["eos_id"],
+                    mask_id=request["mask_id"],
                 )[0]
                 del model.forward
         finally:
@@ -242,7 +315,10 @@ def main() -> None:
     family, directory = spec["family"], Path(spec["directory"])
     if spec.get("build"):
         build(family, directory, spec["build"])
-    answer = {"transformers": __import__("transformers").__version__, "results": run(family, directory, spec.get("requests", []), spec.get("seed", 0))}
+    answer = {
+        "transformers": __import__("transformers").__version__,
+        "results": run(family, directory, spec.get("requests", []), spec.get("seed", 0)),
+    }
     Path(sys.argv[2]).write_text(json.dumps(answer))
 
 

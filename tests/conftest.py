@@ -9,9 +9,9 @@ import attrs
 import pytest
 import torch
 
+from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.denoiser import BidirectionalDenoiser, DenoiserConfig
-from dlmsearch.config import build, compose
 from dlmsearch.search.driver import DecodeRequest, SearchDecoder
 
 torch.set_num_threads(1)
@@ -24,6 +24,8 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
 # The experiment scripts (training, tiers) are tested too: they import as modules from here.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
@@ -31,12 +33,23 @@ VOCAB = 24
 MASK_ID = 23
 
 
-def tiny_denoiser(vocab: int = VOCAB, mask_id: int = MASK_ID, max_len: int = 96, seed: int = 0, sharpness: float = 6.0, grid_side: int = 0) -> BidirectionalDenoiser:
+def tiny_denoiser(
+    vocab: int = VOCAB,
+    mask_id: int = MASK_ID,
+    max_len: int = 96,
+    seed: int = 0,
+    sharpness: float = 6.0,
+    grid_side: int = 0,
+) -> BidirectionalDenoiser:
     """A random 2-layer denoiser whose confidences spread over (0, 1): its head is scaled up so
     that thresholds, triggers and lookahead all see a mix of confident and unsure positions.
     The mask logit is pushed far down, as a trained model's is."""
     torch.manual_seed(seed)
-    model = BidirectionalDenoiser(DenoiserConfig(vocab_size=vocab, max_len=max_len, d_model=32, n_layers=2, n_heads=2, d_ff=64, grid_side=grid_side))
+    model = BidirectionalDenoiser(
+        DenoiserConfig(
+            vocab_size=vocab, max_len=max_len, d_model=32, n_layers=2, n_heads=2, d_ff=64, grid_side=grid_side
+        )
+    )
     with torch.no_grad():
         model.head.weight.mul_(sharpness)
         model.head.bias[mask_id] = -30.0
@@ -47,7 +60,9 @@ def cached_adapter() -> ModelAdapter:
     """A tiny native transformer (it can cache keys and values), for checks that need engine.cache."""
     from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 
-    config = TransformerConfig(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32, max_length=64)
+    config = TransformerConfig(
+        vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32, max_length=64
+    )
     return ModelAdapter(module=BidirectionalTransformer(config), mask_id=MASK_ID, vocab_size=VOCAB)
 
 
@@ -56,7 +71,9 @@ def adapter() -> ModelAdapter:
     return ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB)
 
 
-def make_requests(prompt_lengths: list[int], gen_length: int, seed: int = 0, fixed: int = 0, mask_id: int = MASK_ID) -> list[DecodeRequest]:
+def make_requests(
+    prompt_lengths: list[int], gen_length: int, seed: int = 0, fixed: int = 0, mask_id: int = MASK_ID
+) -> list[DecodeRequest]:
     """Requests with random prompts of the given lengths (ids below ``mask_id``, the model's mask:
     the tiny models put it last); ``fixed`` random pre-filled generation cells."""
     generator = torch.Generator().manual_seed(seed)
@@ -122,5 +139,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TextCheck
         upstream = build_checkpoint(root / "model")
         build_checkpoint(root / "sharded", shards=2)
         write_tokenizer(root / "model", family)
-        specs[family] = TextCheckpoint(root / "model", root / "sharded", upstream, cfg.mask_id, cfg.vocab_size, list(cfg.stop_ids))
+        specs[family] = TextCheckpoint(
+            root / "model", root / "sharded", upstream, cfg.mask_id, cfg.vocab_size, list(cfg.stop_ids)
+        )
     return specs

@@ -34,7 +34,15 @@ class PoisonsClue(nn.Module):
         return torch.where((input_ids[:, :1] == self.token)[..., None], torch.nan, logits)
 
 
-def faulty_sudoku(kind: str, value: int, path: str | None = None, mask_id: int = 9, vocab_size: int = 10, device: str = "cpu", dtype: str = "float32") -> ModelAdapter:
+def faulty_sudoku(
+    kind: str,
+    value: int,
+    path: str | None = None,
+    mask_id: int = 9,
+    vocab_size: int = 10,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> ModelAdapter:
     """The shipped Sudoku model wrapped in ``FailsAbove`` (kind=rows) or ``PoisonsClue`` (kind=clue)."""
     adapter = load_denoiser(path, mask_id, vocab_size, device, dtype)
     adapter.module = FailsAbove(adapter.module, value) if kind == "rows" else PoisonsClue(adapter.module, value)

@@ -17,12 +17,27 @@ LISTENING = re.compile(r"listening on (http://\S+)")
 
 
 @contextmanager
-def running_server(overrides: list[str], cwd: str | None = None, timeout_s: float = 120.0, threads: int = 1) -> Iterator[tuple[subprocess.Popen, str, list[str]]]:
+def running_server(
+    overrides: list[str], cwd: str | None = None, timeout_s: float = 120.0, threads: int = 1
+) -> Iterator[tuple[subprocess.Popen, str, list[str]]]:
     """The server process (run in ``cwd``, where Hydra writes nothing), its base URL and its output lines so far (still collected)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "dlmsearch.serve", "serve.host=127.0.0.1", "serve.port=0", "hydra.run.dir=.", "hydra.output_subdir=null", *overrides],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
+        [
+            sys.executable,
+            "-m",
+            "dlmsearch.serve",
+            "serve.host=127.0.0.1",
+            "serve.port=0",
+            "hydra.run.dir=.",
+            "hydra.output_subdir=null",
+            *overrides,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=cwd,
     )
     lines: list[str] = []
     found: list[str] = []
@@ -58,7 +73,7 @@ def metric(server: str, name: str) -> float:
     import httpx
 
     for line in httpx.get(server + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
+        if line.startswith((name + " ", name + "{")):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"no metric {name}")
 

@@ -12,26 +12,43 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import text_decoder
-from dlmsearch.search.engine.adaptive import DLLMCache
-from dlmsearch.search.engine.rollout import RolloutEngine
 from test_text_parity import engine_for, mixed_batch
 from tiny_checkpoints import requires_upstream
 from upstream import UPSTREAM, dllm_cache_generate
 
+from dlmsearch.search.engine.adaptive import DLLMCache
+from dlmsearch.search.engine.rollout import RolloutEngine
+
 pytestmark = [
     requires_upstream,
-    pytest.mark.skipif(not (UPSTREAM.parent / "dllm-cache" / "dllm_cache").is_dir(), reason=f"dLLM-Cache's reference code not found beside {UPSTREAM}"),
+    pytest.mark.skipif(
+        not (UPSTREAM.parent / "dllm-cache" / "dllm_cache").is_dir(),
+        reason=f"dLLM-Cache's reference code not found beside {UPSTREAM}",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     ("prompt_interval", "response_interval", "ratio", "gen_length", "block_length", "steps"),
-    [(50, 7, 0.25, 16, 8, 16), (3, 2, 0.5, 16, 8, 8), (4, 3, 0.0, 24, 8, 12), (100, 5, 0.25, 16, 16, 16), (1, 1, 0.25, 16, 8, 16)],
+    [
+        (50, 7, 0.25, 16, 8, 16),
+        (3, 2, 0.5, 16, 8, 8),
+        (4, 3, 0.0, 24, 8, 12),
+        (100, 5, 0.25, 16, 16, 16),
+        (1, 1, 0.25, 16, 8, 16),
+    ],
     ids=["llada-instruct-defaults", "short-intervals", "no-adaptive-update", "one-block", "every-step"],
 )
-def test_dllm_cache_matches_its_generate(checkpoints, prompt_interval: int, response_interval: int, ratio: float, gen_length: int, block_length: int, steps: int) -> None:
+def test_dllm_cache_matches_its_generate(
+    checkpoints,
+    prompt_interval: int,
+    response_interval: int,
+    ratio: float,
+    gen_length: int,
+    block_length: int,
+    steps: int,
+) -> None:
     spec = checkpoints["llada"]
     adapter = engine_for(spec, "llada").adapter
     policy = DLLMCache(prompt_interval=prompt_interval, response_interval=response_interval, ratio=ratio)
@@ -39,10 +56,19 @@ def test_dllm_cache_matches_its_generate(checkpoints, prompt_interval: int, resp
     changed = 0  # tokens the cache changes against the uncached decode: the parity must not be vacuous
     for request in mixed_batch(spec, gen_length, seed=2):
         result = decoder.decode(RolloutEngine(adapter=adapter, cache=policy), [request], block_length)[0]
-        changed += int((result.tokens != decoder.decode(RolloutEngine(adapter=adapter), [request], block_length)[0].tokens).sum())
+        changed += int(
+            (result.tokens != decoder.decode(RolloutEngine(adapter=adapter), [request], block_length)[0].tokens).sum()
+        )
         expected = dllm_cache_generate(
-            spec.upstream, request.prompt, steps=steps, gen_length=gen_length, block_length=block_length,
-            prompt_interval=prompt_interval, response_interval=response_interval, ratio=ratio, mask_id=spec.mask_id,
+            spec.upstream,
+            request.prompt,
+            steps=steps,
+            gen_length=gen_length,
+            block_length=block_length,
+            prompt_interval=prompt_interval,
+            response_interval=response_interval,
+            ratio=ratio,
+            mask_id=spec.mask_id,
         )
         assert torch.equal(result.tokens, expected), f"prompt length {len(request.prompt)}"
     every_step = prompt_interval == response_interval == 1
@@ -54,7 +80,9 @@ def test_dllm_cache_matches_its_generate(checkpoints, prompt_interval: int, resp
 # for transformers 4.52.4 (dlmsearch's tests run 5.x). Its selection's two numerical pieces are in
 # src/utils/common.py, which needs torch alone: dlmsearch's must compute what they compute.
 D2CACHE_COMMON = UPSTREAM.parent / "d2cache" / "src" / "utils" / "common.py"
-needs_d2cache = pytest.mark.skipif(not D2CACHE_COMMON.is_file(), reason=f"d2Cache's reference code not found at {D2CACHE_COMMON}")
+needs_d2cache = pytest.mark.skipif(
+    not D2CACHE_COMMON.is_file(), reason=f"d2Cache's reference code not found at {D2CACHE_COMMON}"
+)
 
 
 def d2cache_common():

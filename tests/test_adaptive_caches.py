@@ -9,15 +9,15 @@ import functools
 
 import pytest
 import torch
-
 from conftest import NoRepeatVerifier, cached_adapter, text_decoder
+from test_session import record, renumbered
+from test_text_batching import BLOCK, GEN, adapter_for, requests_for
+
 from dlmsearch.config import build, compose
 from dlmsearch.models.layer_store import LayerStore
 from dlmsearch.search.engine.adaptive import ADAPTIVE_POLICIES, D2Cache, DKVCache, DLLMCache, ElasticCache
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.session import DecodeSession
-from test_session import record, renumbered
-from test_text_batching import BLOCK, GEN, adapter_for, requests_for
 
 torch.set_num_threads(1)
 
@@ -47,10 +47,14 @@ def test_batched_equals_alone(policy: str, family: str, preset: str) -> None:
     requests = requests_for([2, 9, 5, 12], seed=3)
     engine = RolloutEngine(adapter=adapter(family), cache=SMALL[policy], row_budget=3)
     batched = decoder.decode(engine, requests, BLOCK, verifier=verifier)
-    whole = sum(r.row_forwards * (len(q.prompt) + GEN) for q, r in zip(requests, batched))  # every row forwarding its whole canvas
+    whole = sum(
+        r.row_forwards * (len(q.prompt) + GEN) for q, r in zip(requests, batched)
+    )  # every row forwarding its whole canvas
     assert sum(r.token_forwards for r in batched) < whole, "every column was recomputed: the policy never selected"
     for request, result in zip(requests, batched):
-        [alone] = decoder.decode(RolloutEngine(adapter=adapter(family), cache=SMALL[policy]), [request], BLOCK, verifier=verifier)
+        [alone] = decoder.decode(
+            RolloutEngine(adapter=adapter(family), cache=SMALL[policy]), [request], BLOCK, verifier=verifier
+        )
         assert record(result) == record(alone), f"sample uid {request.uid}"
 
 
@@ -93,7 +97,10 @@ def test_selecting_every_column_is_the_uncached_decode(policy: str, family: str)
 def test_the_defaults_recompute_less_than_the_uncached_decode(policy: str) -> None:
     decoder = text_decoder("fast_dllm", gen_length=32)
     requests = [requests_for([6], seed=s)[0] for s in range(2)]
-    requests = [type(r)(uid=r.uid + i, prompt=r.prompt, generation=torch.full((32,), r.generation[0])) for i, r in enumerate(requests)]
+    requests = [
+        type(r)(uid=r.uid + i, prompt=r.prompt, generation=torch.full((32,), r.generation[0]))
+        for i, r in enumerate(requests)
+    ]
     uncached = decoder.decode(RolloutEngine(adapter=adapter("llada")), requests, BLOCK)
     cached = decoder.decode(RolloutEngine(adapter=adapter("llada"), cache=policy), requests, BLOCK)
     assert sum(r.token_forwards for r in cached) < sum(r.token_forwards for r in uncached)
@@ -118,13 +125,19 @@ def test_the_store_pads_widens_admits_and_reorders() -> None:
 
 
 def test_a_model_that_cannot_run_the_layerwise_forward_is_refused(adapter) -> None:
-    with pytest.raises(ValueError, match=r"^cache=dllm_cache runs the layerwise forward of the native LLaDA and Dream models; BidirectionalDenoiser cannot: use cache=none$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^cache=dllm_cache runs the layerwise forward of the native LLaDA and Dream models; BidirectionalDenoiser cannot: use cache=none$",
+    ):
         RolloutEngine(adapter=adapter, cache="dllm_cache")
 
 
 def test_a_block_diffusion_model_is_pointed_to_its_exact_cache() -> None:
     block_model = build(compose(["model=countdown_block", "model.device=cpu", "model.dtype=float32"]), "model")
-    with pytest.raises(ValueError, match=r"^cache=dkv recomputes stale keys and values of a full-attention model; this block-diffusion model .* use cache=block"):
+    with pytest.raises(
+        ValueError,
+        match=r"^cache=dkv recomputes stale keys and values of a full-attention model; this block-diffusion model .* use cache=block",
+    ):
         RolloutEngine(adapter=block_model, cache="dkv")
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from tiny_checkpoints import requires_upstream
 
 from dlmsearch.api import Decoder, Model
 from dlmsearch.config import ConfigError, compose
 from dlmsearch.run import run
 from dlmsearch.tasks.sudoku_files import load_puzzles, tier_path
 from dlmsearch.tasks.sudoku_grids import grid_to_string
-from tiny_checkpoints import requires_upstream
 
 PROMPTS = ["What is 7 * 8? Answer briefly.", "Hello there"]
 COUNTERS = ("steps", "row_forwards", "token_forwards", "tokens_committed")
@@ -37,7 +37,13 @@ def test_values_reach_the_config_verbatim(sudoku_model: Model) -> None:
 
 def test_from_preset_with_overrides(sudoku_model: Model) -> None:
     decoder = Decoder.from_preset(
-        "adalook", overrides={"decoder.expansion.max_depth": 3, "decoder.commit.threshold": 0.8, "engine.cache": "none", "seed": 5}
+        "adalook",
+        overrides={
+            "decoder.expansion.max_depth": 3,
+            "decoder.commit.threshold": 0.8,
+            "engine.cache": "none",
+            "seed": 5,
+        },
     )
     cfg = decoder.config(sudoku_model)
     assert cfg.decoder.expansion.max_depth == 3 and cfg.decoder.commit.threshold == 0.8 and cfg.engine.seed == 5
@@ -46,21 +52,30 @@ def test_from_preset_with_overrides(sudoku_model: Model) -> None:
     swapped = Decoder.from_preset("ete", overrides=["decoder/expansion=fixed_depth", "decoder.expansion.depth=3"])
     assert swapped.config(sudoku_model).decoder.expansion.depth == 3
     assert Decoder.from_preset("fast_dllm", decoding="text").config(sudoku_model).decoder.commit.threshold == 0.9
-    assert Decoder.from_preset("fast_dllm").config(sudoku_model).decoder.commit.threshold == 0.99  # the task's (Sudoku) defaults
+    assert (
+        Decoder.from_preset("fast_dllm").config(sudoku_model).decoder.commit.threshold == 0.99
+    )  # the task's (Sudoku) defaults
 
 
 def test_from_preset_mistakes_name_the_key() -> None:
     with pytest.raises(ValueError, match="unknown decoder preset 'adalok'; did you mean adalook"):
         Decoder.from_preset("adalok")
-    with pytest.raises(ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"):
+    with pytest.raises(
+        ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"
+    ):
         Decoder.from_preset("adalook", overrides={"decoder.expansion.max_dept": 3})
-    with pytest.raises(ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"):  # a string override: the same line
+    with pytest.raises(
+        ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"
+    ):  # a string override: the same line
         Decoder.from_preset("adalook", overrides=["decoder.expansion.max_dept=3"])
     with pytest.raises(ValueError, match="'decoder/expansion' is a config group"):
         Decoder.from_preset("adalook", overrides={"decoder/expansion": "../x"})
     with pytest.raises(ConfigError, match="max_depth"):
         Decoder.from_preset("adalook", overrides={"decoder.expansion.max_depth": "abc"})
-    with pytest.raises(ConfigError, match="unknown decoder/expansion 'deep'; one of: confidence_depth, fixed_depth, one_step, variance_gate"):
+    with pytest.raises(
+        ConfigError,
+        match="unknown decoder/expansion 'deep'; one of: confidence_depth, fixed_depth, one_step, variance_gate",
+    ):
         Decoder.from_preset("adalook", overrides={"decoder/expansion": "deep"})
     with pytest.raises(ValueError, match=r"'model.device' .*Model.load"):
         Decoder.from_preset("adalook", overrides={"model.device": "cpu"})
@@ -104,13 +119,34 @@ def test_text_generate_matches_the_cli(checkpoints, family: str, preset: str, ca
     stop_ids = model.config.stop_ids  # read from the checkpoint (${checkpoint:stop_ids}): a plain list
     assert list(OmegaConf.to_container(stop_ids) if OmegaConf.is_config(stop_ids) else stop_ids) == spec.stop_ids
     assert model.tokenizer.convert_tokens_to_ids(model.tokenizer.eos_token) in spec.stop_ids
-    generations = Decoder.from_preset(preset).generate(model, PROMPTS, gen_length=16, block_length=8, batch_size=2, cache=cache)
+    generations = Decoder.from_preset(preset).generate(
+        model, PROMPTS, gen_length=16, block_length=8, batch_size=2, cache=cache
+    )
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     out = tmp_path / "cli"
-    overrides = [f"+decoder={preset}", f"model={family}", f"model.path={spec.directory}", "model.device=cpu", "task=prompts", f"task.path={prompts}"]
-    run(compose([*overrides, "task.gen_length=16", "task.block_length=8", f"engine.cache={cache}", "batch_size=2", "trace=true", f"out_dir={out}"]))
+    overrides = [
+        f"+decoder={preset}",
+        f"model={family}",
+        f"model.path={spec.directory}",
+        "model.device=cpu",
+        "task=prompts",
+        f"task.path={prompts}",
+    ]
+    run(
+        compose(
+            [
+                *overrides,
+                "task.gen_length=16",
+                "task.block_length=8",
+                f"engine.cache={cache}",
+                "batch_size=2",
+                "trace=true",
+                f"out_dir={out}",
+            ]
+        )
+    )
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     traces = (out / "trace.jsonl").read_text().splitlines()
     assert len(generations) == len(records) == 2
@@ -124,8 +160,14 @@ def test_text_generate_matches_the_cli(checkpoints, family: str, preset: str, ca
 def test_width_search_on_a_text_model(checkpoints) -> None:
     """A population on a text model: particles vote over the stated answers, with the hybrid score."""
     model = Model.load("llada", path=checkpoints["llada"].directory, device="cpu")
-    overrides = ["decoder/population/choice=majority_vote", "decoder/population/score=hybrid", "decoder.population.size=3"]
-    generations = Decoder.from_preset("best_of_n", overrides=overrides).generate(model, PROMPTS, gen_length=16, block_length=8, batch_size=2)
+    overrides = [
+        "decoder/population/choice=majority_vote",
+        "decoder/population/score=hybrid",
+        "decoder.population.size=3",
+    ]
+    generations = Decoder.from_preset("best_of_n", overrides=overrides).generate(
+        model, PROMPTS, gen_length=16, block_length=8, batch_size=2
+    )
     plain = Decoder.from_preset("fast_dllm").generate(model, PROMPTS, gen_length=16, block_length=8, batch_size=2)
     for generation, single in zip(generations, plain):
         assert isinstance(generation.text, str) and 1.0 <= generation.live_particles <= 3.0

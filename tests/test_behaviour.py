@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from behaviour_record import RECORD, record
 
 # ReMDM on the shipped Sudoku model commits among confidences one or two float32 ulps apart
@@ -28,6 +27,8 @@ def comparable(key: str, entry: list) -> list:
 def test_every_preset_decodes_as_recorded() -> None:
     expected = json.loads(RECORD.read_text())
     found = record()
-    assert sorted(found) == sorted(expected), "presets were added or removed: write the record again (tests/behaviour_record.py --write)"
+    assert sorted(found) == sorted(expected), (
+        "presets were added or removed: write the record again (tests/behaviour_record.py --write)"
+    )
     changed = [key for key in expected if comparable(key, found[key]) != comparable(key, expected[key])]
     assert not changed, f"decoding changed for {len(changed)} entries, e.g. {changed[:5]}"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import NoRepeatVerifier, text_decoder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import NoRepeatVerifier, text_decoder
 from dlmsearch.config import decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.families import UnsupportedCheckpoint
@@ -32,8 +32,19 @@ def tiny_sdar(seed: int = 0) -> BidirectionalTransformer:
     block-causal over blocks of 4), its head and q/k norms scaled so that confidences spread."""
     torch.manual_seed(seed)
     config = TransformerConfig(
-        vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=12, intermediate_size=64,
-        max_length=128, rope_theta=1e4, rms_norm_eps=1e-6, qk_norm=True, rope_in_float32=False, block_size=BLOCK,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=12,
+        intermediate_size=64,
+        max_length=128,
+        rope_theta=1e4,
+        rms_norm_eps=1e-6,
+        qk_norm=True,
+        rope_in_float32=False,
+        block_size=BLOCK,
     )
     model = BidirectionalTransformer(config)
     with torch.no_grad():
@@ -65,7 +76,9 @@ def decoder_for(preset: str):
 def requests_for(lengths: list[int], seed: int) -> list[DecodeRequest]:
     generator = torch.Generator().manual_seed(seed)
     return [
-        DecodeRequest(uid=uid, prompt=torch.randint(0, EOS, (n,), generator=generator), generation=torch.full((GEN,), MASK_ID))
+        DecodeRequest(
+            uid=uid, prompt=torch.randint(0, EOS, (n,), generator=generator), generation=torch.full((GEN,), MASK_ID)
+        )
         for uid, n in enumerate(lengths)
     ]
 
@@ -83,7 +96,13 @@ def refusal(engine: RolloutEngine, preset: str) -> str | None:
 
 def test_the_checkpoint_loads_as_sdar_with_its_block(adapter) -> None:
     able = adapter.capabilities
-    assert (able.attention_block, able.cache_policies, able.shadow, able.mask_id, able.stop_ids) == (BLOCK, ("none", "block"), False, MASK_ID, (EOS, EOT))
+    assert (able.attention_block, able.cache_policies, able.shadow, able.mask_id, able.stop_ids) == (
+        BLOCK,
+        ("none", "block"),
+        False,
+        MASK_ID,
+        (EOS, EOT),
+    )
 
 
 def test_a_block_aligned_request_keeps_prompt_tokens_in_place() -> None:
@@ -91,7 +110,10 @@ def test_a_block_aligned_request_keeps_prompt_tokens_in_place() -> None:
     assert head.tolist() == [0, 1, 2, 3] and region == (2, 8)  # positions 4, 5 lead the first decoded block
     assert template.tolist() == [4, 5] + [MASK_ID] * 6 and len(template) == aligned_generation_length(5, BLOCK) == 8
     head, template, region = block_aligned(torch.arange(8), torch.full((4,), MASK_ID), BLOCK, MASK_ID)
-    assert head.tolist() == list(range(8)) and region == (0, 4)  # whole prompt blocks: the longest region needs one block more
+    assert head.tolist() == list(range(8)) and region == (
+        0,
+        4,
+    )  # whole prompt blocks: the longest region needs one block more
     assert template.tolist() == [MASK_ID] * 4 + [-1] * 4
 
 
@@ -99,7 +121,9 @@ def test_a_block_aligned_request_keeps_prompt_tokens_in_place() -> None:
 @pytest.mark.parametrize("preset", decoder_presets())
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lengths=st.lists(st.integers(1, 11), min_size=2, max_size=4), seed=st.integers(0, 1000))
-def test_every_decoder_is_batch_invariant_on_a_block_model(adapter, preset: str, cache: str, lengths: list[int], seed: int) -> None:
+def test_every_decoder_is_batch_invariant_on_a_block_model(
+    adapter, preset: str, cache: str, lengths: list[int], seed: int
+) -> None:
     """Prompts of different lengths align to blocks differently; each gets what it gets alone
     (lookahead branches and particles forward their block against the shared exact prefix)."""
     policy = BlockCache(fuse_write=True) if cache == "block_fused" else cache
@@ -114,11 +138,33 @@ def test_every_decoder_is_batch_invariant_on_a_block_model(adapter, preset: str,
     for request, together in zip(requests, batched):
         [alone] = decoder.decode(engine, [request], BLOCK, verifier=verifier)
         assert torch.equal(together.tokens, alone.tokens), f"{preset}: prompt of length {len(request.prompt)}"
-        assert (together.steps, together.row_forwards, together.token_forwards) == (alone.steps, alone.row_forwards, alone.token_forwards)
-        assert len(together.tokens) == -(-(len(request.prompt) + GEN) // BLOCK) * BLOCK - len(request.prompt)  # to the end of its last block
+        assert (together.steps, together.row_forwards, together.token_forwards) == (
+            alone.steps,
+            alone.row_forwards,
+            alone.token_forwards,
+        )
+        assert len(together.tokens) == -(-(len(request.prompt) + GEN) // BLOCK) * BLOCK - len(
+            request.prompt
+        )  # to the end of its last block
 
 
-@pytest.mark.parametrize("preset", ["sdar_greedy", "sdar", "fast_dllm", "adalook", "fixed_depth", "beam", "best_of_n", "smc", "rcr", "remdm", "eb_sampler", "klass"])
+@pytest.mark.parametrize(
+    "preset",
+    [
+        "sdar_greedy",
+        "sdar",
+        "fast_dllm",
+        "adalook",
+        "fixed_depth",
+        "beam",
+        "best_of_n",
+        "smc",
+        "rcr",
+        "remdm",
+        "eb_sampler",
+        "klass",
+    ],
+)
 def test_the_block_cache_is_exact(adapter, preset: str) -> None:
     """At temperature 0 the exact cache changes no token (with lookahead, populations and revisions
     too), and computes fewer positions per row (cached rows are not merged where particles hold the
@@ -130,9 +176,13 @@ def test_the_block_cache_is_exact(adapter, preset: str) -> None:
             decoder.decode(RolloutEngine(adapter=adapter, cache="block"), requests, BLOCK)
         return
     full = decoder.decode(RolloutEngine(adapter=adapter), requests, BLOCK, verifier=NoRepeatVerifier())
-    sampled = decoder.sampling.temperature or decoder.population.size > 1  # draws are keyed by the call: separate writes shift them
+    sampled = (
+        decoder.sampling.temperature or decoder.population.size > 1
+    )  # draws are keyed by the call: separate writes shift them
     for policy in [BlockCache(fuse_write=True)] + ([] if sampled else [BlockCache()]):
-        cached = decoder.decode(RolloutEngine(adapter=adapter, cache=policy), requests, BLOCK, verifier=NoRepeatVerifier())
+        cached = decoder.decode(
+            RolloutEngine(adapter=adapter, cache=policy), requests, BLOCK, verifier=NoRepeatVerifier()
+        )
         for a, b in zip(full, cached):
             assert torch.equal(a.tokens, b.tokens), (preset, policy)
             assert b.token_forwards / b.row_forwards < a.token_forwards / a.row_forwards
@@ -163,8 +213,12 @@ def test_bad_inputs_fail_in_one_line(sdar_dir, adapter, tmp_path) -> None:
     with pytest.raises(UnsupportedCheckpoint, match="holds a sdar checkpoint; use model=sdar"):
         load_text_model(str(sdar_dir), "llada", device="cpu", dtype="float32")
     engine = RolloutEngine(adapter=adapter, cache="block")
-    long_prompt = DecodeRequest(uid=0, prompt=torch.zeros(118, dtype=torch.long), generation=torch.full((GEN,), MASK_ID))
-    with pytest.raises(ValueError, match=r"prompt 118 \+ generation 12\) is 132 tokens, longer than the model's maximum length of 128"):
+    long_prompt = DecodeRequest(
+        uid=0, prompt=torch.zeros(118, dtype=torch.long), generation=torch.full((GEN,), MASK_ID)
+    )
+    with pytest.raises(
+        ValueError, match=r"prompt 118 \+ generation 12\) is 132 tokens, longer than the model's maximum length of 128"
+    ):
         decoder_for("sdar").decode(engine, [long_prompt], BLOCK)
 
 
@@ -173,18 +227,36 @@ def test_a_checkpoint_the_native_model_cannot_represent_fails_with_the_key(tmp_p
 
     from dlmsearch.models.families import family_of
 
-    base = {"model_type": "llada2_moe", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "intermediate_size": 64, "use_bias": False, "use_qkv_bias": False, "use_qk_norm": True, "norm_head": False}
+    base = {
+        "model_type": "llada2_moe",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 64,
+        "use_bias": False,
+        "use_qkv_bias": False,
+        "use_qk_norm": True,
+        "norm_head": False,
+    }
     with pytest.raises(UnsupportedCheckpoint, match="num_experts=8 but no n_group, topk_group"):
-        family_of(base, "x").read_config({**base, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16})
+        family_of(base, "x").read_config(
+            {**base, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+        )
     with pytest.raises(UnsupportedCheckpoint, match="has use_bias=True"):
         family_of(base, "x").read_config({**base, "use_bias": True})
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
-    with pytest.raises(UnsupportedCheckpoint, match="model_type='mamba'.*supported model_type values: llada, Dream, dream, sdar, llada2_moe"):
+    with pytest.raises(
+        UnsupportedCheckpoint,
+        match="model_type='mamba'.*supported model_type values: llada, Dream, dream, sdar, llada2_moe",
+    ):
         load_text_model(str(tmp_path), "sdar", mask_id=1, vocab_size=8, stop_ids=[2], device="cpu", dtype="float32")
 
 
-@pytest.mark.parametrize("preset,cache", [("sdar", "block"), ("adalook", "block_fused"), ("llada21", "block"), ("smc", "block")])
+@pytest.mark.parametrize(
+    "preset,cache", [("sdar", "block"), ("adalook", "block_fused"), ("llada21", "block"), ("smc", "block")]
+)
 def test_a_session_admits_and_evicts_block_aligned_samples(adapter, preset: str, cache: str) -> None:
     """Continuous batching over block-aligned canvases: a longer prompt joins (the canvases and the
     stored keys and values widen), a sample leaves; everyone else decodes what it decodes alone."""
@@ -195,7 +267,9 @@ def test_a_session_admits_and_evicts_block_aligned_samples(adapter, preset: str,
     decoder, verifier = decoder_for(preset), NoRepeatVerifier()
     session = DecodeSession.open(decoder, engine, GEN, BLOCK, verifier)
     first = requests_for([3, 6, 5], seed=1)
-    later = [DecodeRequest(uid=100 + r.uid, prompt=r.prompt, generation=r.generation) for r in requests_for([11, 2], seed=2)]
+    later = [
+        DecodeRequest(uid=100 + r.uid, prompt=r.prompt, generation=r.generation) for r in requests_for([11, 2], seed=2)
+    ]
     session.admit(first)
     finished = {r.uid: r for r in session.step() + session.step()}
     session.admit(later)
@@ -208,4 +282,8 @@ def test_a_session_admits_and_evicts_block_aligned_samples(adapter, preset: str,
     for request in [r for r in first + later if r.uid != victim]:
         [alone] = decoder.decode(RolloutEngine(adapter=adapter, cache=policy), [request], BLOCK, verifier=verifier)
         got = finished[request.uid]
-        assert torch.equal(got.tokens, alone.tokens) and (got.steps, got.row_forwards, got.token_forwards) == (alone.steps, alone.row_forwards, alone.token_forwards)
+        assert torch.equal(got.tokens, alone.tokens) and (got.steps, got.row_forwards, got.token_forwards) == (
+            alone.steps,
+            alone.row_forwards,
+            alone.token_forwards,
+        )

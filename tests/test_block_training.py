@@ -4,17 +4,25 @@ gives every noisy block the context decoding gives it, and q/k norm is part of t
 from __future__ import annotations
 
 import torch
+from train_countdown_block import block_ids, block_sft_loss, clean_noisy_layout
 
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
-from train_countdown_block import block_ids, block_sft_loss, clean_noisy_layout
 
 VOCAB, MASK = 32, 31
 
 
 def tiny(qk_norm: bool = True) -> BidirectionalTransformer:
     torch.manual_seed(0)
-    config = TransformerConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
-                               max_length=64, qk_norm=qk_norm)
+    config = TransformerConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        max_length=64,
+        qk_norm=qk_norm,
+    )
     return BidirectionalTransformer(config).eval()
 
 
@@ -55,7 +63,16 @@ def test_the_loss_trains_response_tokens_only_and_qk_norm_has_weights() -> None:
     assert "blocks.0.q_norm.weight" not in dict(tiny(qk_norm=False).named_parameters())
     tokens = torch.randint(0, MASK, (3, 12), generator=torch.Generator().manual_seed(1))
     attention = torch.ones_like(tokens, dtype=torch.bool)
-    loss, plain = block_sft_loss(model.train(), tokens, attention, 8, 4, torch.Generator().manual_seed(2), torch.full(tokens.shape, 0.99), mask_id=MASK)
+    loss, plain = block_sft_loss(
+        model.train(),
+        tokens,
+        attention,
+        8,
+        4,
+        torch.Generator().manual_seed(2),
+        torch.full(tokens.shape, 0.99),
+        mask_id=MASK,
+    )
     loss.backward()
     assert torch.isfinite(loss) and plain > 0
     assert model.blocks[0].q_norm.weight.grad is not None and bool(model.blocks[0].q_norm.weight.grad.abs().sum() > 0)
@@ -73,5 +90,7 @@ def test_a_shorter_noisy_copy_gives_the_same_response_logits() -> None:
     cut = start - b + 1
     with torch.no_grad():
         full, _ = model.run(torch.cat([clean, noisy], 1), None, 14 + start, *clean_noisy_layout(attention, b))
-        short, _ = model.run(torch.cat([clean, noisy[:, cut:]], 1), None, 14 + start - cut, *clean_noisy_layout(attention, b, cut))
+        short, _ = model.run(
+            torch.cat([clean, noisy[:, cut:]], 1), None, 14 + start - cut, *clean_noisy_layout(attention, b, cut)
+        )
     assert torch.allclose(full, short, atol=1e-5)

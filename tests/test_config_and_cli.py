@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import tiny_denoiser
 from hydra.errors import ConfigCompositionException
 
-from conftest import tiny_denoiser
 from dlmsearch.config import ConfigError, build, compose, compose_checked, decoder_presets
 from dlmsearch.run import run
 from dlmsearch.search.components.expansion import FixedDepth
@@ -35,7 +35,9 @@ def test_all_required_presets_exist() -> None:
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_composes_instantiates_and_decodes(preset: str, sudoku_model: Path, tmp_path: Path) -> None:
-    cfg = compose([f"+decoder={preset}", f"model.path={sudoku_model}", "task.limit=2", f"out_dir={tmp_path}", "trace=true"])
+    cfg = compose(
+        [f"+decoder={preset}", f"model.path={sudoku_model}", "task.limit=2", f"out_dir={tmp_path}", "trace=true"]
+    )
     summary = run(cfg)
     assert summary["decoder"] == preset and summary["items"] == 2
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
@@ -69,14 +71,18 @@ def test_slot_swap_and_nested_override() -> None:
 def test_unknown_key_fails_at_compose_naming_it() -> None:
     with pytest.raises(ConfigCompositionException, match="max_dept"):
         compose(["+decoder=adalook", "decoder.expansion.max_dept=3"])
-    with pytest.raises(ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"):
+    with pytest.raises(
+        ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"
+    ):
         compose_checked(["+decoder=adalook", "decoder.expansion.max_dept=3"])
 
 
 def test_added_unknown_key_fails_naming_it() -> None:
     with pytest.raises(ConfigError, match=r"decoder\.expansion.*max_dept"):  # unchecked compose: at build
         build(compose(["+decoder=adalook", "+decoder.expansion.max_dept=3"]), "decoder")
-    with pytest.raises(ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"):
+    with pytest.raises(
+        ConfigError, match="unknown key 'decoder.expansion.max_dept'; did you mean decoder.expansion.max_depth"
+    ):
         compose_checked(["+decoder=adalook", "+decoder.expansion.max_dept=3"])
 
 
@@ -94,22 +100,39 @@ def test_user_decoder_from_yaml(sudoku_model: Path, tmp_path: Path) -> None:
     from dlmsearch.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = hydra_compose("config", overrides=[
-            f"hydra.searchpath=[file://{ROOT / 'experiments' / 'conf'}]", "+decoder=confident_lookahead",
-            f"model.path={sudoku_model}", "task.limit=2", f"out_dir={tmp_path}",
-        ])
+        cfg = hydra_compose(
+            "config",
+            overrides=[
+                f"hydra.searchpath=[file://{ROOT / 'experiments' / 'conf'}]",
+                "+decoder=confident_lookahead",
+                f"model.path={sudoku_model}",
+                "task.limit=2",
+                f"out_dir={tmp_path}",
+            ],
+        )
     assert run(cfg)["decoder"] == "confident_lookahead"
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "-m", "dlmsearch", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dlmsearch", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_cli_without_decoder_lists_presets(tmp_path: Path) -> None:
     done = cli(cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1] == f"no decoder chosen: add +decoder=NAME, one of: {', '.join(decoder_presets())}"
+    assert (
+        done.stderr.strip().splitlines()[-1]
+        == f"no decoder chosen: add +decoder=NAME, one of: {', '.join(decoder_presets())}"
+    )
 
 
 @pytest.mark.slow
@@ -123,7 +146,9 @@ def test_cli_runs_from_another_directory_and_resumes(sudoku_model: Path, tmp_pat
     (out / "results.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:10])  # a run killed mid-write
     again = cli("+decoder=fast_dllm", f"model.path={sudoku_model}", "task.limit=3", f"out_dir={out}", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()[2:] if line.startswith("{\"id")]
+    records = [
+        json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()[2:] if line.startswith('{"id')
+    ]
     assert [r["id"] for r in records] == [json.loads(lines[2])["id"]]  # only the lost item was decoded again
     assert json.loads((out / "summary.json").read_text())["items"] == 3
 

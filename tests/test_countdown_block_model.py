@@ -34,12 +34,19 @@ def model() -> Model:
 def test_checkpoint_is_in_sdar_format() -> None:
     shipped = Path(compose(["model=countdown_block"]).model.path)
     config = json.loads((shipped / "config.json").read_text())
-    assert config["model_type"] == "sdar" and config["architectures"] == ["SDARForCausalLM"] and config["block_size"] == 4
+    assert (
+        config["model_type"] == "sdar" and config["architectures"] == ["SDARForCausalLM"] and config["block_size"] == 4
+    )
     from safetensors import safe_open
 
     with safe_open(str(shipped / "model.safetensors"), framework="pt") as weights:
         names = set(weights.keys())
-    assert {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_norm.weight", "model.layers.0.mlp.gate_proj.weight"} <= names
+    assert {
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.layers.0.self_attn.q_norm.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+    } <= names
     assert (shipped / "model.safetensors").stat().st_size < 8_000_000
     assert (shipped / "README.md").is_file() and (shipped / "training.json").is_file()
 
@@ -53,7 +60,9 @@ def test_sdar_greedy_solves_known_problems_and_the_block_cache_is_exact(model: M
     problems = SMALL[:16]
     texts = {}
     for cache in ("none", "block"):
-        generations = Decoder.from_preset("sdar_greedy").generate(model, [prompt(p) for p in problems], gen_length=16, cache=cache)
+        generations = Decoder.from_preset("sdar_greedy").generate(
+            model, [prompt(p) for p in problems], gen_length=16, cache=cache
+        )
         texts[cache] = [g.text for g in generations]
     assert texts["none"] == texts["block"]
     found = {i for i, t in enumerate(texts["block"]) if check_equation(extract_equation(t), problems[i]).correct}
@@ -61,9 +70,27 @@ def test_sdar_greedy_solves_known_problems_and_the_block_cache_is_exact(model: M
 
 
 def test_the_command_line_decodes_it(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "dlmsearch", "model=countdown_block", "task=countdown", "task.limit=4", "+decoder=sdar", "cache=block",
-               "model.device=cpu", f"out_dir={tmp_path}"]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    command = [
+        sys.executable,
+        "-m",
+        "dlmsearch",
+        "model=countdown_block",
+        "task=countdown",
+        "task.limit=4",
+        "+decoder=sdar",
+        "cache=block",
+        "model.device=cpu",
+        f"out_dir={tmp_path}",
+    ]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sdar on countdown (cache block): 4 items" in done.stdout
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 4

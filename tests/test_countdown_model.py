@@ -50,8 +50,13 @@ def test_checkpoint_is_in_llada_format(shipped: Path) -> None:
 
     with safe_open(str(shipped / "model.safetensors"), framework="pt") as weights:
         names = set(weights.keys())
-    assert {"model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight",
-            "model.transformer.blocks.0.ff_proj.weight", "model.transformer.blocks.0.attn_out.weight"} <= names
+    assert {
+        "model.transformer.wte.weight",
+        "model.transformer.ln_f.weight",
+        "model.transformer.ff_out.weight",
+        "model.transformer.blocks.0.ff_proj.weight",
+        "model.transformer.blocks.0.attn_out.weight",
+    } <= names
     assert (shipped / "model.safetensors").stat().st_size < 8_000_000  # small enough to ship
 
 
@@ -59,10 +64,18 @@ def test_tokenizer_and_chat_template_round_trip(shipped: Path) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(shipped), local_files_only=True)  # no remote code
-    assert tokenizer.mask_token_id == 1402 and tokenizer.eos_token_id == 1401 and tokenizer.convert_tokens_to_ids("<|eot_id|>") == 1405
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Make 42 from 14, 6, 18."}], add_generation_prompt=True, tokenize=False)
-    assert text == ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nMake 42 from 14, 6, 18.<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert (
+        tokenizer.mask_token_id == 1402
+        and tokenizer.eos_token_id == 1401
+        and tokenizer.convert_tokens_to_ids("<|eot_id|>") == 1405
+    )
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Make 42 from 14, 6, 18."}], add_generation_prompt=True, tokenize=False
+    )
+    assert text == (
+        "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nMake 42 from 14, 6, 18.<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
     answer = "18-14=4,4*6=24 and any text: ü"
     assert tokenizer.decode(tokenizer(answer, add_special_tokens=False)["input_ids"]) == answer
@@ -86,9 +99,13 @@ KNOWN_SOLVED = {2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 14}
 
 def test_llada_solves_known_problems(model: Model) -> None:
     problems = SMALL[:16]
-    generations = Decoder.from_preset("llada").generate(model, [prompt(p) for p in problems], gen_length=16, block_length=8, batch_size=16)
+    generations = Decoder.from_preset("llada").generate(
+        model, [prompt(p) for p in problems], gen_length=16, block_length=8, batch_size=16
+    )
     found = {i for i, ok in enumerate(solved([g.text for g in generations], problems)) if ok}
-    assert len(found & KNOWN_SOLVED) >= len(KNOWN_SOLVED) - 1, [g.text for g in generations]  # one flip of a close call allowed
+    assert len(found & KNOWN_SOLVED) >= len(KNOWN_SOLVED) - 1, [
+        g.text for g in generations
+    ]  # one flip of a close call allowed
     assert all(g.steps == 16 and g.row_forwards == 16 for g in generations)
 
 
@@ -96,7 +113,9 @@ def test_prefix_and_dual_caches_decode(model: Model) -> None:
     problems = SMALL[:8]
     computed = {}
     for cache in ("none", "prefix", "dual"):
-        generations = Decoder.from_preset("fast_dllm").generate(model, [prompt(p) for p in problems], gen_length=16, block_length=8, cache=cache)
+        generations = Decoder.from_preset("fast_dllm").generate(
+            model, [prompt(p) for p in problems], gen_length=16, block_length=8, cache=cache
+        )
         texts = [g.text for g in generations]
         assert sum(solved(texts, problems)) >= 3, (cache, texts)
         computed[cache] = sum(g.token_forwards for g in generations)
@@ -106,9 +125,22 @@ def test_prefix_and_dual_caches_decode(model: Model) -> None:
 def test_python_api_matches_the_cli(model: Model, tmp_path: Path) -> None:
     from dlmsearch.run import run
 
-    run(compose(["+decoder=adalook", "model=countdown", "model.device=cpu", "task=countdown", "task.limit=4", f"out_dir={tmp_path}"]))
+    run(
+        compose(
+            [
+                "+decoder=adalook",
+                "model=countdown",
+                "model.device=cpu",
+                "task=countdown",
+                "task.limit=4",
+                f"out_dir={tmp_path}",
+            ]
+        )
+    )
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    generations = Decoder.from_preset("adalook").generate(model, [prompt(p) for p in SMALL[:4]], gen_length=16, block_length=8)
+    generations = Decoder.from_preset("adalook").generate(
+        model, [prompt(p) for p in SMALL[:4]], gen_length=16, block_length=8
+    )
     assert [g.text for g in generations] == [r["output"] for r in records]
     assert [g.steps for g in generations] == [r["steps"] for r in records]
     assert [r["correct"] for r in records] == solved([g.text for g in generations], SMALL[:4])
@@ -117,8 +149,17 @@ def test_python_api_matches_the_cli(model: Model, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_default_text_run_from_the_command_line(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "dlmsearch", "+decoder=adalook", "model=countdown", "task=countdown", "task.limit=8", f"out_dir={tmp_path}"]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    command = [
+        sys.executable,
+        "-m",
+        "dlmsearch",
+        "+decoder=adalook",
+        "model=countdown",
+        "task=countdown",
+        "task.limit=8",
+        f"out_dir={tmp_path}",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "adalook on countdown: 8 items" in done.stdout and "--- equation:" in done.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -143,10 +184,21 @@ def test_lm_eval_generate_until_on_a_local_countdown_task(monkeypatch: pytest.Mo
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.chdir(data)
     monkeypatch.syspath_prepend(str(data))
-    lm = DLMSearchLM.create_from_arg_string("family=countdown,decoder=llada,gen_length=16,block_length=8,batch_size=4,device=cpu", {})
-    results = lm_eval.simple_evaluate(model=lm, tasks=["dlmsearch_countdown_small4"], task_manager=TaskManager(include_path=str(data), include_defaults=False), log_samples=True)
+    lm = DLMSearchLM.create_from_arg_string(
+        "family=countdown,decoder=llada,gen_length=16,block_length=8,batch_size=4,device=cpu", {}
+    )
+    results = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=["dlmsearch_countdown_small4"],
+        task_manager=TaskManager(include_path=str(data), include_defaults=False),
+        log_samples=True,
+    )
     samples = results["samples"]["dlmsearch_countdown_small4"]
     texts = [s["resps"][0][0] for s in samples]
-    direct = Decoder.from_preset("llada").generate(lm.model, [prompt(p) for p in SMALL[:4]], gen_length=16, block_length=8)
+    direct = Decoder.from_preset("llada").generate(
+        lm.model, [prompt(p) for p in SMALL[:4]], gen_length=16, block_length=8
+    )
     assert texts == [g.text for g in direct]
-    assert results["results"]["dlmsearch_countdown_small4"]["solved,none"] == pytest.approx(sum(solved(texts, SMALL[:4])) / 4)
+    assert results["results"]["dlmsearch_countdown_small4"]["solved,none"] == pytest.approx(
+        sum(solved(texts, SMALL[:4])) / 4
+    )

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-
 from conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,13 +111,15 @@ def documented_blocks() -> list[DocBlock]:
     blocks = []
     for name in DOCUMENTS:
         text = (ROOT / name).read_text()
-        for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+        for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
             language = match.group(1) or "bash"
             line = text[: match.start()].count("\n") + 1
             if language in SHELL_LANGUAGES:
                 if not _looks_like_commands(match.group(2)):
                     continue
-                commands = tuple(DocCommand(f"{name}:{n}", "bash", t) for n, t in _logical_lines(match.group(2), line + 1))
+                commands = tuple(
+                    DocCommand(f"{name}:{n}", "bash", t) for n, t in _logical_lines(match.group(2), line + 1)
+                )
             elif language == "python":
                 commands = (DocCommand(f"{name}:{line + 1}", "python", match.group(2)),)
             else:
@@ -154,7 +155,9 @@ def test_the_blocks_are_found() -> None:
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the tracked files: commands that write beside themselves write there."""
     copy = tmp_path_factory.mktemp("checkout")
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    tracked = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    )
     for name in filter(None, tracked):
         source = ROOT / name
         if source.is_file():
@@ -216,7 +219,10 @@ class Shell:
 
     def shortened(self, text: str) -> str:
         """A decode of one item, its outputs in the scratch directory (later overrides win)."""
-        if not re.match(r"(python -m dlmsearch|torchrun .*-m dlmsearch)( |$)", text) or text.strip() == "python -m dlmsearch":
+        if (
+            not re.match(r"(python -m dlmsearch|torchrun .*-m dlmsearch)( |$)", text)
+            or text.strip() == "python -m dlmsearch"
+        ):
             return text
         self.runs += 1
         if re.search(r"(^| )(-m|--multirun)( |$)", text.split("dlmsearch", 1)[1]):
@@ -238,14 +244,28 @@ class Shell:
     def environment(self) -> dict[str, str]:
         """One thread (as every test process); the venv's tools first; the copy's package before the editable install's, so that what a
         script writes beside the package lands in the copy."""
-        return {**os.environ, "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(self.checkout), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        return {
+            **os.environ,
+            "HYDRA_FULL_ERROR": "0",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(self.checkout),
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        }
 
     def run(self, command: DocCommand) -> None:
         if command.language == "python":
             argv = [sys.executable, "-c", self.substituted(command)]
         else:
             argv = ["bash", "-c", self.shortened(self.substituted(command))]
-        done = subprocess.run(argv, cwd=self.checkout, env=self.environment(), capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(
+            argv,
+            cwd=self.checkout,
+            env=self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
         expected = EXPECTED_EXIT.get(command.text, 0)
         assert done.returncode == expected, (
             f"{command.source}: `{command.text}` exited {done.returncode} (documented: {expected})\n"
@@ -308,17 +328,27 @@ class _running:
         text += " serve.host=127.0.0.1"
         env = self.shell.environment()
         self.log = self.shell.scratch / f"server{self.shell.port}.log"
-        self.process = subprocess.Popen(["bash", "-c", f"exec {text}"], cwd=self.shell.checkout, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            ["bash", "-c", f"exec {text}"],
+            cwd=self.shell.checkout,
+            env=env,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise AssertionError(f"{self.command.source}: `{self.command.text}` exited {self.process.returncode}: {self.log.read_text()[-3000:]}")
+                raise AssertionError(
+                    f"{self.command.source}: `{self.command.text}` exited {self.process.returncode}: {self.log.read_text()[-3000:]}"
+                )
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{self.shell.port}/health", timeout=2)
                 return
             except OSError:
                 time.sleep(0.5)
-        raise AssertionError(f"{self.command.source}: the server did not answer /health within 120 s: {self.log.read_text()[-3000:]}")
+        raise AssertionError(
+            f"{self.command.source}: the server did not answer /health within 120 s: {self.log.read_text()[-3000:]}"
+        )
 
     def __exit__(self, *exc: object) -> None:
         self.process.send_signal(signal.SIGTERM)

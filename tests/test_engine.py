@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 from torch import nn
 
-from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.randomness import hashed_uniform
@@ -25,7 +25,6 @@ class CountingModule(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         self.calls.append(input_ids.shape[0])
         return self.inner(input_ids, attention_mask=attention_mask)
-
 
 
 @pytest.mark.parametrize("preset", ["llada", "fast_dllm", "ete", "adalook"])
@@ -134,7 +133,10 @@ def test_engine_rejects_bad_settings(adapter: ModelAdapter) -> None:
 def test_prompt_longer_than_the_model_fails_clearly() -> None:
     adapter = ModelAdapter(module=tiny_denoiser(max_len=40), mask_id=MASK_ID, vocab_size=VOCAB, max_length=40)
     requests = make_requests([4, 30], 16)
-    with pytest.raises(ValueError, match=r"canvas of sample uid 1 \(prompt 30 \+ generation 16\) is 46 tokens, longer than the model's maximum length of 40"):
+    with pytest.raises(
+        ValueError,
+        match=r"canvas of sample uid 1 \(prompt 30 \+ generation 16\) is 46 tokens, longer than the model's maximum length of 40",
+    ):
         text_decoder("llada").decode(RolloutEngine(adapter=adapter), requests, block_length=8)
 
 
@@ -161,13 +163,18 @@ def test_an_automatic_row_budget_fits_the_device_and_changes_nothing(adapter) ->
     from dlmsearch.search.engine.memory import model_shape, row_bytes
 
     shape = model_shape(adapter.module)
-    assert row_bytes(shape, 64, 32, 4, False) > row_bytes(shape, 32, 16, 4, False) and row_bytes(shape, 32, 16, 4, True) > row_bytes(shape, 32, 16, 4, False)
+    assert row_bytes(shape, 64, 32, 4, False) > row_bytes(shape, 32, 16, 4, False) and row_bytes(
+        shape, 32, 16, 4, True
+    ) > row_bytes(shape, 32, 16, 4, False)
     requests = make_requests([3, 6, 2], 16, seed=4)
     fixed = text_decoder("adalook").decode(RolloutEngine(adapter=adapter, row_budget=2), requests, 8)
     engine = RolloutEngine(adapter=adapter, row_budget="auto")
     auto = text_decoder("adalook").decode(engine, requests, 8)
     assert 1 <= engine.auto_budget <= 4096
-    assert all(torch.equal(a.tokens, b.tokens) and (a.steps, a.row_forwards) == (b.steps, b.row_forwards) for a, b in zip(fixed, auto))
+    assert all(
+        torch.equal(a.tokens, b.tokens) and (a.steps, a.row_forwards) == (b.steps, b.row_forwards)
+        for a, b in zip(fixed, auto)
+    )
     for bad in (0, "many", 2.5, True):
         with pytest.raises(ValueError, match="row_budget must be a positive integer or auto"):
             RolloutEngine(adapter=adapter, row_budget=bad)

@@ -5,17 +5,32 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import text_decoder
+from test_text_batching import BLOCK, GEN, MASK_ID, VOCAB, requests_for, tiny_family_model
+
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine.rollout import RolloutEngine
-from test_text_batching import BLOCK, GEN, MASK_ID, VOCAB, requests_for, tiny_family_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def decode(family: str, device: str, dtype: str, cache: str, preset: str = "fast_dllm", compile_: bool = False, lengths=(3, 9, 6)):
-    adapter = ModelAdapter(module=tiny_family_model(family), mask_id=MASK_ID, vocab_size=VOCAB, shift_logits=family == "dream", device=device, dtype=dtype)
+def decode(
+    family: str,
+    device: str,
+    dtype: str,
+    cache: str,
+    preset: str = "fast_dllm",
+    compile_: bool = False,
+    lengths=(3, 9, 6),
+):
+    adapter = ModelAdapter(
+        module=tiny_family_model(family),
+        mask_id=MASK_ID,
+        vocab_size=VOCAB,
+        shift_logits=family == "dream",
+        device=device,
+        dtype=dtype,
+    )
     engine = RolloutEngine(adapter=adapter, cache=cache, compile=compile_)
     return text_decoder(preset, gen_length=GEN).decode(engine, requests_for(list(lengths), seed=0), BLOCK)
 
@@ -38,14 +53,19 @@ def test_cuda_bfloat16_decodes(preset: str, cache: str) -> None:
 @pytest.mark.parametrize("cache", ["none", "dual"])
 def test_cuda_compiled_agrees_with_eager(cache: str) -> None:
     """engine.compile on CUDA (Triton kernels): float32 tokens agree with eager CUDA."""
-    eager, compiled = decode("llada", "cuda", "float32", cache, "adalook"), decode("llada", "cuda", "float32", cache, "adalook", compile_=True)
+    eager, compiled = (
+        decode("llada", "cuda", "float32", cache, "adalook"),
+        decode("llada", "cuda", "float32", cache, "adalook", compile_=True),
+    )
     agree = sum(int((a.tokens == b.tokens).sum()) for a, b in zip(eager, compiled)) / (len(eager) * GEN)
     assert agree >= 0.9
 
 
 def test_cuda_mixed_windows_are_batch_invariant() -> None:
     """One cached forward per call on CUDA: each sample decodes what it decodes alone."""
-    adapter = ModelAdapter(module=tiny_family_model("llada"), mask_id=MASK_ID, vocab_size=VOCAB, device="cuda", dtype="float32")
+    adapter = ModelAdapter(
+        module=tiny_family_model("llada"), mask_id=MASK_ID, vocab_size=VOCAB, device="cuda", dtype="float32"
+    )
     decoder = text_decoder("adalook", gen_length=GEN)
     requests = requests_for([3, 9, 6], seed=0)
     batched = decoder.decode(RolloutEngine(adapter=adapter, cache="dual"), requests, BLOCK)

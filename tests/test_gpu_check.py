@@ -19,8 +19,14 @@ def test_gpu_check_dry_run_writes_its_tables_and_summary(tmp_path: Path) -> None
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     # No wall-clock limit here, and the dry run sets none on its steps (their limits are for a GPU
     # node): a busy machine is slow, not wrong. Options in any order: --dry-run before OUT_DIR.
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", str(out)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     steps = ["pytest -m gpu", "bench_engine tiny (dry run)", "bench_engine tiny, engine.compile (dry run)"]
@@ -36,6 +42,6 @@ def test_gpu_check_dry_run_writes_its_tables_and_summary(tmp_path: Path) -> None
 def test_gpu_check_refuses_unknown_options_and_a_second_out_dir(tmp_path: Path) -> None:
     script = str(ROOT / "scripts" / "gpu_check.sh")
     for args in (["--no-such-option", str(tmp_path / "a")], [str(tmp_path / "a"), str(tmp_path / "b")], []):
-        done = subprocess.run(["bash", script, *args], cwd=tmp_path, capture_output=True, text=True)
+        done = subprocess.run(["bash", script, *args], cwd=tmp_path, capture_output=True, text=True, check=False)
         assert done.returncode == 2 and "usage: scripts/gpu_check.sh" in done.stderr, (args, done.stderr)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_requests, text_decoder
+
 from dlmsearch.search.engine import rollout as engine_module
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.state import Evaluation
@@ -24,7 +24,9 @@ torch.set_num_threads(1)
         ("llada", ("engine.temperature=0.7",), True),  # token samples
     ],
 )
-def test_draws_are_made_only_where_read(adapter, monkeypatch, preset: str, overrides: tuple[str, ...], draws: bool) -> None:
+def test_draws_are_made_only_where_read(
+    adapter, monkeypatch, preset: str, overrides: tuple[str, ...], draws: bool
+) -> None:
     made = []
     original = engine_module.hashed_uniform
     monkeypatch.setattr(engine_module, "hashed_uniform", lambda keys: made.append(1) or original(keys))

@@ -36,20 +36,34 @@ def imports(path: Path) -> set[str]:
     """The dlmsearch modules ``path`` imports, at module level or inside functions (type-only imports left out)."""
     tree = ast.parse(path.read_text())
     found = set()
-    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    type_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
     for node in ast.walk(tree):
         if id(node) in type_only:
             continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dlmsearch"):
             base = node.module.removeprefix("dlmsearch").lstrip(".")
-            found |= {f"{base}.{alias.name}".lstrip(".") if (PACKAGE / base.replace(".", "/") / f"{alias.name}.py").exists() else base for alias in node.names}
+            found |= {
+                f"{base}.{alias.name}".lstrip(".")
+                if (PACKAGE / base.replace(".", "/") / f"{alias.name}.py").exists()
+                else base
+                for alias in node.names
+            }
         elif isinstance(node, ast.Import):
-            found |= {alias.name.removeprefix("dlmsearch.") for alias in node.names if alias.name.startswith("dlmsearch.")}
+            found |= {
+                alias.name.removeprefix("dlmsearch.") for alias in node.names if alias.name.startswith("dlmsearch.")
+            }
     return {name for name in found if name}
 
 
 def layer(name: str) -> int:
-    matches = [i for i, group in enumerate(LAYERS) for prefix in group if name == prefix or name.startswith(prefix + ".")]
+    matches = [
+        i for i, group in enumerate(LAYERS) for prefix in group if name == prefix or name.startswith(prefix + ".")
+    ]
     assert matches, f"module {name} is in no layer of tests/test_import_graph.py: place it"
     return max(matches)
 
@@ -64,7 +78,9 @@ def test_no_module_imports_one_above_it(module: str) -> None:
 
 
 def test_models_never_import_search() -> None:
-    offenders = {m: sorted(n for n in names if n.startswith("search")) for m, names in GRAPH.items() if m.startswith("models")}
+    offenders = {
+        m: sorted(n for n in names if n.startswith("search")) for m, names in GRAPH.items() if m.startswith("models")
+    }
     assert not any(offenders.values()), offenders
 
 
@@ -76,7 +92,9 @@ def test_no_circles() -> None:
         state[node] = 1
         for nxt in sorted(modules[node]):
             if state.get(nxt) == 1:
-                raise AssertionError("import circle: " + " -> ".join(path[path.index(nxt):] + [nxt]) if nxt in path else nxt)
+                raise AssertionError(
+                    "import circle: " + " -> ".join(path[path.index(nxt) :] + [nxt]) if nxt in path else nxt
+                )
             if nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = 2

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import text_decoder
-from dlmsearch.search.engine.rollout import RolloutEngine
-from dlmsearch.models.kv_storage import KVStorage, lanes_of
 from test_text_batching import BLOCK, adapter_for, requests_for
+
+from dlmsearch.models.kv_storage import KVStorage, lanes_of
+from dlmsearch.search.engine.rollout import RolloutEngine
 
 torch.set_num_threads(1)
 
@@ -27,7 +27,9 @@ def reference_attention(queries, fresh_keys, fresh_values, keys, values, slot, l
         length = int(high[r] - low[r])
         k[:, low[r] : high[r]] = fresh_keys[r, :, :length]
         v[:, low[r] : high[r]] = fresh_values[r, :, :length]
-        attended = F.scaled_dot_product_attention(queries[r : r + 1, :, :length], k[None], v[None], attn_mask=real[r][None, None, None])
+        attended = F.scaled_dot_product_attention(
+            queries[r : r + 1, :, :length], k[None], v[None], attn_mask=real[r][None, None, None]
+        )
         out.append(attended[0])
     return out
 
@@ -52,7 +54,9 @@ def test_cached_attention_equals_the_window_spliced_into_the_cache(slot: list[in
     valid = column < high[:, None]
     canvas = torch.arange(width)[None, :]
     cache_visible = real & ((canvas < low[:, None]) | (canvas >= high[:, None]))
-    window = cache.window(slot_t, torch.where(valid, column, -1), cache_visible, valid[:, None, :].expand(-1, length, -1))
+    window = cache.window(
+        slot_t, torch.where(valid, column, -1), cache_visible, valid[:, None, :].expand(-1, length, -1)
+    )
     queries, fresh_k, fresh_v = (torch.randn(rows, heads, length, dim) for _ in range(3))
     window.write(0, fresh_k, fresh_v)
     attended = window.attend(0, queries, grouped=False)
@@ -114,4 +118,7 @@ def test_mixed_windows_make_one_forward_with_unchanged_tokens(preset: str, cache
     for request, result in zip(requests, batched):
         alone = decoder.decode(RolloutEngine(adapter=adapter, cache=cache), [request], BLOCK)[0]
         assert torch.equal(alone.tokens, result.tokens) and (alone.steps, alone.row_forwards, alone.token_forwards) == (
-            result.steps, result.row_forwards, result.token_forwards)
+            result.steps,
+            result.row_forwards,
+            result.token_forwards,
+        )

@@ -11,20 +11,20 @@ import fnmatch
 import os
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomllib
 
 pytest.importorskip("lm_eval", reason="lm-eval is not installed (optional extra): pip install -e '.[lm_eval]'")
 
-from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.instance import Instance
+from tiny_checkpoints import requires_upstream
 
-from dlmsearch.api import Decoder  # noqa: E402
-from dlmsearch.lm_eval import DLMSearchLM, cut_at_stop, gen_length_for  # noqa: E402
-from dlmsearch.lm_eval.__main__ import lm_eval_argv  # noqa: E402
-from tiny_checkpoints import requires_upstream  # noqa: E402
+from dlmsearch.api import Decoder
+from dlmsearch.lm_eval import DLMSearchLM, cut_at_stop, gen_length_for
+from dlmsearch.lm_eval.__main__ import lm_eval_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "lm_eval"
@@ -33,7 +33,9 @@ OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def request(context: str, index: int, **gen_kwargs) -> Instance:
-    return Instance(request_type="generate_until", doc={}, arguments=(context, gen_kwargs), idx=index, metadata=("test", index, 1))
+    return Instance(
+        request_type="generate_until", doc={}, arguments=(context, gen_kwargs), idx=index, metadata=("test", index, 1)
+    )
 
 
 def small(family: str, spec, extra: str = "") -> DLMSearchLM:
@@ -48,9 +50,28 @@ def test_stop_strings_and_lengths() -> None:
     assert cut_at_stop("abc", []) == "abc" and cut_at_stop("abc", [""]) == "abc"
     assert [gen_length_for(n, 32) for n in (1, 32, 33, 256)] == [32, 32, 64, 256]
     assert lm_eval_argv(["--model_args", "path=D,family=llada", "--tasks", "gsm8k"]) == [
-        "run", "--model", "dlmsearch", "--device", "auto", "--batch_size", "8", "--model_args", "path=D,family=llada", "--tasks", "gsm8k"
+        "run",
+        "--model",
+        "dlmsearch",
+        "--device",
+        "auto",
+        "--batch_size",
+        "8",
+        "--model_args",
+        "path=D,family=llada",
+        "--tasks",
+        "gsm8k",
     ]
-    assert lm_eval_argv(["run", "--device=cpu", "--batch_size", "2", "--tasks", "x"]) == ["run", "--model", "dlmsearch", "--device=cpu", "--batch_size", "2", "--tasks", "x"]
+    assert lm_eval_argv(["run", "--device=cpu", "--batch_size", "2", "--tasks", "x"]) == [
+        "run",
+        "--model",
+        "dlmsearch",
+        "--device=cpu",
+        "--batch_size",
+        "2",
+        "--tasks",
+        "x",
+    ]
     assert lm_eval_argv(["ls", "tasks"]) == ["ls", "tasks"]
 
 
@@ -65,16 +86,30 @@ def test_generate_until_cuts_at_until(checkpoints) -> None:
     full = Decoder.from_preset("fast_dllm").generate(lm.model, [context], gen_length=16, block_length=8)[0].text
     assert len(full) >= 2, f"the tiny Dream model's text is too short to cut: {full!r}"
     untils = [[], [full[1:]], ["zzz", full[-1], full[1:]], full[1:]]
-    texts = lm.generate_until([request(context, i, until=u, do_sample=False) for i, u in enumerate(untils)], disable_tqdm=True)
-    assert texts == [full, cut_at_stop(full, [full[1:]]), cut_at_stop(full, ["zzz", full[-1], full[1:]]), cut_at_stop(full, [full[1:]])]
+    texts = lm.generate_until(
+        [request(context, i, until=u, do_sample=False) for i, u in enumerate(untils)], disable_tqdm=True
+    )
+    assert texts == [
+        full,
+        cut_at_stop(full, [full[1:]]),
+        cut_at_stop(full, ["zzz", full[-1], full[1:]]),
+        cut_at_stop(full, [full[1:]]),
+    ]
     assert len(texts[1]) < len(full) and len(texts[2]) < len(full)
 
 
 @requires_upstream
 def test_llada_requests_lengths_and_loglikelihood(checkpoints) -> None:
     lm = small("llada", checkpoints["llada"], ",decoder.commit.threshold=0.5,model.logits_eos_inf=true")
-    assert lm.decoder.config(lm.model).decoder.commit.threshold == 0.5 and lm.model.adapter.suppressed_ids == checkpoints["llada"].stop_ids[:1]
-    requests = [request("Question: 2 + 2?\nAnswer:", 0, until=["Question:"]), request("Hi", 1, until="\n\n", max_gen_toks=5), request("Count:", 2)]
+    assert (
+        lm.decoder.config(lm.model).decoder.commit.threshold == 0.5
+        and lm.model.adapter.suppressed_ids == checkpoints["llada"].stop_ids[:1]
+    )
+    requests = [
+        request("Question: 2 + 2?\nAnswer:", 0, until=["Question:"]),
+        request("Hi", 1, until="\n\n", max_gen_toks=5),
+        request("Count:", 2),
+    ]
     texts = lm.generate_until(requests, disable_tqdm=True)
     assert len(texts) == 3 and all(isinstance(t, str) for t in texts)
     assert all("Question:" not in t for t in texts[:1]) and "\n\n" not in texts[1]
@@ -118,9 +153,21 @@ def test_simple_evaluate_on_a_local_task(checkpoints, monkeypatch: pytest.Monkey
 def test_command_line(checkpoints, tmp_path: Path) -> None:
     """``python -m dlmsearch.lm_eval`` (lm-eval's CLI indexes all of its ~15k tasks first: about a minute)."""
     args = f"path={checkpoints['llada'].directory},family=llada,decoder=fast_dllm,gen_length=16,block_length=8,batch_size=2"
-    command = [sys.executable, "-m", "dlmsearch.lm_eval", "--model_args", args, "--tasks", TASK, "--include_path", str(DATA), "--output_path", str(tmp_path / "out")]
+    command = [
+        sys.executable,
+        "-m",
+        "dlmsearch.lm_eval",
+        "--model_args",
+        args,
+        "--tasks",
+        TASK,
+        "--include_path",
+        str(DATA),
+        "--output_path",
+        str(tmp_path / "out"),
+    ]
     env = {**os.environ, **OFFLINE, "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, cwd=DATA, env=env, timeout=600)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=DATA, env=env, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert TASK in done.stdout and "exact_match" in done.stdout
     assert list((tmp_path / "out").rglob("results_*.json"))
@@ -175,12 +222,20 @@ def test_shipped_tasks_load_offline_with_the_cli_tasks_prompts_and_judges(offlin
 
     from dlmsearch.config import CONF_DIR
     from dlmsearch.lm_eval.__main__ import only_included_tasks, task_manager_class
-    from dlmsearch.lm_eval.shipped import COUNTDOWN_TEMPLATE, COUNTDOWN_TIER, TASK_NAMES, countdown_results, gsm8k_results
+    from dlmsearch.lm_eval.shipped import (
+        COUNTDOWN_TEMPLATE,
+        COUNTDOWN_TIER,
+        TASK_NAMES,
+        countdown_results,
+        gsm8k_results,
+    )
     from dlmsearch.shipped import package_data
     from dlmsearch.tasks.gsm8k import GSM8KTask
 
     manager = task_manager_class(TaskManager, only_included=True)()
-    assert set(TASK_NAMES) <= set(manager.all_subtasks) and "gsm8k" not in manager.all_tasks  # lm-eval's own not indexed
+    assert (
+        set(TASK_NAMES) <= set(manager.all_subtasks) and "gsm8k" not in manager.all_tasks
+    )  # lm-eval's own not indexed
     assert only_included_tasks(TaskManager, list(TASK_NAMES), None)
     assert not only_included_tasks(TaskManager, ["dlmsearch_gsm8k", "gsm8k"], None)  # a Hub task: lm-eval's index too
     assert only_included_tasks(TaskManager, ["dlmsearch_tiny_gsm8k", "dlmsearch_countdown"], str(DATA))
@@ -188,7 +243,9 @@ def test_shipped_tasks_load_offline_with_the_cli_tasks_prompts_and_judges(offlin
     gsm8k, countdown = (next(t for name, t in tasks.items() if str(name).endswith(n)) for n in TASK_NAMES)
     docs = list(gsm8k.test_docs())
     assert len(docs) == 1319 and docs[0]["reference"] == "18"
-    first = GSM8KTask(tokenizer=str(package_data("countdown_model")), mask_id=1402, vocab_size=1408).sources()[0]  # any tokenizer: prompts are text
+    first = GSM8KTask(tokenizer=str(package_data("countdown_model")), mask_id=1402, vocab_size=1408).sources()[
+        0
+    ]  # any tokenizer: prompts are text
     assert gsm8k.doc_to_text(docs[0]) == first[1] and gsm8k.config.generation_kwargs["max_gen_toks"] == 256
     trained = OmegaConf.load(CONF_DIR / "model" / "countdown.yaml").trained_on
     assert (COUNTDOWN_TEMPLATE, COUNTDOWN_TIER) == (trained.template, trained.tier)
@@ -211,10 +268,22 @@ def test_shipped_task_files_are_package_data() -> None:
     assert all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)
 
 
-def test_the_cli_runs_a_shipped_task_offline(offline: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_cli_runs_a_shipped_task_offline(
+    offline: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """docs/lm_eval.md's Countdown command, offline, from any directory (lm-eval's own tasks are not indexed)."""
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_main(["--model_args", "family=countdown,decoder=adalook,cache=dual", "--tasks", "dlmsearch_countdown", "--limit", "2"], capsys)
+    code, out, err = run_main(
+        [
+            "--model_args",
+            "family=countdown,decoder=adalook,cache=dual",
+            "--tasks",
+            "dlmsearch_countdown",
+            "--limit",
+            "2",
+        ],
+        capsys,
+    )
     assert code == 0, err[-3000:]
     assert "dlmsearch_countdown" in out and "solved" in out
     assert "Custom kwargs" not in err and "is not supported" not in err  # no noise about metadata or --batch_size 8
@@ -223,7 +292,10 @@ def test_the_cli_runs_a_shipped_task_offline(offline: None, capsys: pytest.Captu
 @pytest.mark.parametrize(
     ("model_args", "message"),
     [
-        ("path=/models/LLaDA-8B-Instruct,family=llada,decoder=adalook,cache=dual", "error: model_args path=/models/LLaDA-8B-Instruct is not a directory"),
+        (
+            "path=/models/LLaDA-8B-Instruct,family=llada,decoder=adalook,cache=dual",
+            "error: model_args path=/models/LLaDA-8B-Instruct is not a directory",
+        ),
         ("path={empty},family=llada", "has no config.json"),
         ("family=lada", "error: model_args family must be a text model"),
         ("family=countdown,decoder=adalok", "error: model_args: unknown decoder preset 'adalok'"),
@@ -232,28 +304,47 @@ def test_the_cli_runs_a_shipped_task_offline(offline: None, capsys: pytest.Captu
         ("family=countdown,cache=duall", "unknown cache policy 'duall'"),
     ],
 )
-def test_model_args_mistakes_are_one_line(model_args: str, message: str, offline: None, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_model_args_mistakes_are_one_line(
+    model_args: str, message: str, offline: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     args = model_args.format(empty=tmp_path)
-    code, out, err = run_main(["--model_args", args, "--tasks", "dlmsearch_countdown", "--limit", "1"], capsys)
+    code, _out, err = run_main(["--model_args", args, "--tasks", "dlmsearch_countdown", "--limit", "1"], capsys)
     last = err.strip().splitlines()[-1]
     assert code == 2 and "Traceback" not in err and last.startswith("error: ") and message in last, err[-3000:]
-    assert "apply_chat_template" not in err  # lm-eval's advice for "Instruct" paths does not apply: dlmsearch applies the template
+    assert (
+        "apply_chat_template" not in err
+    )  # lm-eval's advice for "Instruct" paths does not apply: dlmsearch applies the template
 
 
 def test_a_hub_task_offline_is_one_line(offline: None, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """An lm-eval task whose data set is on the Hub (as lm-eval's gsm8k), with the Hub out of reach."""
-    (tmp_path / "hub_gsm8k.yaml").write_text((DATA / "tiny_gsm8k.yaml").read_text().replace("dlmsearch_tiny_gsm8k", "hub_gsm8k").replace("dataset_path: json", "dataset_path: openai/gsm8k\ndataset_name: main").replace("dataset_kwargs:\n  data_files:\n    test: tiny_gsm8k.jsonl\n", ""))
-    code, out, err = run_main(["--model_args", "family=countdown", "--tasks", "hub_gsm8k", "--include_path", str(tmp_path), "--limit", "1"], capsys)
+    (tmp_path / "hub_gsm8k.yaml").write_text(
+        (DATA / "tiny_gsm8k.yaml")
+        .read_text()
+        .replace("dlmsearch_tiny_gsm8k", "hub_gsm8k")
+        .replace("dataset_path: json", "dataset_path: openai/gsm8k\ndataset_name: main")
+        .replace("dataset_kwargs:\n  data_files:\n    test: tiny_gsm8k.jsonl\n", "")
+    )
+    code, _out, err = run_main(
+        ["--model_args", "family=countdown", "--tasks", "hub_gsm8k", "--include_path", str(tmp_path), "--limit", "1"],
+        capsys,
+    )
     last = err.strip().splitlines()[-1]
     assert code == 2 and "Traceback" not in err, err[-3000:]
     assert last.startswith("error: ") and "Hugging Face Hub" in last and "dlmsearch_gsm8k" in last
 
 
-def test_without_lm_eval_the_message_says_how_to_install(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_lm_eval_the_message_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """dlmsearch is not on PyPI: the hint installs the extra from a clone or the wheel."""
     monkeypatch.setitem(sys.modules, "lm_eval", None)
     monkeypatch.delitem(sys.modules, "dlmsearch.lm_eval")
-    code, out, err = run_main(["--model_args", "family=countdown", "--tasks", "dlmsearch_countdown"], capsys)
-    assert code == 2 and err.startswith("error: dlmsearch.lm_eval needs lm-evaluation-harness") and len(err.strip().splitlines()) == 1
+    code, _out, err = run_main(["--model_args", "family=countdown", "--tasks", "dlmsearch_countdown"], capsys)
+    assert (
+        code == 2
+        and err.startswith("error: dlmsearch.lm_eval needs lm-evaluation-harness")
+        and len(err.strip().splitlines()) == 1
+    )
     assert "pip install -e '.[lm_eval]'" in err and "'dlmsearch[lm_eval]'" not in err
     assert "pip install -e '.[lm_eval]'" in (ROOT / "docs" / "lm_eval.md").read_text()

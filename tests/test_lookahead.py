@@ -4,14 +4,16 @@ declare what they need through ``plan`` (no probing)."""
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
 import pytest
 import torch
-
 from conftest import make_requests, text_decoder
-from dlmsearch.search.engine.rollout import RolloutEngine
+
 from dlmsearch.search.components.expansion import ConfidenceDepth, FixedDepth, VarianceGate
 from dlmsearch.search.components.lookahead import Lookahead
+from dlmsearch.search.engine.rollout import RolloutEngine
 
 
 def levels(decoder, adapter) -> list[Lookahead]:
@@ -27,7 +29,9 @@ def test_fixed_depth_records_grow_one_level_per_call(adapter, depth: int) -> Non
     assert seen, "the trigger fired nowhere"
     finished = [look for look in seen if look.done]
     assert finished and all(look.depth <= depth for look in seen)
-    assert {look.depth for look in finished} <= set(range(1, depth + 1)) and max(look.depth for look in finished) == depth
+    assert {look.depth for look in finished} <= set(range(1, depth + 1)) and max(
+        look.depth for look in finished
+    ) == depth
     look = seen[0]
     assert look.branches.tokens.shape[0] == len(look.slots) * look.width == look.scores.shape[0]
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
@@ -35,10 +39,12 @@ def test_fixed_depth_records_grow_one_level_per_call(adapter, depth: int) -> Non
 
 
 def test_records_are_new_objects_and_the_live_set_only_shrinks(adapter) -> None:
-    decoder = text_decoder("adalook", "decoder/trigger=always", "decoder.expansion.threshold=0.0", "decoder.expansion.max_depth=4")
+    decoder = text_decoder(
+        "adalook", "decoder/trigger=always", "decoder.expansion.threshold=0.0", "decoder.expansion.max_depth=4"
+    )
     seen = levels(decoder, adapter)
     assert len({id(look) for look in seen}) == len(seen)
-    for before, after in zip(seen, seen[1:]):
+    for before, after in itertools.pairwise(seen):
         if not before.done and torch.equal(before.slots, after.slots):
             assert after.depth in (before.depth, before.depth + 1)
             assert not bool((after.live & ~before.live).any())

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import torch
 
-from dlmsearch.records import TIMING_FIELDS
 from dlmsearch.api import Decoder, Model
 from dlmsearch.config import ConfigError, build, compose
 from dlmsearch.models.llada_checkpoint import save_llada
 from dlmsearch.models.loading import checkpoint_ids, load_text_model
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
+from dlmsearch.records import TIMING_FIELDS
 from dlmsearch.run import run
 from dlmsearch.tasks.countdown import load_countdown, shipped_countdown_path
 
@@ -37,11 +37,21 @@ LLADA_FALLBACK = (126336, 126464, [126081, 126348])
 DREAM_FALLBACK = (151666, 152064, [151643, 151645])
 
 
-def tiny_llada(directory: Path, *, vocab_size: int = 64, mask_id: int = 60, eos_id: int = 61, eot_id: int = 62, hidden: int = 16) -> Path:
+def tiny_llada(
+    directory: Path, *, vocab_size: int = 64, mask_id: int = 60, eos_id: int = 61, eot_id: int = 62, hidden: int = 16
+) -> Path:
     """A random one-layer native transformer written as a LLaDA checkpoint (config.json names
     ``mask_id``, ``eos_id`` and ``vocab_size``; generation_config.json ``[eos_id, eot_id]``)."""
     torch.manual_seed(0)
-    config = TransformerConfig(vocab_size=vocab_size, hidden_size=hidden, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=2 * hidden, max_length=64)
+    config = TransformerConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=2,
+        intermediate_size=2 * hidden,
+        max_length=64,
+    )
     save_llada(directory, BidirectionalTransformer(config).eval(), mask_id=mask_id, eos_id=eos_id, eot_id=eot_id)
     return directory
 
@@ -84,13 +94,30 @@ def test_llada_preset_on_the_shipped_model_decodes_as_model_countdown() -> None:
     prompts = [TEMPLATE.format(target=p.target, numbers=", ".join(map(str, p.numbers))) for p in problems]
     by_llada = Model.load("llada", path=SHIPPED, device="cpu")
     by_countdown = Model.load("countdown", device="cpu")
-    fields = ("mask_id", "vocab_size", "stop_ids", "shift_logits", "max_length", "generation_defaults", "suppressed_ids", "deferred_ids")
+    fields = (
+        "mask_id",
+        "vocab_size",
+        "stop_ids",
+        "shift_logits",
+        "max_length",
+        "generation_defaults",
+        "suppressed_ids",
+        "deferred_ids",
+    )
     assert {f: getattr(by_llada.adapter, f) for f in fields} == {f: getattr(by_countdown.adapter, f) for f in fields}
     decoder = Decoder.from_preset("fast_dllm")
-    ours, theirs = (decoder.generate(m, prompts, gen_length=16, block_length=8, batch_size=4) for m in (by_llada, by_countdown))
+    ours, theirs = (
+        decoder.generate(m, prompts, gen_length=16, block_length=8, batch_size=4) for m in (by_llada, by_countdown)
+    )
     for a, b in zip(ours, theirs):
         assert torch.equal(a.tokens, b.tokens)
-        assert (a.text, a.steps, a.row_forwards, a.token_forwards, a.tokens_committed) == (b.text, b.steps, b.row_forwards, b.token_forwards, b.tokens_committed)
+        assert (a.text, a.steps, a.row_forwards, a.token_forwards, a.tokens_committed) == (
+            b.text,
+            b.steps,
+            b.row_forwards,
+            b.token_forwards,
+            b.tokens_committed,
+        )
 
 
 def test_llada_preset_runs_the_countdown_task_as_model_countdown(tmp_path: Path) -> None:
@@ -114,16 +141,44 @@ def test_plain_compose_resolves_the_checkpoint_ids() -> None:
         f"cfg = compose(['model=llada', 'model.path={SHIPPED}', 'task=countdown']); "
         "print(cfg.task.mask_id, cfg.task.vocab_size, list(cfg.task.stop_ids))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["1402", "1408", "[1401,", "1405]"]
 
 
 @pytest.mark.slow
 def test_cli_llada_preset_on_the_shipped_model(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "dlmsearch", "+decoder=fast_dllm", "model=llada", f"model.path={SHIPPED}", "task=countdown",
-               "task.tier=small", "task.gen_length=16", "task.block_length=8", f"task.template='{TEMPLATE}'", "task.limit=2", f"out_dir={tmp_path}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "dlmsearch",
+        "+decoder=fast_dllm",
+        "model=llada",
+        f"model.path={SHIPPED}",
+        "task=countdown",
+        "task.tier=small",
+        "task.gen_length=16",
+        "task.block_length=8",
+        f"task.template='{TEMPLATE}'",
+        "task.limit=2",
+        f"out_dir={tmp_path}",
+    ]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tmp_path / "summary.json").read_text())["errors"] == 0
 
@@ -137,9 +192,15 @@ def test_a_checkpoint_naming_other_ids_loads_with_them(tmp_path: Path) -> None:
     directory = tiny_llada(tmp_path / "model")
     cfg, adapter = load("llada", directory)
     assert ids_of(cfg.model) == adapter_ids(adapter) == (60, 64, [61, 62])
-    assert adapter_ids(load_text_model(str(directory), "llada", device="cpu")) == (60, 64, [61, 62])  # Python callers may leave them out
+    assert adapter_ids(load_text_model(str(directory), "llada", device="cpu")) == (
+        60,
+        64,
+        [61, 62],
+    )  # Python callers may leave them out
     # agreeing explicit values are fine; a stop list may add ids to the checkpoint's EOS ids
-    assert adapter_ids(load("llada", directory, "model.mask_id=60", "model.vocab_size=64", "model.stop_ids=[61,62,7]")[1]) == (60, 64, [61, 62, 7])
+    assert adapter_ids(
+        load("llada", directory, "model.mask_id=60", "model.vocab_size=64", "model.stop_ids=[61,62,7]")[1]
+    ) == (60, 64, [61, 62, 7])
 
 
 def test_ids_named_only_by_the_tokenizer(tmp_path: Path) -> None:
@@ -148,18 +209,27 @@ def test_ids_named_only_by_the_tokenizer(tmp_path: Path) -> None:
     directory = tiny_llada(tmp_path / "model")
     edit_json(directory / "config.json", drop=("mask_token_id", "eos_token_id", "pad_token_id"))
     (directory / "generation_config.json").unlink()
-    added = [{"id": i, "content": name, "special": True} for i, name in ((57, "<|mdm_mask|>"), (58, "<|endoftext|>"), (59, "<|eot_id|>"))]
+    added = [
+        {"id": i, "content": name, "special": True}
+        for i, name in ((57, "<|mdm_mask|>"), (58, "<|endoftext|>"), (59, "<|eot_id|>"))
+    ]
     edit_json(directory / "tokenizer.json", added_tokens=added)
     assert ids_of(load("llada", directory)[0].model) == adapter_ids(load("llada", directory)[1]) == (57, 64, [58, 59])
     # the tokenizer config's own mask_token / eos_token come first
-    edit_json(directory / "tokenizer_config.json", mask_token="<|x|>", eos_token={"content": "<|y|>"},
-              added_tokens_decoder={"40": {"content": "<|x|>"}, "41": {"content": "<|y|>"}})
+    edit_json(
+        directory / "tokenizer_config.json",
+        mask_token="<|x|>",
+        eos_token={"content": "<|y|>"},
+        added_tokens_decoder={"40": {"content": "<|x|>"}, "41": {"content": "<|y|>"}},
+    )
     assert adapter_ids(load("llada", directory)[1]) == (40, 64, [41, 58, 59])
 
 
 def test_a_checkpoint_naming_none_falls_back_to_the_preset(tmp_path: Path) -> None:
     directory = tiny_llada(tmp_path / "model", vocab_size=LLADA_FALLBACK[1], mask_id=0, eos_id=1, eot_id=2, hidden=8)
-    edit_json(directory / "config.json", drop=("mask_token_id", "eos_token_id", "pad_token_id", "vocab_size"))  # embedding_size stays
+    edit_json(
+        directory / "config.json", drop=("mask_token_id", "eos_token_id", "pad_token_id", "vocab_size")
+    )  # embedding_size stays
     (directory / "generation_config.json").unlink()
     assert checkpoint_ids(directory, "llada").value("mask_id") is None
     cfg, adapter = load("llada", directory)
@@ -176,20 +246,30 @@ def test_dream_preset_reads_the_directory_too(tmp_path: Path) -> None:
         directory.mkdir()
         edit_json(directory / "config.json", model_type="Dream", architectures=["DreamModel"])
     edit_json(named / "config.json", mask_token_id=50, vocab_size=64, eos_token_id=51)
-    edit_json(named / "generation_config.json", eos_token_id=51, mask_token_id=None)  # Dream's generation_config has mask_token_id: null
-    edit_json(named / "tokenizer_config.json", added_tokens_decoder={"51": {"content": "<|endoftext|>"}, "52": {"content": "<|im_end|>"}})
+    edit_json(
+        named / "generation_config.json", eos_token_id=51, mask_token_id=None
+    )  # Dream's generation_config has mask_token_id: null
+    edit_json(
+        named / "tokenizer_config.json",
+        added_tokens_decoder={"51": {"content": "<|endoftext|>"}, "52": {"content": "<|im_end|>"}},
+    )
     assert ids_of(compose(["model=dream", f"model.path={named}"]).model) == (50, 64, [51, 52])
     assert ids_of(compose(["model=dream", f"model.path={silent}"]).model) == DREAM_FALLBACK
     edit_json(silent / "tokenizer_config.json", added_tokens_decoder={"60": {"content": "<|mask|>"}})
     assert compose(["model=dream", f"model.path={silent}"]).model.mask_id == 60
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("model.mask_id=126336", ["model.mask_id=126336", "config.json says mask_token_id=60"]),
-    ("model.vocab_size=100", ["model.vocab_size=100", "config.json says vocab_size=64"]),
-    ("model.stop_ids=[62]", ["model.stop_ids=[62] lacks [61]", "eos_token_id=61", "[61, 62]"]),
-])
-def test_an_explicit_conflicting_override_fails_with_one_line(tmp_path: Path, override: str, expected: list[str]) -> None:
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("model.mask_id=126336", ["model.mask_id=126336", "config.json says mask_token_id=60"]),
+        ("model.vocab_size=100", ["model.vocab_size=100", "config.json says vocab_size=64"]),
+        ("model.stop_ids=[62]", ["model.stop_ids=[62] lacks [61]", "eos_token_id=61", "[61, 62]"]),
+    ],
+)
+def test_an_explicit_conflicting_override_fails_with_one_line(
+    tmp_path: Path, override: str, expected: list[str]
+) -> None:
     directory = tiny_llada(tmp_path / "model")
     with pytest.raises(ConfigError) as caught:
         load("llada", directory, override)

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 from torch import nn
 
-from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 from dlmsearch.core.capabilities import ModuleFeatures
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.run import check_writable
@@ -66,7 +66,9 @@ class LimitedNative(nn.Module):
         super().__init__()
         self.inner, self.limit = inner, limit
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_from: int = 0) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_from: int = 0
+    ) -> torch.Tensor:
         self.limit.check(input_ids.shape[0])
         return self.inner(input_ids, attention_mask, logits_from)
 
@@ -93,7 +95,9 @@ def denoiser() -> nn.Module:
 
 
 def _denoiser_engine(denoiser: nn.Module, limit: RowLimit, **kwargs) -> RolloutEngine:
-    return RolloutEngine(adapter=ModelAdapter(module=LimitedDenoiser(denoiser, limit), mask_id=MASK_ID, vocab_size=VOCAB), **kwargs)
+    return RolloutEngine(
+        adapter=ModelAdapter(module=LimitedDenoiser(denoiser, limit), mask_id=MASK_ID, vocab_size=VOCAB), **kwargs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +106,9 @@ def unconstrained(denoiser: nn.Module) -> list[tuple]:
     return _outcome(text_decoder("adalook").decode(engine, REQUESTS, block_length=8))
 
 
-def test_oom_splits_and_lowers_the_budget_with_identical_results(denoiser: nn.Module, unconstrained: list[tuple]) -> None:
+def test_oom_splits_and_lowers_the_budget_with_identical_results(
+    denoiser: nn.Module, unconstrained: list[tuple]
+) -> None:
     limit = RowLimit(3)
     engine = _denoiser_engine(denoiser, limit, row_budget=64)
     engine.regrow_after = 10**9  # keep the lowered budget for this test
@@ -125,10 +131,15 @@ def test_oom_budget_regrows_to_the_configured_budget(denoiser: nn.Module, uncons
     assert engine.budget is None and engine.current_budget == 64
 
 
-@pytest.mark.parametrize("error", [torch.OutOfMemoryError, torch.cuda.OutOfMemoryError, RuntimeError], ids=["torch", "cuda", "runtime"])
+@pytest.mark.parametrize(
+    "error", [torch.OutOfMemoryError, torch.cuda.OutOfMemoryError, RuntimeError], ids=["torch", "cuda", "runtime"]
+)
 def test_a_single_row_out_of_memory_fails_naming_the_sample(denoiser: nn.Module, error: type[Exception]) -> None:
     engine = _denoiser_engine(denoiser, RowLimit(0, error), row_budget=64)
-    with pytest.raises(torch.OutOfMemoryError, match=r"single row of sample uid\(s\) \[0\] \(split from a forward of 3 row\(s\); row_budget=64\)"):
+    with pytest.raises(
+        torch.OutOfMemoryError,
+        match=r"single row of sample uid\(s\) \[0\] \(split from a forward of 3 row\(s\); row_budget=64\)",
+    ):
         text_decoder("llada").decode(engine, make_requests([2, 2, 2], 16), block_length=8)
 
 
@@ -154,7 +165,9 @@ def test_oom_back_off_with_the_native_model_and_its_cache(family: str, cache: st
     requests = requests_for([3, 9, 6, 1, 5], seed=1)
 
     def decode(limit: RowLimit) -> tuple[list[tuple], RolloutEngine]:
-        adapter = ModelAdapter(module=LimitedNative(model, limit), mask_id=63, vocab_size=64, shift_logits=family == "dream")
+        adapter = ModelAdapter(
+            module=LimitedNative(model, limit), mask_id=63, vocab_size=64, shift_logits=family == "dream"
+        )
         engine = RolloutEngine(adapter=adapter, row_budget=64, cache=cache)
         engine.regrow_after = 3  # the budget keeps growing back into the limit: cached forwards get split too
         return _outcome(text_decoder("adalook", gen_length=GEN).decode(engine, requests, BLOCK)), engine
@@ -185,7 +198,7 @@ def _clues(*cells: tuple[int, int]) -> np.ndarray:
     "content, words",
     [
         (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)), "binary content"),
-        ("puzzle,solution\n".encode() + VALID.encode() + b"\n\xe9t\xe9\n", "not UTF-8 text (byte 0xe9"),
+        (b"puzzle,solution\n" + VALID.encode() + b"\n\xe9t\xe9\n", "not UTF-8 text (byte 0xe9"),
         (("puzzle\n" + VALID + "\n").encode("utf-16"), "UTF-16"),
     ],
     ids=["binary", "latin-1", "utf-16"],
@@ -266,7 +279,9 @@ def test_check_writable_fails_without_permission(tmp_path: Path, monkeypatch: py
     assert isinstance(info.value.__cause__, PermissionError)
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() == 0, reason="root can write anywhere")
+@pytest.mark.skipif(
+    not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() == 0, reason="root can write anywhere"
+)
 def test_check_writable_fails_on_a_read_only_directory(tmp_path: Path) -> None:
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)

@@ -3,13 +3,12 @@ configured decoder is never written; a preset uses what the task's verifier offe
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import MASK_ID, VOCAB, NoRepeatVerifier, cached_adapter, make_requests, text_decoder, tiny_denoiser
+
 from dlmsearch.config import build, compose
 from dlmsearch.core import attention as pattern
 from dlmsearch.models.adapter import ModelAdapter
@@ -70,7 +69,16 @@ def test_binding_leaves_the_configured_rule_unwritten() -> None:
 
 def test_a_run_refuses_once_at_the_start(tmp_path: Path) -> None:
     """The whole run stops with one line before decoding, instead of recording the error per item."""
-    cfg = compose(["+decoder=verified_best_of_n", "decoder.population.prune_conflicts=true", "task=countdown", "model=countdown", "task.limit=3", f"out_dir={tmp_path}"])
+    cfg = compose(
+        [
+            "+decoder=verified_best_of_n",
+            "decoder.population.prune_conflicts=true",
+            "task=countdown",
+            "model=countdown",
+            "task.limit=3",
+            f"out_dir={tmp_path}",
+        ]
+    )
     with pytest.raises(ValueError, match="prune_conflicts needs a verifier that checks partial outputs"):
         run(cfg)
     assert not (tmp_path / "results.jsonl").exists() or not (tmp_path / "results.jsonl").read_text().strip()
@@ -84,7 +92,9 @@ def test_cache_policies_by_group_and_by_the_older_name() -> None:
 
 
 def test_block_causal_attention_counts_blocks_from_the_first_real_token() -> None:
-    real = torch.tensor([[False, True, True, True, True, True, True]])  # one pad, then positions 0..5: blocks {0,1}, {2,3}, {4,5}
+    real = torch.tensor(
+        [[False, True, True, True, True, True, True]]
+    )  # one pad, then positions 0..5: blocks {0,1}, {2,3}, {4,5}
     mask = pattern.block_causal(real, block_length=2)[0]
     assert mask[1].tolist() == [False, True, True, False, False, False, False]  # block 0 sees itself
     assert mask[3].tolist() == [False, True, True, True, True, False, False]  # block 1 sees block 0 and itself
@@ -99,7 +109,9 @@ def test_a_fallback_of_the_same_name_keeps_its_own_plan(tmp_path: Path) -> None:
     from dlmsearch.run import Decoding, build_fallback
     from dlmsearch.tasks.sudoku import SudokuTask
 
-    cfg = compose(["+decoder=adalook", "decoder.commit.threshold=0.5", "fallback=adalook", "task.limit=2", f"out_dir={tmp_path}"])
+    cfg = compose(
+        ["+decoder=adalook", "decoder.commit.threshold=0.5", "fallback=adalook", "task.limit=2", f"out_dir={tmp_path}"]
+    )
     engine = build(cfg, "engine", adapter=build(cfg, "model"))
     primary, fallback = build(cfg, "decoder"), build_fallback(cfg)
     assert primary.name == fallback.name and primary.commit.threshold != fallback.commit.threshold

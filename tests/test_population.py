@@ -5,15 +5,15 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
+from conftest import MASK_ID, NoRepeatVerifier, make_requests, text_decoder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import MASK_ID, NoRepeatVerifier, make_requests, text_decoder
 from dlmsearch.config import ConfigError, build, compose, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.run import Decoding
-from dlmsearch.search.width.diversity import DistinctFirst, OrderTemperature, TokenTemperature
 from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.width.diversity import DistinctFirst, OrderTemperature, TokenTemperature
 from dlmsearch.search.width.final_choice import MajorityVote
 from dlmsearch.search.width.population import Population
 from dlmsearch.search.width.population_hook import SinglePath
@@ -37,11 +37,19 @@ def test_width_presets_exist() -> None:
 
 
 @settings(max_examples=20, deadline=None)
-@given(preset=st.sampled_from(WIDTH_PRESETS), prompts=st.lists(st.integers(0, 6), min_size=1, max_size=3), seed=st.integers(0, 500))
-def test_a_population_of_one_is_the_plain_decoder(adapter: ModelAdapter, preset: str, prompts: list[int], seed: int) -> None:
+@given(
+    preset=st.sampled_from(WIDTH_PRESETS),
+    prompts=st.lists(st.integers(0, 6), min_size=1, max_size=3),
+    seed=st.integers(0, 500),
+)
+def test_a_population_of_one_is_the_plain_decoder(
+    adapter: ModelAdapter, preset: str, prompts: list[int], seed: int
+) -> None:
     requests = make_requests(prompts, 16, seed=seed, fixed=2)
     plain = text_decoder(preset)
-    plain = attrs.evolve(plain, population=attrs.evolve(plain.population, size=1, prune_conflicts=False, stop_when_accepted=False))
+    plain = attrs.evolve(
+        plain, population=attrs.evolve(plain.population, size=1, prune_conflicts=False, stop_when_accepted=False)
+    )
     plain = attrs.evolve(plain, population=Population()) if plain.population.choice.needs_verifier else plain
     reference = attrs.evolve(plain, population=SinglePath())  # the driver's default: no population at all
     for x, y in zip(decode(plain, adapter, requests), decode(reference, adapter, requests)):
@@ -57,7 +65,11 @@ POPULATIONS = {
     "order": Population(size=4, diversity=OrderTemperature(temperature=0.5)),
     "tokens": Population(size=3, diversity=TokenTemperature(temperature=1.0)),
     "beam": Population(size=4, diversity=DistinctFirst(uncertain_below=0.9), resampling=KeepBest(keep=2)),
-    "smc": Population(size=4, diversity=OrderTemperature(temperature=0.5), resampling=SMCResampling(temperature=0.05, ess_fraction=1.0)),
+    "smc": Population(
+        size=4,
+        diversity=OrderTemperature(temperature=0.5),
+        resampling=SMCResampling(temperature=0.05, ess_fraction=1.0),
+    ),
 }
 
 
@@ -81,11 +93,19 @@ def test_particles_diverge_and_identical_ones_cost_one_row(adapter: ModelAdapter
     requests = make_requests([3, 0, 5, 2], 16, seed=7)
     base = decode(text_decoder("fast_dllm"), adapter, requests)
     # never uncertain: the four particles stay one canvas and are forwarded once
-    same = decode(with_population("fast_dllm", Population(size=4, diversity=DistinctFirst(uncertain_below=0.0))), adapter, requests)
+    same = decode(
+        with_population("fast_dllm", Population(size=4, diversity=DistinctFirst(uncertain_below=0.0))),
+        adapter,
+        requests,
+    )
     for a, b in zip(base, same):
         assert torch.equal(a.tokens, b.tokens) and counters(a) == counters(b)
     # always uncertain at first: the particles split, and pay for their own rows
-    split = decode(with_population("fast_dllm", Population(size=4, diversity=DistinctFirst(uncertain_below=1.0))), adapter, requests)
+    split = decode(
+        with_population("fast_dllm", Population(size=4, diversity=DistinctFirst(uncertain_below=1.0))),
+        adapter,
+        requests,
+    )
     assert sum(r.row_forwards for r in split) > sum(r.row_forwards for r in base)
     assert all(r.row_forwards <= 4 * r.steps for r in split)
     assert all(r.population.live_particles <= 4 for r in split)
@@ -95,14 +115,27 @@ def test_token_temperature_particles_differ_from_the_greedy_one(adapter: ModelAd
     requests = make_requests([2, 4], 16, seed=1)
     decoder = with_population("fast_dllm", Population(size=4, diversity=TokenTemperature(temperature=2.0)))
     seen = []
-    decoder.decode(RolloutEngine(adapter=adapter), requests, 8, on_round=lambda canvas, source: seen.append(canvas.tokens.clone()))
+    decoder.decode(
+        RolloutEngine(adapter=adapter), requests, 8, on_round=lambda canvas, source: seen.append(canvas.tokens.clone())
+    )
     final = seen[-1].view(2, 4, -1)
-    assert any(len({tuple(p.tolist()) for p in sample}) > 1 for sample in final), "token temperature made no particle differ"
+    assert any(len({tuple(p.tolist()) for p in sample}) > 1 for sample in final), (
+        "token temperature made no particle differ"
+    )
 
 
 def test_verifier_ends_conflicting_particles_and_stops_accepted_samples(adapter: ModelAdapter) -> None:
     requests = make_requests([3, 0, 5, 2], 16, seed=2)
-    decoder = with_population("fast_dllm", Population(size=4, diversity=OrderTemperature(temperature=1.0), prune_conflicts=True, stop_when_accepted=True, choice=MajorityVote()))
+    decoder = with_population(
+        "fast_dllm",
+        Population(
+            size=4,
+            diversity=OrderTemperature(temperature=1.0),
+            prune_conflicts=True,
+            stop_when_accepted=True,
+            choice=MajorityVote(),
+        ),
+    )
     results = decode(decoder, adapter, requests)
     verifier = NoRepeatVerifier()
     assert all(r.population.accepted is not None for r in results)
@@ -115,7 +148,9 @@ def test_verifier_ends_conflicting_particles_and_stops_accepted_samples(adapter:
 def test_keep_best_keeps_the_best_distinct_canvases() -> None:
     scores = torch.tensor([[0.0, 5.0, 5.0, 1.0]])
     tokens = torch.tensor([[[1], [2], [2], [3]]])  # particles 1 and 2 hold the same canvas
-    source = KeepBest(keep=2).sources(scores, torch.zeros_like(scores), torch.ones(1, 4, dtype=torch.bool), tokens, torch.zeros(1))
+    source = KeepBest(keep=2).sources(
+        scores, torch.zeros_like(scores), torch.ones(1, 4, dtype=torch.bool), tokens, torch.zeros(1)
+    )
     # Particle 2 repeats particle 1's canvas, so the two best distinct ones are 1 (score 5) and
     # 3 (score 1), best first. The rule (resampling._fill): survivors keep their own slots, and
     # the other slots, in slot order, copy the survivors in turn, best first: slot 0 takes 1,
@@ -125,7 +160,13 @@ def test_keep_best_keeps_the_best_distinct_canvases() -> None:
 
 def test_smc_resamples_towards_the_weights() -> None:
     scores = torch.tensor([[0.0, 10.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    source = SMCResampling(temperature=0.1).sources(scores, torch.zeros_like(scores), torch.ones(2, 4, dtype=torch.bool), torch.zeros(2, 4, 1), torch.tensor([0.5, 0.5]))
+    source = SMCResampling(temperature=0.1).sources(
+        scores,
+        torch.zeros_like(scores),
+        torch.ones(2, 4, dtype=torch.bool),
+        torch.zeros(2, 4, 1),
+        torch.tensor([0.5, 0.5]),
+    )
     assert source[0].tolist() == [1, 1, 1, 1]
     assert source[1].tolist() == [0, 1, 2, 3], "equal weights: nothing to resample"
 
@@ -137,7 +178,9 @@ def test_majority_vote_picks_the_most_stated_answer() -> None:
 
     tokens = torch.tensor([[[7], [3], [3], [9]]])
     scores = torch.tensor([[9.0, 1.0, 2.0, 8.0]])
-    chosen = MajorityVote().choose(scores, torch.ones(1, 4, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.bool), tokens, Answers())
+    chosen = MajorityVote().choose(
+        scores, torch.ones(1, 4, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.bool), tokens, Answers()
+    )
     assert chosen.tolist() == [2]
 
 
@@ -204,7 +247,18 @@ def test_width_search_on_the_shipped_sudoku_model() -> None:
     from dlmsearch.run import run
 
     def summary(preset: str, out: str) -> dict:
-        return run(compose([f"+decoder={preset}", "task.tier=hard", "task.limit=16", "batch_size=16", f"out_dir={out}", "examples=0"]))
+        return run(
+            compose(
+                [
+                    f"+decoder={preset}",
+                    "task.tier=hard",
+                    "task.limit=16",
+                    "batch_size=16",
+                    f"out_dir={out}",
+                    "examples=0",
+                ]
+            )
+        )
 
     import tempfile
 
@@ -224,38 +278,59 @@ def test_the_models_recheck_is_counted_as_one_more_step(adapter: ModelAdapter) -
     plain = decode(with_population("fast_dllm", population), adapter, requests)
     score = WeightedSum([LogProbability(weight=0.0), RemaskAgreement(groups=2)])
     rechecked = decode(with_population("fast_dllm", attrs.evolve(population, score=score)), adapter, requests)
-    assert any(r.steps == p.steps + 1 for r, p in zip(rechecked, plain)), "no sample was rechecked: the test proves nothing"
+    assert any(r.steps == p.steps + 1 for r, p in zip(rechecked, plain)), (
+        "no sample was rechecked: the test proves nothing"
+    )
     for r, p in zip(rechecked, plain):
         extra_rows = r.row_forwards - p.row_forwards
         # one row per group and distinct complete particle (particles holding one canvas share their rows)
         assert (r.steps - p.steps, extra_rows) == (0, 0) or (r.steps - p.steps == 1 and 2 <= extra_rows <= 8)
 
 
-populations = st.fixed_dictionaries({
-    "size": st.integers(1, 4),
-    "diversity": st.sampled_from([OrderTemperature(temperature=0.5), TokenTemperature(temperature=1.0), DistinctFirst(uncertain_below=0.9)]),
-    "resampling": st.sampled_from([None, KeepBest(keep=1), KeepBest(keep=2, every=2), SMCResampling(temperature=0.1, ess_fraction=1.0)]),
-    "prune": st.booleans(),
-    "stop": st.booleans(),
-})
+populations = st.fixed_dictionaries(
+    {
+        "size": st.integers(1, 4),
+        "diversity": st.sampled_from(
+            [OrderTemperature(temperature=0.5), TokenTemperature(temperature=1.0), DistinctFirst(uncertain_below=0.9)]
+        ),
+        "resampling": st.sampled_from(
+            [None, KeepBest(keep=1), KeepBest(keep=2, every=2), SMCResampling(temperature=0.1, ess_fraction=1.0)]
+        ),
+        "prune": st.booleans(),
+        "stop": st.booleans(),
+    }
+)
 
 
 @settings(max_examples=20, deadline=None)
-@given(config=populations, preset=st.sampled_from(["fast_dllm", "llada", "ete", "adalook"]), prompts=st.lists(st.integers(0, 5), min_size=1, max_size=3), seed=st.integers(0, 300))
+@given(
+    config=populations,
+    preset=st.sampled_from(["fast_dllm", "llada", "ete", "adalook"]),
+    prompts=st.lists(st.integers(0, 5), min_size=1, max_size=3),
+    seed=st.integers(0, 300),
+)
 def test_population_invariants(adapter: ModelAdapter, config: dict, preset: str, prompts: list[int], seed: int) -> None:
     """Within every particle's lineage unmasking is monotonic and no committed or given cell
     changes; results do not depend on the batch or on how rows are chunked into calls."""
     from dlmsearch.search.width.resampling import NoResampling
 
     population = Population(
-        size=config["size"], diversity=config["diversity"], resampling=config["resampling"] or NoResampling(),
-        prune_conflicts=config["prune"], stop_when_accepted=config["stop"],
+        size=config["size"],
+        diversity=config["diversity"],
+        resampling=config["resampling"] or NoResampling(),
+        prune_conflicts=config["prune"],
+        stop_when_accepted=config["stop"],
     )
     decoder = with_population(preset, population)
     requests = make_requests(prompts, 16, seed=seed, fixed=2)
     canvases, sources = [], []
-    results = decoder.decode(RolloutEngine(adapter=adapter), requests, 8, verifier=NoRepeatVerifier(),
-                             on_round=lambda canvas, source: (canvases.append(canvas), sources.append(source)))
+    results = decoder.decode(
+        RolloutEngine(adapter=adapter),
+        requests,
+        8,
+        verifier=NoRepeatVerifier(),
+        on_round=lambda canvas, source: (canvases.append(canvas), sources.append(source)),
+    )
     for before, after, source in zip(canvases, canvases[1:], sources[1:]):
         if source is not None:
             before = before.take(source)
@@ -278,7 +353,6 @@ def test_pruning_needs_a_verifier_of_partial_outputs() -> None:
     with pytest.raises(ValueError, match="set decoder.population.prune_conflicts=auto"):
         Population(size=2, prune_conflicts=True).for_verifier(AnswerVerifier(lambda row: ""))
     Population(size=2, stop_when_accepted=True).for_verifier(AnswerVerifier(lambda row: ""))
-
 
 
 def test_klass_keeps_every_particles_history(adapter: ModelAdapter) -> None:

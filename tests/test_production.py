@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
+
 from dlmsearch.config import compose
 from dlmsearch.run import run
 
@@ -28,13 +28,29 @@ def records(out: Path) -> list[dict]:
 
 
 def cli(*overrides: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dlmsearch", *overrides], capture_output=True, text=True, cwd=cwd, env=ENV, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "dlmsearch", *overrides],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=ENV,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_a_failing_item_gets_an_error_record_and_the_run_goes_on(tmp_path: Path) -> None:
     # the first easy puzzle starts with a clue "4" (token 3): poison every canvas whose first cell holds it
-    done = cli("+decoder=fast_dllm", "model._target_=production_models.faulty_sudoku", "+model.kind=clue", "+model.value=3",
-               "task.limit=6", "batch_size=3", f"out_dir={tmp_path}", cwd=tmp_path)
+    done = cli(
+        "+decoder=fast_dllm",
+        "model._target_=production_models.faulty_sudoku",
+        "+model.kind=clue",
+        "+model.value=3",
+        "task.limit=6",
+        "batch_size=3",
+        f"out_dir={tmp_path}",
+        cwd=tmp_path,
+    )
     assert done.returncode == 1, done.stderr[-1500:]
     rows = records(tmp_path)
     failed = [r for r in rows if r.get("error")]
@@ -45,8 +61,18 @@ def test_a_failing_item_gets_an_error_record_and_the_run_goes_on(tmp_path: Path)
 
 
 def test_fallback_decodes_what_the_decoder_cannot(tmp_path: Path) -> None:
-    cfg = compose(["+decoder=adalook", "model._target_=production_models.faulty_sudoku", "+model.kind=rows", "+model.value=1",
-                   "task.limit=3", "batch_size=3", "fallback=fast_dllm", f"out_dir={tmp_path}"])
+    cfg = compose(
+        [
+            "+decoder=adalook",
+            "model._target_=production_models.faulty_sudoku",
+            "+model.kind=rows",
+            "+model.value=1",
+            "task.limit=3",
+            "batch_size=3",
+            "fallback=fast_dllm",
+            f"out_dir={tmp_path}",
+        ]
+    )
     summary = run(cfg)
     rows = records(tmp_path)
     assert summary["fallbacks"] == 3 and summary["errors"] == 0
@@ -78,9 +104,18 @@ def test_interrupted_run_resumes_without_loss_or_duplicates(sig: signal.Signals,
     whole = tmp_path / "whole"
     assert cli(*args, f"out_dir={whole}", cwd=tmp_path).returncode == 0
     cut = tmp_path / "cut"
-    process = subprocess.Popen([sys.executable, "-m", "dlmsearch", *args, f"out_dir={cut}"], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dlmsearch", *args, f"out_dir={cut}"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not ((cut / "results.jsonl").exists() and (cut / "results.jsonl").read_text().count("\n") >= 4):
+    while time.monotonic() < deadline and not (
+        (cut / "results.jsonl").exists() and (cut / "results.jsonl").read_text().count("\n") >= 4
+    ):
         time.sleep(0.05)
     process.send_signal(sig)
     started = time.monotonic()
@@ -96,9 +131,18 @@ def test_interrupted_run_resumes_without_loss_or_duplicates(sig: signal.Signals,
 
 
 def torchrun(processes: int, *overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1",
-               f"--master_port={free_port()}", "-m", "dlmsearch", *overrides]
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=300)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={processes}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        "-m",
+        "dlmsearch",
+        *overrides,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=300, check=False)
 
 
 @pytest.mark.slow
@@ -118,4 +162,8 @@ def test_torchrun_shards_and_merges_like_one_process(tmp_path: Path) -> None:
     merged, single = records(two), records(one)
     assert [(r["id"], r["output"], r["steps"]) for r in merged] == [(r["id"], r["output"], r["steps"]) for r in single]
     summary, reference = json.loads((two / "summary.json").read_text()), json.loads((one / "summary.json").read_text())
-    assert (summary["items"], summary["accuracy"], summary["mean_steps"]) == (reference["items"], reference["accuracy"], reference["mean_steps"])
+    assert (summary["items"], summary["accuracy"], summary["mean_steps"]) == (
+        reference["items"],
+        reference["accuracy"],
+        reference["mean_steps"],
+    )

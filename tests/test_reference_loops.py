@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import MASK_ID, make_requests, text_decoder, tiny_denoiser
+
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 
-def llada_reference(model, prompt: torch.Tensor, gen_length: int, block_length: int, steps: int) -> tuple[torch.Tensor, int]:
+def llada_reference(
+    model, prompt: torch.Tensor, gen_length: int, block_length: int, steps: int
+) -> tuple[torch.Tensor, int]:
     x = torch.cat([prompt, torch.full((gen_length,), MASK_ID)])[None].clone()
     num_blocks = gen_length // block_length
     steps_per_block = steps // num_blocks
@@ -25,7 +27,9 @@ def llada_reference(model, prompt: torch.Tensor, gen_length: int, block_length: 
         start = len(prompt) + block * block_length
         end = start + block_length
         masks = int((x[0, start:end] == MASK_ID).sum())
-        schedule = [masks // steps_per_block + (1 if i < masks % steps_per_block else 0) for i in range(steps_per_block)]
+        schedule = [
+            masks // steps_per_block + (1 if i < masks % steps_per_block else 0) for i in range(steps_per_block)
+        ]
         for i in range(steps_per_block):
             mask_index = x == MASK_ID
             logits = model(x)
@@ -41,7 +45,9 @@ def llada_reference(model, prompt: torch.Tensor, gen_length: int, block_length: 
     return x[0, len(prompt) :], calls
 
 
-def fast_dllm_reference(model, prompt: torch.Tensor, gen_length: int, block_length: int, threshold: float) -> tuple[torch.Tensor, int]:
+def fast_dllm_reference(
+    model, prompt: torch.Tensor, gen_length: int, block_length: int, threshold: float
+) -> tuple[torch.Tensor, int]:
     x = torch.cat([prompt, torch.full((gen_length,), MASK_ID)])[None].clone()
     calls = 0
     for block in range(gen_length // block_length):
@@ -70,7 +76,9 @@ def test_llada_matches_reference(seed: int, gen_length: int, block_length: int, 
     engine = RolloutEngine(adapter=ModelAdapter(module=model, mask_id=MASK_ID, vocab_size=24))
     [request] = make_requests([3 + seed], gen_length, seed=seed)
     expected, calls = llada_reference(model, request.prompt, gen_length, block_length, steps)
-    [result] = text_decoder("llada", f"decoder.commit.steps={steps}", gen_length=gen_length).decode(engine, [request], block_length)
+    [result] = text_decoder("llada", f"decoder.commit.steps={steps}", gen_length=gen_length).decode(
+        engine, [request], block_length
+    )
     assert torch.equal(result.tokens, expected)
     assert result.steps == calls
 
@@ -82,7 +90,9 @@ def test_fast_dllm_matches_reference(seed: int, gen_length: int, block_length: i
     engine = RolloutEngine(adapter=ModelAdapter(module=model, mask_id=MASK_ID, vocab_size=24))
     [request] = make_requests([2 + seed], gen_length, seed=seed + 10)
     expected, calls = fast_dllm_reference(model, request.prompt, gen_length, block_length, threshold)
-    [result] = text_decoder("fast_dllm", f"decoder.commit.threshold={threshold}", gen_length=gen_length).decode(engine, [request], block_length)
+    [result] = text_decoder("fast_dllm", f"decoder.commit.threshold={threshold}", gen_length=gen_length).decode(
+        engine, [request], block_length
+    )
     assert torch.equal(result.tokens, expected)
     assert result.steps == calls
     assert calls < gen_length or threshold == 0.9  # parallel commits happened where the threshold allows

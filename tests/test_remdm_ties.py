@@ -32,7 +32,17 @@ def remasked(confidence: torch.Tensor) -> list[int]:
     revision = LoopRemask(k=1).bind(LAYOUT, 16)  # 8 plain steps and 8 loop steps; the loop starts at step 7
     scores = torch.cat([torch.zeros(2, dtype=confidence.dtype), confidence])[None]
     canvas = fresh()
-    after = canvas.commit(canvas.masked, torch.ones_like(canvas.tokens), scores, torch.tensor([7]), 0, 0, LAYOUT, BlockMoves(block_budget=16, holds_block=True), advance=False)
+    after = canvas.commit(
+        canvas.masked,
+        torch.ones_like(canvas.tokens),
+        scores,
+        torch.tensor([7]),
+        0,
+        0,
+        LAYOUT,
+        BlockMoves(block_budget=16, holds_block=True),
+        advance=False,
+    )
     after = attrs.evolve(after, block_step=torch.tensor([7]))
     evaluation = Evaluation.empty(1, LAYOUT.width, frozenset())
     positions = revision.revise(after, after, LAYOUT, evaluation, evaluation)
@@ -60,7 +70,9 @@ def test_loop_remask_near_tie_goes_to_the_earlier_position(dtype: torch.dtype) -
     earlier one is re-masked (the raw floats would take position 5)."""
     near = scores(dtype, ON_GRID, ON_GRID - BELOW[dtype], (2, 5), 0.99)
     assert near[5] < near[2] and remasked(near) == [2]
-    assert top_k_mask(-near[None], torch.ones(1, 8, dtype=torch.bool), torch.tensor([1]))[0].nonzero().flatten().tolist() == [5]
+    assert top_k_mask(-near[None], torch.ones(1, 8, dtype=torch.bool), torch.tensor([1]))[
+        0
+    ].nonzero().flatten().tolist() == [5]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -84,8 +96,10 @@ def test_schedule_clear_gap_takes_the_highest(dtype: torch.dtype) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(steps=st.lists(st.integers(2**19 + 1, 2**20 - 1), min_size=8, max_size=8),
-       noise=st.lists(st.integers(-7, 7), min_size=8, max_size=8))
+@given(
+    steps=st.lists(st.integers(2**19 + 1, 2**20 - 1), min_size=8, max_size=8),
+    noise=st.lists(st.integers(-7, 7), min_size=8, max_size=8),
+)
 def test_noise_below_the_grid_changes_no_choice(steps: list[int], noise: list[int]) -> None:
     """Grid points in [0.5, 1) (ties among them included), each moved by up to 7 float32 ulps
     (less than half the grid's 16): the same grid values, the same re-mask and the same commit."""

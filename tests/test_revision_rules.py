@@ -6,8 +6,8 @@ the behaviour described there, nothing of the code itself."""
 from __future__ import annotations
 
 import torch
-
 from conftest import make_requests, text_decoder
+
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.components.commit import MeanConfidenceRule, top_k_mask
 from dlmsearch.search.components.revision import ConfidenceDrop, RunningConfidence
@@ -38,7 +38,17 @@ def at(layout: Layout, *positions: int) -> torch.Tensor:
 
 
 def commit(canvas: Canvas, chosen: torch.Tensor, evaluation: Evaluation, layout: Layout) -> Canvas:
-    return canvas.commit(chosen, evaluation.token, evaluation.confidence, CALL, 0, -1, layout, BlockMoves(whole_prefix=True), advance=False)
+    return canvas.commit(
+        chosen,
+        evaluation.token,
+        evaluation.confidence,
+        CALL,
+        0,
+        -1,
+        layout,
+        BlockMoves(whole_prefix=True),
+        advance=False,
+    )
 
 
 def test_saber_first_step_backtracks_against_a_zero_record() -> None:
@@ -50,7 +60,9 @@ def test_saber_first_step_backtracks_against_a_zero_record() -> None:
     chosen = MeanConfidenceRule(n=2).select(before, evaluation, layout)
     assert torch.equal(chosen, at(layout, 0, 1))
     after = commit(before, chosen, evaluation, layout)
-    remask = ConfidenceDrop(n=2).revise(before, after, layout, evaluation, Evaluation.empty(1, layout.width, frozenset()))
+    remask = ConfidenceDrop(n=2).revise(
+        before, after, layout, evaluation, Evaluation.empty(1, layout.width, frozenset())
+    )
     assert torch.equal(remask, at(layout, 1))
 
 
@@ -73,16 +85,24 @@ def test_saber_block_is_full_only_when_the_whole_prefix_is() -> None:
     checking block 1 alone would move on to block 2 and skip the backtrack."""
     layout = Layout(gen_start=2, gen_length=12, block_length=4)
     evaluation = scored(layout, [0.9] * 4 + [0.8] * 4 + [0.5] * 4)
-    canvas = commit(blank(layout), at(layout, 0, 1, 2, 3), evaluation, layout).advance_blocks(layout, BlockMoves(whole_prefix=True))
-    canvas = commit(canvas, at(layout, 4, 5), evaluation, layout).remask(at(layout, 2), MASK)  # block 1's first step backtracks into block 0
+    canvas = commit(blank(layout), at(layout, 0, 1, 2, 3), evaluation, layout).advance_blocks(
+        layout, BlockMoves(whole_prefix=True)
+    )
+    canvas = commit(canvas, at(layout, 4, 5), evaluation, layout).remask(
+        at(layout, 2), MASK
+    )  # block 1's first step backtracks into block 0
     assert (int(canvas.block), int(canvas.block_step)) == (1, 1) and bool(canvas.masked[0, layout.gen_start + 2])
     after = commit(canvas, at(layout, 6, 7), evaluation, layout)  # block 1 full; block 0 is not
     assert int(after.advance_blocks(layout, BlockMoves(whole_prefix=True)).block) == 1
     assert int(after.advance_blocks(layout, BlockMoves()).block) == 2  # the other reading
     previous = scored(layout, [0.9] * 4 + [0.85, 0.95] + [0.8] * 2 + [0.5] * 4)
     remask = ConfidenceDrop(n=2).revise(canvas, after, layout, evaluation, previous)
-    assert remask is not None and torch.equal(remask, at(layout, 5))  # f = 2 commits, r = 1: the largest drop (0.95 -> 0.8)
-    filled = commit(canvas, at(layout, 2, 6, 7), evaluation, layout)  # nothing masked before block 1's end: no backtrack
+    assert remask is not None and torch.equal(
+        remask, at(layout, 5)
+    )  # f = 2 commits, r = 1: the largest drop (0.95 -> 0.8)
+    filled = commit(
+        canvas, at(layout, 2, 6, 7), evaluation, layout
+    )  # nothing masked before block 1's end: no backtrack
     assert ConfidenceDrop(n=2).revise(canvas, filled, layout, evaluation, previous) is None
 
 
@@ -113,7 +133,17 @@ def test_rcr_pools_differ_on_confidences_of_exactly_one() -> None:
     layout = Layout(gen_start=2, gen_length=8, block_length=8)
     evaluation = scored(layout, [1.0, 0.7, 1.0, 1.0, 0.6, 1.0, 1.0, 1.0])
     before = blank(layout)
-    after = before.commit(before.masked, evaluation.token, evaluation.confidence, CALL, 0, -1, layout, BlockMoves(block_budget=4, holds_block=True), advance=False)
+    after = before.commit(
+        before.masked,
+        evaluation.token,
+        evaluation.confidence,
+        CALL,
+        0,
+        -1,
+        layout,
+        BlockMoves(block_budget=4, holds_block=True),
+        advance=False,
+    )
     # S = 4: after the first step floor(8 * 0.75) = 6 positions go back to the mask
     authors = RunningConfidence(pool="authors").bind(layout, 4).revise(before, after, layout, evaluation, evaluation)
     paper = RunningConfidence(pool="paper").bind(layout, 4).revise(before, after, layout, evaluation, evaluation)

@@ -4,6 +4,7 @@ names the run, and resume only into a run of the same config (``run.json``)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -37,7 +38,15 @@ def decode(out: Path, *overrides: str, **kwargs) -> dict:
 
 
 def cli(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dlmsearch", *overrides], capture_output=True, text=True, cwd=cwd, env=ENV, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dlmsearch", *overrides],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=ENV,
+        timeout=300,
+        check=False,
+    )
 
 
 # A schedule, a lookahead, a population with the task's verifier (keyed by uid), a revising rule.
@@ -85,10 +94,14 @@ def test_latency_is_per_sample_from_admission_to_finish(tmp_path: Path) -> None:
     summary = decode(tmp_path, "+decoder=fast_dllm", "task.limit=6", "batch_size=6")
     rows = records(tmp_path)
     latencies = [r["latency_seconds"] for r in rows]
-    assert summary["latency_p50_s"] == round(percentile(latencies, 50), 4) and summary["latency_p99_s"] == round(max(latencies), 4)
+    assert summary["latency_p50_s"] == round(percentile(latencies, 50), 4) and summary["latency_p99_s"] == round(
+        max(latencies), 4
+    )
     # admitted together: a sample with more steps finishes no earlier than one with fewer
     by_steps = sorted(rows, key=lambda r: r["steps"])
-    assert all(a["latency_seconds"] <= b["latency_seconds"] for a, b in zip(by_steps, by_steps[1:]) if a["steps"] < b["steps"])
+    assert all(
+        a["latency_seconds"] <= b["latency_seconds"] for a, b in itertools.pairwise(by_steps) if a["steps"] < b["steps"]
+    )
     assert len({r["steps"] for r in rows}) > 1
     # the wall time is the decode's, split among the samples: each share is at most its latency
     assert all(0 < r["wall_seconds"] <= r["latency_seconds"] for r in rows)
@@ -115,13 +128,17 @@ def test_a_rerun_with_another_config_is_refused_in_one_line(tmp_path: Path) -> N
     assert refused.returncode == 2
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ")
-    assert "decoder.name: llada -> adalook" in lines[0] and "another out_dir" in lines[0] and f"delete {out}" in lines[0]
+    assert (
+        "decoder.name: llada -> adalook" in lines[0] and "another out_dir" in lines[0] and f"delete {out}" in lines[0]
+    )
     assert (out / "results.jsonl").read_text() == before
     summary = json.loads((out / "summary.json").read_text())
     assert summary["decoder"] == "llada" and summary["overrides"] == first  # the CLI's own overrides
 
 
-def test_same_config_resumes_with_another_batch_size_and_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_same_config_resumes_with_another_batch_size_and_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     decode(tmp_path, "+decoder=fast_dllm", "task.limit=3", "batch_size=1")
     first = records(tmp_path)
     capsys.readouterr()
@@ -156,7 +173,16 @@ def test_a_directory_without_records_takes_any_config(tmp_path: Path) -> None:
 def test_traces_do_not_depend_on_the_batch_size(tmp_path: Path) -> None:
     """A sample's lookahead log names its own levels, not the deeper ones others in the decode roll on to."""
     for batch_size in (1, 3):
-        decode(tmp_path / str(batch_size), "+decoder=adalook", "task.tier=hard", "task.limit=6", f"batch_size={batch_size}", "trace=true")
+        decode(
+            tmp_path / str(batch_size),
+            "+decoder=adalook",
+            "task.tier=hard",
+            "task.limit=6",
+            f"batch_size={batch_size}",
+            "trace=true",
+        )
     alone, together = ((tmp_path / b / "trace.jsonl").read_text().splitlines() for b in ("1", "3"))
-    assert [json.loads(line)["id"] for line in together] == [r["id"] for r in records(tmp_path / "3")]  # the task's order
+    assert [json.loads(line)["id"] for line in together] == [
+        r["id"] for r in records(tmp_path / "3")
+    ]  # the task's order
     assert alone == together

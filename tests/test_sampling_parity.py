@@ -21,15 +21,22 @@ import types
 
 import pytest
 import torch
-
 from conftest import text_decoder
+from tiny_checkpoints import requires_upstream
+from upstream import (
+    _dream_package,
+    dream_generate,
+    llada_generate,
+    llada_generate_guided,
+    llada_generate_module,
+    pc_sampler_module,
+)
+
 from dlmsearch.models.loading import load_text_model
 from dlmsearch.search.driver import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
-from dlmsearch.search.records.randomness import Stream, hashed_uniform
 from dlmsearch.search.engine.summaries import inverse_cdf
-from upstream import _dream_package, dream_generate, llada_generate, llada_generate_guided, llada_generate_module, pc_sampler_module
-from tiny_checkpoints import requires_upstream
+from dlmsearch.search.records.randomness import Stream, hashed_uniform
 
 pytestmark = requires_upstream
 
@@ -40,13 +47,19 @@ PROMPT_LENGTHS = [5, 11, 8]
 def mixed_batch(spec, gen_length: int, seed: int) -> list[DecodeRequest]:
     generator = torch.Generator().manual_seed(seed)
     return [
-        DecodeRequest(uid=uid, prompt=torch.randint(0, 1000, (length,), generator=generator), generation=torch.full((gen_length,), spec.mask_id))
+        DecodeRequest(
+            uid=uid,
+            prompt=torch.randint(0, 1000, (length,), generator=generator),
+            generation=torch.full((gen_length,), spec.mask_id),
+        )
         for uid, length in enumerate(PROMPT_LENGTHS)
     ]
 
 
 def engine_for(spec, family: str, **sampling) -> RolloutEngine:
-    adapter = load_text_model(str(spec.directory), family, spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="float32")
+    adapter = load_text_model(
+        str(spec.directory), family, spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="float32"
+    )
     return RolloutEngine(adapter=adapter, seed=SEED, **sampling)
 
 
@@ -104,11 +117,21 @@ def legacy_dream_defaults(checkpoints, monkeypatch):
 def run_dream(spec, request, monkeypatch, steps: int, gen_length: int, alg: str, **options) -> tuple[torch.Tensor, int]:
     draws = DreamDraws(request.uid, spec.mask_id)
     generation_utils = _dream_package().generation_utils
-    monkeypatch.setattr(generation_utils, "dists", types.SimpleNamespace(Categorical=lambda probs: draws.categorical(probs)))
+    monkeypatch.setattr(
+        generation_utils, "dists", types.SimpleNamespace(Categorical=lambda probs: draws.categorical(probs))
+    )
     monkeypatch.setattr(torch, "multinomial", draws.multinomial)
     monkeypatch.setattr(torch, "topk", stable_topk)
     try:
-        return dream_generate(spec.upstream, request.prompt, steps=steps, gen_length=gen_length, alg=alg, generation_logits_hook_func=draws.logits_hook, **options)
+        return dream_generate(
+            spec.upstream,
+            request.prompt,
+            steps=steps,
+            gen_length=gen_length,
+            alg=alg,
+            generation_logits_hook_func=draws.logits_hook,
+            **options,
+        )
     finally:
         monkeypatch.undo()
 
@@ -117,12 +140,16 @@ ALGS = [("confidence", "maskgit_plus"), ("margin", "topk_margin"), ("neg_entropy
 
 
 @pytest.mark.parametrize("ordering,alg", ALGS)
-def test_dream_preset_is_diffusion_generate_at_its_own_defaults(checkpoints, legacy_dream_defaults, ordering: str, alg: str) -> None:
+def test_dream_preset_is_diffusion_generate_at_its_own_defaults(
+    checkpoints, legacy_dream_defaults, ordering: str, alg: str
+) -> None:
     """Called as Dream's examples call it (no top_k / top_p), transformers 4.x gives top-k 50:
     the ``dream`` preset's default, so confidence, margin and entropy come from the top 50."""
     spec, gen_length, steps = checkpoints["dream"], 16, 8
     requests = mixed_batch(spec, gen_length, seed=4)
-    decoder = text_decoder("dream", f"decoder.commit.steps={steps}", f"decoder.commit.ordering={ordering}", gen_length=gen_length)
+    decoder = text_decoder(
+        "dream", f"decoder.commit.steps={steps}", f"decoder.commit.ordering={ordering}", gen_length=gen_length
+    )
     results = decoder.decode(engine_for(spec, "dream"), requests, block_length=gen_length)
     for request, result in zip(requests, results):
         expected, calls = dream_generate(spec.upstream, request.prompt, steps=steps, gen_length=gen_length, alg=alg)
@@ -140,18 +167,27 @@ SETTINGS = [
 # Every pair of (sampling setting, ordering, alg_temp) once: 9 cases instead of the 18 of the full
 # product (each case sorts the 152k-word vocabulary for top-p at every step, ~13 s on a CPU core).
 PAIRWISE = [
-    pytest.param(setting.values[0], *ALGS[j], (0.0, 0.5)[(i + j) % 2], id=f"{setting.id}-{ALGS[j][0]}-{(0.0, 0.5)[(i + j) % 2]}")
-    for i, setting in enumerate(SETTINGS) for j in range(len(ALGS))
+    pytest.param(
+        setting.values[0], *ALGS[j], (0.0, 0.5)[(i + j) % 2], id=f"{setting.id}-{ALGS[j][0]}-{(0.0, 0.5)[(i + j) % 2]}"
+    )
+    for i, setting in enumerate(SETTINGS)
+    for j in range(len(ALGS))
 ]
 
 
 @pytest.mark.parametrize("setting,ordering,alg,alg_temp", PAIRWISE)
-def test_dream_sampling_matches_diffusion_generate(checkpoints, monkeypatch, setting: dict, ordering: str, alg: str, alg_temp: float) -> None:
+def test_dream_sampling_matches_diffusion_generate(
+    checkpoints, monkeypatch, setting: dict, ordering: str, alg: str, alg_temp: float
+) -> None:
     spec, gen_length, steps = checkpoints["dream"], 16, 8
     requests = mixed_batch(spec, gen_length, seed=5)
     decoder = text_decoder(
-        "dream", f"decoder.commit.steps={steps}", f"decoder.commit.ordering={ordering}", f"decoder.commit.alg_temp={alg_temp}",
-        "decoder.sampling.top_k=null", gen_length=gen_length,
+        "dream",
+        f"decoder.commit.steps={steps}",
+        f"decoder.commit.ordering={ordering}",
+        f"decoder.commit.alg_temp={alg_temp}",
+        "decoder.sampling.top_k=null",
+        gen_length=gen_length,
     )
     results = decoder.decode(engine_for(spec, "dream", **setting), requests, block_length=gen_length)
     options = {"top_p": None, "top_k": None, **setting, "alg_temp": alg_temp}
@@ -191,18 +227,28 @@ def with_llada_draws(module, request, spec, monkeypatch) -> LLaDADraws:
 
 @pytest.mark.parametrize("remasking,ordering", [("low_confidence", "confidence"), ("random", "random")])
 @pytest.mark.parametrize("temperature", [0.5, 1.0])
-def test_llada_sampling_matches_generate(checkpoints, monkeypatch, temperature: float, remasking: str, ordering: str) -> None:
+def test_llada_sampling_matches_generate(
+    checkpoints, monkeypatch, temperature: float, remasking: str, ordering: str
+) -> None:
     spec, gen_length, block_length, steps = checkpoints["llada"], 16, 8, 8
     requests = mixed_batch(spec, gen_length, seed=6)
-    decoder = text_decoder("llada", f"decoder.commit.steps={steps}", f"decoder.commit.ordering={ordering}", gen_length=gen_length)
+    decoder = text_decoder(
+        "llada", f"decoder.commit.steps={steps}", f"decoder.commit.ordering={ordering}", gen_length=gen_length
+    )
     results = decoder.decode(engine_for(spec, "llada", temperature=temperature), requests, block_length)
     module = llada_generate_module()
     for request, result in zip(requests, results):
         with_llada_draws(module, request, spec, monkeypatch)
         try:
             expected, nfe = llada_generate(
-                spec.upstream, request.prompt, steps=steps, gen_length=gen_length, block_length=block_length,
-                mask_id=spec.mask_id, temperature=temperature, remasking=remasking,
+                spec.upstream,
+                request.prompt,
+                steps=steps,
+                gen_length=gen_length,
+                block_length=block_length,
+                mask_id=spec.mask_id,
+                temperature=temperature,
+                remasking=remasking,
             )
         finally:
             monkeypatch.undo()
@@ -217,15 +263,23 @@ def test_guidance_matches_llada_cfg_scale(checkpoints, monkeypatch, scale: float
     same calls, and every call forwards two rows per sample (row-forwards double, steps do not)."""
     spec, gen_length, block_length, steps = checkpoints["llada"], 16, 8, 8
     requests = mixed_batch(spec, gen_length, seed=7)
-    decoder = text_decoder("llada", f"decoder.commit.steps={steps}", f"decoder.guidance.scale={scale}", gen_length=gen_length)
+    decoder = text_decoder(
+        "llada", f"decoder.commit.steps={steps}", f"decoder.guidance.scale={scale}", gen_length=gen_length
+    )
     results = decoder.decode(engine_for(spec, "llada", temperature=temperature), requests, block_length)
     module = pc_sampler_module()
     for request, result in zip(requests, results):
         with_llada_draws(module, request, spec, monkeypatch)
         try:
             expected, calls = llada_generate_guided(
-                spec.upstream, request.prompt, steps=steps, gen_length=gen_length, block_length=block_length, cfg_scale=scale,
-                mask_id=spec.mask_id, temperature=temperature,
+                spec.upstream,
+                request.prompt,
+                steps=steps,
+                gen_length=gen_length,
+                block_length=block_length,
+                cfg_scale=scale,
+                mask_id=spec.mask_id,
+                temperature=temperature,
             )
         finally:
             monkeypatch.undo()

@@ -81,9 +81,16 @@ print(json.dumps(found))
 def snapshot() -> dict[str, tuple[int, int] | None]:
     """Modification time and size of every committed file in the watched folders (hand-written pages
     under docs/ left out: they are edited, never generated), and the untracked files there."""
-    tracked = subprocess.run(["git", "ls-files", "-z", "--", *WATCHED], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\0")
-    extra = subprocess.run(["git", "ls-files", "-z", "--others", "--exclude-standard", "--", "experiments/results", "dlmsearch/data"],
-                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\0")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "--", *WATCHED], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
+    extra = subprocess.run(
+        ["git", "ls-files", "-z", "--others", "--exclude-standard", "--", "experiments/results", "dlmsearch/data"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     found: dict[str, tuple[int, int] | None] = {}
     for name in filter(None, tracked + extra):
         if name.startswith("docs/") and name.endswith(".md"):
@@ -98,13 +105,26 @@ def helps(tmp_path_factory: pytest.TempPathFactory) -> dict:
     before = snapshot()
     scratch = tmp_path_factory.mktemp("helps")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    done = subprocess.run([sys.executable, "-c", DRIVER, str(scratch), *(str(EXPERIMENTS / s) for s in SCRIPTS)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(scratch), *(str(EXPERIMENTS / s) for s in SCRIPTS)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     for name in SHELL_SCRIPTS:
-        ran = subprocess.Popen(["bash", str(EXPERIMENTS / name), "--help"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+        ran = subprocess.Popen(
+            ["bash", str(EXPERIMENTS / name), "--help"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             output, _ = ran.communicate(timeout=20)
             found[name] = {"code": ran.returncode, "output": output}
@@ -119,7 +139,9 @@ def test_help_prints_help_and_exits_0(helps: dict, script: str) -> None:
     got = helps["scripts"][script]
     assert got["code"] == 0, f"{script} --help: exit {got['code']}\n{got['output']}"
     text = got["output"].lower()
-    assert "usage" in text or "powered by hydra" in text or "--write-committed" in text, f"{script} --help printed no help:\n{got['output']}"
+    assert "usage" in text or "powered by hydra" in text or "--write-committed" in text, (
+        f"{script} --help printed no help:\n{got['output']}"
+    )
 
 
 def test_help_writes_no_committed_file(helps: dict) -> None:
@@ -131,7 +153,7 @@ def test_help_writes_no_committed_file(helps: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # Where each script writes: resolved by its parse_args (no decoding needed).
 
-from outputs import committed  # noqa: E402  (experiments/ is on sys.path: conftest)
+from outputs import committed
 
 RESULTS = ROOT / "experiments" / "results"
 COMMITTED_DOC = ROOT / "docs" / "sudoku_width.png"
@@ -140,18 +162,59 @@ COMMITTED_DOC = ROOT / "docs" / "sudoku_width.png"
 CASES = [
     ("serve_load", [], ["out"], RESULTS / "serve", ["--out", str(RESULTS / "serve")]),
     ("forward_ops", [], ["out"], RESULTS / "bench", ["--out", str(RESULTS / "bench")]),
-    ("adaptive_caches", ["--limit", "4"], ["out", "runs"], RESULTS / "adaptive_caches", ["--out", str(RESULTS / "adaptive_caches")]),
+    (
+        "adaptive_caches",
+        ["--limit", "4"],
+        ["out", "runs"],
+        RESULTS / "adaptive_caches",
+        ["--out", str(RESULTS / "adaptive_caches")],
+    ),
     ("block_model_card", ["--limit", "4"], ["out"], RESULTS / "block", ["--out", str(RESULTS / "block")]),
     ("revision_card", ["--limit", "4"], ["out"], RESULTS / "revision", ["--out", str(RESULTS / "revision")]),
-    ("stop_at_eos", ["--limit", "4"], ["out"], RESULTS / "countdown" / "small" / "stop_at_eos", ["--out", str(RESULTS / "countdown")]),
+    (
+        "stop_at_eos",
+        ["--limit", "4"],
+        ["out"],
+        RESULTS / "countdown" / "small" / "stop_at_eos",
+        ["--out", str(RESULTS / "countdown")],
+    ),
     ("bench_before_after", ["--before", "HEAD"], ["out"], RESULTS / "bench", ["--out", str(RESULTS / "bench")]),
-    ("countdown_model_card", ["--limit", "4"], ["card", "figure"], ROOT / "docs" / "countdown_decoders.png", ["--figure", str(ROOT / "docs" / "x.png")]),
-    ("sudoku_model_card", ["--limit", "4"], ["card", "figure", "width_figure"], COMMITTED_DOC, ["--card", str(ROOT / "dlmsearch" / "data" / "sudoku_model" / "README.md")]),
-    ("ship_model", [], ["dest"], ROOT / "dlmsearch" / "data" / "sudoku_model", ["--dest", str(ROOT / "dlmsearch" / "data" / "countdown_model")]),
-    ("make_countdown_tiers", [], ["out"], ROOT / "dlmsearch" / "data" / "countdown", ["--out", str(ROOT / "dlmsearch" / "data" / "countdown")]),
+    (
+        "countdown_model_card",
+        ["--limit", "4"],
+        ["card", "figure"],
+        ROOT / "docs" / "countdown_decoders.png",
+        ["--figure", str(ROOT / "docs" / "x.png")],
+    ),
+    (
+        "sudoku_model_card",
+        ["--limit", "4"],
+        ["card", "figure", "width_figure"],
+        COMMITTED_DOC,
+        ["--card", str(ROOT / "dlmsearch" / "data" / "sudoku_model" / "README.md")],
+    ),
+    (
+        "ship_model",
+        [],
+        ["dest"],
+        ROOT / "dlmsearch" / "data" / "sudoku_model",
+        ["--dest", str(ROOT / "dlmsearch" / "data" / "countdown_model")],
+    ),
+    (
+        "make_countdown_tiers",
+        [],
+        ["out"],
+        ROOT / "dlmsearch" / "data" / "countdown",
+        ["--out", str(ROOT / "dlmsearch" / "data" / "countdown")],
+    ),
     ("make_sudoku_tiers", [], ["out"], ROOT / "dlmsearch" / "data", ["--out", str(ROOT / "dlmsearch" / "data")]),
-    ("countdown_token_frequencies", [], ["out"], ROOT / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json",
-     ["--out", str(ROOT / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json")]),
+    (
+        "countdown_token_frequencies",
+        [],
+        ["out"],
+        ROOT / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json",
+        ["--out", str(ROOT / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json")],
+    ),
     ("plot_sudoku_trace", ["runs/trace_demo"], ["out"], None, ["--out", str(ROOT / "docs" / "sudoku_trace.png")]),
     ("compare_cards", ["a.json", "b.json"], [], None, ["--out", str(RESULTS / "revision" / "before_after.md")]),
     ("bench_engine", [], [], None, ["--out", str(RESULTS / "bench" / "tiny.json")]),
@@ -159,7 +222,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("name, needed, attributes, committed_default, refused", CASES, ids=[c[0] for c in CASES])
-def test_default_outputs_are_not_committed(name: str, needed: list[str], attributes: list[str], committed_default: Path | None, refused: list[str]) -> None:
+def test_default_outputs_are_not_committed(
+    name: str, needed: list[str], attributes: list[str], committed_default: Path | None, refused: list[str]
+) -> None:
     module = importlib.import_module(name)
     args = module.parse_args(needed)
     for attribute in attributes:
@@ -168,7 +233,10 @@ def test_default_outputs_are_not_committed(name: str, needed: list[str], attribu
     if committed_default is not None:
         forced = module.parse_args([*needed, "--write-committed"])
         paths = [Path(getattr(forced, a)).resolve() for a in attributes]
-        assert committed_default.resolve() in paths or any(committed_default.resolve() in p.parents for p in paths), (name, paths)
+        assert committed_default.resolve() in paths or any(committed_default.resolve() in p.parents for p in paths), (
+            name,
+            paths,
+        )
     with pytest.raises(SystemExit) as stop:
         module.parse_args([*needed, *refused])
     assert stop.value.code == 2
@@ -178,7 +246,9 @@ def test_default_outputs_are_not_committed(name: str, needed: list[str], attribu
 def test_sudoku_card_redirected_keeps_its_width_figure_out_of_docs(tmp_path: Path) -> None:
     import sudoku_model_card
 
-    args = sudoku_model_card.parse_args(["--card", str(tmp_path / "card.md"), "--figure", str(tmp_path / "decoders.png")])
+    args = sudoku_model_card.parse_args(
+        ["--card", str(tmp_path / "card.md"), "--figure", str(tmp_path / "decoders.png")]
+    )
     assert args.width_figure == tmp_path / "sudoku_width.png"
     args = sudoku_model_card.parse_args(["--write-committed"])
     assert (args.figure, args.width_figure) == (ROOT / "docs" / "sudoku_decoders.png", COMMITTED_DOC)
@@ -189,7 +259,9 @@ def test_adaptive_caches_quick_look_decodes_afresh() -> None:
     import adaptive_caches
 
     args = adaptive_caches.parse_args(["--limit", "4"])
-    assert args.out != adaptive_caches.COMMITTED_OUT and args.out.name == "limit4" and args.runs.is_relative_to(args.out)
+    assert (
+        args.out != adaptive_caches.COMMITTED_OUT and args.out.name == "limit4" and args.runs.is_relative_to(args.out)
+    )
     assert adaptive_caches.parse_args(["--limit", "8"]).out != args.out
     committed_rows = adaptive_caches.done_rows(adaptive_caches.COMMITTED_OUT / "countdown.jsonl")
     assert committed_rows and not adaptive_caches.same_limit(committed_rows, 4)
@@ -197,8 +269,15 @@ def test_adaptive_caches_quick_look_decodes_afresh() -> None:
 
 
 def test_committed_paths() -> None:
-    for path in ("docs/sudoku_width.png", "experiments/results", "experiments/results/new/table.md", "dlmsearch/data/sudoku_model",
-                 "README.md", "experiments/width_search_card.md", "."):
+    for path in (
+        "docs/sudoku_width.png",
+        "experiments/results",
+        "experiments/results/new/table.md",
+        "dlmsearch/data/sudoku_model",
+        "README.md",
+        "experiments/width_search_card.md",
+        ".",
+    ):
         assert committed(ROOT / path), path
     for path in ("runs/serve_load", "runs", "experiments/runs/block_card"):
         assert not committed(ROOT / path), path

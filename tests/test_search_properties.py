@@ -6,10 +6,10 @@ import functools
 
 import pytest
 import torch
+from conftest import MASK_ID, VOCAB, NoRepeatVerifier, make_requests, text_decoder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import MASK_ID, VOCAB, NoRepeatVerifier, make_requests, text_decoder
 from dlmsearch.config import decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.components.commit import DreamSchedule
@@ -17,7 +17,6 @@ from dlmsearch.search.components.lookahead import Lookahead
 from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.state import Canvas
-
 
 
 class RoundLog:
@@ -34,7 +33,9 @@ class RoundLog:
 
 def decode_logged(decoder: SearchDecoder, adapter: ModelAdapter, requests, block_length: int):
     log = RoundLog()
-    results = decoder.decode(RolloutEngine(adapter=adapter), requests, block_length, on_round=log, verifier=NoRepeatVerifier())
+    results = decoder.decode(
+        RolloutEngine(adapter=adapter), requests, block_length, on_round=log, verifier=NoRepeatVerifier()
+    )
     return results, log.canvases, log.sources
 
 
@@ -43,16 +44,20 @@ def monotone_presets() -> list[str]:
     """The presets that never return a committed token to the mask (WINO, RCR, Saber, ReMDM
     revise: tests/test_revision.py). Composing every preset takes seconds: done at the first
     example drawn, not at import."""
-    return [p for p in decoder_presets() if not text_decoder(p).revision.revises and not text_decoder(p).stop_at_eos]  # (the tiny model has no stop ids)
+    return [
+        p for p in decoder_presets() if not text_decoder(p).revision.revises and not text_decoder(p).stop_at_eos
+    ]  # (the tiny model has no stop ids)
 
 
-shapes = st.fixed_dictionaries({
-    "preset": st.deferred(lambda: st.sampled_from(monotone_presets())),
-    "prompts": st.lists(st.integers(0, 6), min_size=1, max_size=3),
-    "blocks": st.sampled_from([(8, 8), (16, 8), (16, 4), (12, 4)]),
-    "fixed": st.integers(0, 3),
-    "seed": st.integers(0, 1000),
-})
+shapes = st.fixed_dictionaries(
+    {
+        "preset": st.deferred(lambda: st.sampled_from(monotone_presets())),
+        "prompts": st.lists(st.integers(0, 6), min_size=1, max_size=3),
+        "blocks": st.sampled_from([(8, 8), (16, 8), (16, 4), (12, 4)]),
+        "fixed": st.integers(0, 3),
+        "seed": st.integers(0, 1000),
+    }
+)
 
 
 @settings(max_examples=25, deadline=None)
@@ -87,7 +92,9 @@ def test_unmasking_is_monotonic_and_complete(adapter: ModelAdapter, shape: dict)
         blanks = int((~given_cells).sum())
         assert result.tokens_committed == blanks
         max_depth = getattr(decoder.expansion, "max_depth", 0)
-        recheck = decoder.population.score.remask_groups if size > 1 else 0  # the model's re-check of complete particles: one more step
+        recheck = (
+            decoder.population.score.remask_groups if size > 1 else 0
+        )  # the model's re-check of complete particles: one more step
         bound = (decoder.commit.steps if fixed_schedule else blanks * (1 + max_depth)) + int(recheck > 0)
         rows_bound = result.steps * size * (1 + getattr(decoder.candidates, "k", 0)) + recheck * size
         assert result.row_forwards <= rows_bound, "more rows than particles, branches and re-checks"
@@ -107,7 +114,9 @@ def test_results_do_not_depend_on_batch_composition(adapter: ModelAdapter, shape
         assert_same_result(alone, together[index], same_batches=False)
 
 
-def assert_same_decode(a: SearchDecoder, b: SearchDecoder, adapter: ModelAdapter, gen_length: int = 16, block_length: int = 8) -> list:
+def assert_same_decode(
+    a: SearchDecoder, b: SearchDecoder, adapter: ModelAdapter, gen_length: int = 16, block_length: int = 8
+) -> list:
     requests = make_requests([3, 0, 5, 2], gen_length, seed=11, fixed=2)
     first = a.decode(RolloutEngine(adapter=adapter), requests, block_length)
     second = b.decode(RolloutEngine(adapter=adapter), requests, block_length)
@@ -123,7 +132,12 @@ def assert_same_result(x, y, same_batches: bool = True) -> None:
     which changes the float rounding of the confidences (measured: 4e-7) but no decision.
     """
     assert torch.equal(x.tokens, y.tokens)
-    assert (x.steps, x.row_forwards, x.token_forwards, x.tokens_committed) == (y.steps, y.row_forwards, y.token_forwards, y.tokens_committed)
+    assert (x.steps, x.row_forwards, x.token_forwards, x.tokens_committed) == (
+        y.steps,
+        y.row_forwards,
+        y.token_forwards,
+        y.tokens_committed,
+    )
     for field in ("commit_call", "commit_depth", "commit_branch"):
         assert torch.equal(getattr(x, field), getattr(y, field)), field
     if same_batches:
@@ -133,7 +147,9 @@ def assert_same_result(x, y, same_batches: bool = True) -> None:
 
 
 def test_adalook_with_closed_gate_is_ete(adapter: ModelAdapter) -> None:
-    results = assert_same_decode(text_decoder("adalook", "decoder.expansion.threshold=inf"), text_decoder("ete"), adapter)
+    results = assert_same_decode(
+        text_decoder("adalook", "decoder.expansion.threshold=inf"), text_decoder("ete"), adapter
+    )
     assert any((r.commit_depth == 1).any() for r in results), "no lookahead happened: the test would prove nothing"
 
 
@@ -147,7 +163,12 @@ def test_fixed_depth_one_is_ete(adapter: ModelAdapter) -> None:
 
 def test_adalook_with_open_gate_and_no_reevaluation_is_fixed_depth(adapter: ModelAdapter) -> None:
     results = assert_same_decode(
-        text_decoder("adalook", "decoder.expansion.threshold=-inf", "decoder.expansion.max_depth=3", "decoder/selector=best_score"),
+        text_decoder(
+            "adalook",
+            "decoder.expansion.threshold=-inf",
+            "decoder.expansion.max_depth=3",
+            "decoder/selector=best_score",
+        ),
         text_decoder("fixed_depth", "decoder.expansion.depth=3"),
         adapter,
     )
@@ -169,7 +190,9 @@ def test_adalook_gate_and_reevaluation_change_the_search(adapter: ModelAdapter) 
     # gamma 0.6: some branches settle (stop triggering) after a step, so re-evaluation has work to do
     ete_levels: list[Lookahead] = []
     ada_levels: list[Lookahead] = []
-    ete = text_decoder("ete", "decoder.trigger.gamma=0.6").decode(RolloutEngine(adapter=adapter), requests, 8, on_lookahead=ete_levels.append)
+    ete = text_decoder("ete", "decoder.trigger.gamma=0.6").decode(
+        RolloutEngine(adapter=adapter), requests, 8, on_lookahead=ete_levels.append
+    )
     ada = text_decoder("adalook", "decoder.expansion.threshold=0.0", "decoder.trigger.gamma=0.6").decode(
         RolloutEngine(adapter=adapter), requests, 8, on_lookahead=ada_levels.append
     )
@@ -198,7 +221,9 @@ def test_adalook_gate_and_reevaluation_change_the_search(adapter: ModelAdapter) 
 def test_threshold_rule_commits_at_least_one_per_step(adapter: ModelAdapter) -> None:
     requests = make_requests([3, 0, 5], 16, seed=5)
     for threshold in (0.0, 0.5, 1.0):
-        _, canvases, _ = decode_logged(text_decoder("fast_dllm", f"decoder.commit.threshold={threshold}"), adapter, requests, 8)
+        _, canvases, _ = decode_logged(
+            text_decoder("fast_dllm", f"decoder.commit.threshold={threshold}"), adapter, requests, 8
+        )
         counts = [c.masked.sum(1) for c in canvases]
         before = torch.full_like(counts[0], 16)
         for now in counts:
@@ -240,7 +265,9 @@ def test_adalook_counts_more_rows_than_steps(adapter: ModelAdapter) -> None:
     committed = ~given
     # the commit record: given cells were never committed; every other cell exactly once, at a
     # model call of this sample, at depth 0 (base rule, no branch) or in a lookahead branch
-    assert torch.equal(result.commit_call[given], torch.full((2,), -1)) and torch.equal(result.commit_depth[given], torch.full((2,), -1))
+    assert torch.equal(result.commit_call[given], torch.full((2,), -1)) and torch.equal(
+        result.commit_depth[given], torch.full((2,), -1)
+    )
     assert result.tokens_committed == int(committed.sum()) == 14
     calls = result.commit_call[committed]
     assert bool(((calls >= 1) & (calls <= result.steps)).all())

@@ -24,13 +24,21 @@ pytest.importorskip("prometheus_client")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from dlmsearch.api import Decoder, Model, compose_settings  # noqa: E402
-from dlmsearch.config import decoder_presets  # noqa: E402
-from serving import metric, running_server, wait_until  # noqa: E402
+from serving import metric, running_server, wait_until
+
+from dlmsearch.api import Decoder, Model, compose_settings
+from dlmsearch.config import decoder_presets
 
 MODEL = "countdown"
 BLOCK = 8  # the shipped Countdown model's block length (conf/model/countdown.yaml: trained_on)
-PROMPTS = ["Make 24 from 3 4 6 2.", "Make 10 from 2 5 1.", "Make 30 from 5 6 2 1.", "Make 7 from 9 2.", "Make 48 from 8 6 2 3.", "Make 15 from 3 5 7."]
+PROMPTS = [
+    "Make 24 from 3 4 6 2.",
+    "Make 10 from 2 5 1.",
+    "Make 30 from 5 6 2 1.",
+    "Make 7 from 9 2.",
+    "Make 48 from 8 6 2 3.",
+    "Make 15 from 3 5 7.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +48,10 @@ def model() -> Model:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> str:
-    with running_server(["+decoder=fast_dllm", "serve.presets=all", "serve.max_n=4", "serve.max_batch=32"], cwd=str(tmp_path_factory.mktemp("serve"))) as (_, url, _):
+    with running_server(
+        ["+decoder=fast_dllm", "serve.presets=all", "serve.max_n=4", "serve.max_batch=32"],
+        cwd=str(tmp_path_factory.mktemp("serve")),
+    ) as (_, url, _):
         yield url
 
 
@@ -50,10 +61,26 @@ def offline(model: Model, case: dict) -> list[dict]:
     decoder = Decoder.from_preset(case.get("preset", "fast_dllm"), overrides=options)
     gen_length = -(-case.get("max_tokens", 16) // BLOCK) * BLOCK
     out = decoder.generate(
-        model, [case["prompt"]] * case.get("n", 1), gen_length=gen_length, block_length=BLOCK, chat=case["chat"], seed=case.get("seed", 0),
-        temperature=case.get("temperature"), top_p=case.get("top_p"), top_k=case.get("top_k"),
+        model,
+        [case["prompt"]] * case.get("n", 1),
+        gen_length=gen_length,
+        block_length=BLOCK,
+        chat=case["chat"],
+        seed=case.get("seed", 0),
+        temperature=case.get("temperature"),
+        top_p=case.get("top_p"),
+        top_k=case.get("top_k"),
     )
-    return [{"text": g.text, "steps": g.steps, "row_forwards": g.row_forwards, "token_forwards": g.token_forwards, "tokens_committed": g.tokens_committed} for g in out]
+    return [
+        {
+            "text": g.text,
+            "steps": g.steps,
+            "row_forwards": g.row_forwards,
+            "token_forwards": g.token_forwards,
+            "tokens_committed": g.tokens_committed,
+        }
+        for g in out
+    ]
 
 
 def body_of(case: dict) -> tuple[str, dict]:
@@ -72,7 +99,12 @@ def served(client: httpx.Client, case: dict) -> list[dict]:
     texts = [c["message"]["content"] if case["chat"] else c["text"] for c in data["choices"]]
     assert len(texts) == case.get("n", 1)
     if case.get("n", 1) == 1:
-        return [{"text": texts[0], **{k: data["usage"][k] for k in ("steps", "row_forwards", "token_forwards", "tokens_committed")}}]
+        return [
+            {
+                "text": texts[0],
+                **{k: data["usage"][k] for k in ("steps", "row_forwards", "token_forwards", "tokens_committed")},
+            }
+        ]
     return [{"text": t} for t in texts]
 
 
@@ -80,7 +112,13 @@ def cases() -> list[dict]:
     """Every preset, with mixed lengths, endpoints, seeds and sampling."""
     out = []
     for i, preset in enumerate(decoder_presets()):
-        case = {"preset": preset, "prompt": PROMPTS[i % len(PROMPTS)], "chat": i % 2 == 0, "max_tokens": (16, 8, 24)[i % 3], "seed": i}
+        case = {
+            "preset": preset,
+            "prompt": PROMPTS[i % len(PROMPTS)],
+            "chat": i % 2 == 0,
+            "max_tokens": (16, 8, 24)[i % 3],
+            "seed": i,
+        }
         if i % 4 == 1:
             case |= {"temperature": 0.8, "top_k": 20}
         if i % 4 == 3:
@@ -89,7 +127,14 @@ def cases() -> list[dict]:
     out += [
         {"prompt": PROMPTS[0], "chat": True, "max_tokens": 16, "seed": 11, "temperature": 1.0, "n": 3},
         {"prompt": PROMPTS[1], "chat": False, "max_tokens": 16, "seed": 12, "decoder": {"commit.threshold": 0.7}},
-        {"preset": "adalook", "prompt": PROMPTS[2], "chat": True, "max_tokens": 16, "seed": 13, "decoder": {"expansion.max_depth": 2}},
+        {
+            "preset": "adalook",
+            "prompt": PROMPTS[2],
+            "chat": True,
+            "max_tokens": 16,
+            "seed": 13,
+            "decoder": {"expansion.max_depth": 2},
+        },
     ]
     return out
 
@@ -111,12 +156,19 @@ def test_openai_client_and_streaming(server: str, model: Model) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
     case = {"prompt": PROMPTS[0], "chat": True, "max_tokens": 32, "seed": 5}
     [expected] = offline(model, case)
-    whole = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": case["prompt"]}], max_tokens=32, seed=5)
+    whole = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": case["prompt"]}], max_tokens=32, seed=5
+    )
     assert whole.choices[0].message.content == expected["text"]
     assert whole.model_dump()["usage"]["steps"] == expected["steps"]
     assert whole.model_dump()["usage"]["token_forwards"] == expected["token_forwards"]
     stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": case["prompt"]}], max_tokens=32, seed=5, stream=True, stream_options={"include_usage": True},
+        model=MODEL,
+        messages=[{"role": "user", "content": case["prompt"]}],
+        max_tokens=32,
+        seed=5,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     pieces, reasons, usages = [], [], []
     for chunk in stream:
@@ -131,8 +183,15 @@ def test_openai_client_and_streaming(server: str, model: Model) -> None:
     assert len(pieces) >= 2, "fast_dllm's blocks are final when committed: the text comes block by block"
     assert reasons == [whole.choices[0].finish_reason]
     assert usages and usages[0].completion_tokens == whole.usage.completion_tokens
-    completion = client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=16, seed=2, extra_body={"preset": "ete"})
-    assert completion.choices[0].text == offline(model, {"preset": "ete", "prompt": PROMPTS[3], "chat": False, "max_tokens": 16, "seed": 2})[0]["text"]
+    completion = client.completions.create(
+        model=MODEL, prompt=PROMPTS[3], max_tokens=16, seed=2, extra_body={"preset": "ete"}
+    )
+    assert (
+        completion.choices[0].text
+        == offline(model, {"preset": "ete", "prompt": PROMPTS[3], "chat": False, "max_tokens": 16, "seed": 2})[0][
+            "text"
+        ]
+    )
 
 
 def sse_texts(response: httpx.Response) -> tuple[list[str], bool]:
@@ -141,7 +200,7 @@ def sse_texts(response: httpx.Response) -> tuple[list[str], bool]:
     for line in response.iter_lines():
         if not line.startswith("data: "):
             continue
-        data = line[len("data: "):]
+        data = line[len("data: ") :]
         if data == "[DONE]":
             done = True
             continue
@@ -165,19 +224,75 @@ BAD_INPUTS = [
     # (what, path, raw body or JSON, headers, status, error code, param)
     ("malformed JSON", "/v1/completions", b'{"model": "countdown", "prompt": ', {}, 400, "invalid_json", None),
     ("not an object", "/v1/completions", b"[1, 2]", {}, 400, "invalid_json", None),
-    ("non-UTF-8 body", "/v1/completions", b'{"model": "countdown", "prompt": "\xff\xfe"}', {}, 400, "invalid_encoding", None),
+    (
+        "non-UTF-8 body",
+        "/v1/completions",
+        b'{"model": "countdown", "prompt": "\xff\xfe"}',
+        {},
+        400,
+        "invalid_encoding",
+        None,
+    ),
     ("missing prompt", "/v1/completions", {"model": MODEL}, {}, 400, "missing_field", "prompt"),
     ("missing messages", "/v1/chat/completions", {"model": MODEL}, {}, 400, "missing_field", "messages"),
     ("empty messages", "/v1/chat/completions", {"model": MODEL, "messages": []}, {}, 400, "invalid_value", "messages"),
     ("missing model", "/v1/completions", {"prompt": "x"}, {}, 400, "missing_field", "model"),
-    ("wrong type", "/v1/completions", {"model": MODEL, "prompt": "x", "temperature": "hot"}, {}, 400, "invalid_value", "temperature"),
-    ("max_tokens beyond the context", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4096}, {}, 400, "context_length_exceeded", "max_tokens"),
-    ("max_tokens zero", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, {}, 400, "invalid_value", "max_tokens"),
+    (
+        "wrong type",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "temperature": "hot"},
+        {},
+        400,
+        "invalid_value",
+        "temperature",
+    ),
+    (
+        "max_tokens beyond the context",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "max_tokens": 4096},
+        {},
+        400,
+        "context_length_exceeded",
+        "max_tokens",
+    ),
+    (
+        "max_tokens zero",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "max_tokens": 0},
+        {},
+        400,
+        "invalid_value",
+        "max_tokens",
+    ),
     ("unknown model", "/v1/completions", {"model": "gpt-4", "prompt": "x"}, {}, 404, "model_not_found", "model"),
     ("n above the limit", "/v1/completions", {"model": MODEL, "prompt": "x", "n": 5}, {}, 400, None, "n"),
-    ("an option the plan refuses", "/v1/completions", {"model": MODEL, "prompt": "x", "decoder": {"commit.threshold": 2.0}}, {}, 400, "decoder_refused", "decoder"),
-    ("an option that does not exist", "/v1/completions", {"model": MODEL, "prompt": "x", "decoder": {"no_such_key": 1}}, {}, 400, "decoder_refused", "decoder"),
-    ("an unknown preset", "/v1/completions", {"model": MODEL, "prompt": "x", "preset": "nope"}, {}, 400, "preset_not_allowed", "preset"),
+    (
+        "an option the plan refuses",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "decoder": {"commit.threshold": 2.0}},
+        {},
+        400,
+        "decoder_refused",
+        "decoder",
+    ),
+    (
+        "an option that does not exist",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "decoder": {"no_such_key": 1}},
+        {},
+        400,
+        "decoder_refused",
+        "decoder",
+    ),
+    (
+        "an unknown preset",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "preset": "nope"},
+        {},
+        400,
+        "preset_not_allowed",
+        "preset",
+    ),
     ("an empty prompt", "/v1/completions", {"model": MODEL, "prompt": ""}, {}, 400, None, "prompt"),
     ("oversized body", "/v1/completions", {"model": MODEL, "prompt": "x" * 1_100_000}, {}, 413, "body_too_large", None),
     ("unknown route", "/v1/embeddings", {"model": MODEL, "input": "x"}, {}, 404, "not_found", None),
@@ -185,9 +300,13 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("what, path, body, headers, status, code, param", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
-def test_bad_input_gets_an_openai_error(server: str, what: str, path: str, body: object, headers: dict, status: int, code: str | None, param: str | None) -> None:
+def test_bad_input_gets_an_openai_error(
+    server: str, what: str, path: str, body: object, headers: dict, status: int, code: str | None, param: str | None
+) -> None:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    response = httpx.post(server + path, content=content, headers={"content-type": "application/json", **headers}, timeout=30)
+    response = httpx.post(
+        server + path, content=content, headers={"content-type": "application/json", **headers}, timeout=30
+    )
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["message"] and error["type"]
@@ -205,10 +324,15 @@ def test_a_client_that_goes_away_frees_its_slots(server: str, model: Model) -> N
     path, body = body_of(SLOW)
     ok_before = metric(server, 'dlmsearch_requests_total{outcome="ok"}')
     with httpx.Client(base_url=server, timeout=60) as client:
-        other = concurrent.futures.ThreadPoolExecutor(1).submit(served, client, {"prompt": PROMPTS[1], "chat": True, "max_tokens": 16, "seed": 8})
+        other = concurrent.futures.ThreadPoolExecutor(1).submit(
+            served, client, {"prompt": PROMPTS[1], "chat": True, "max_tokens": 16, "seed": 8}
+        )
         with client.stream("POST", path, json={**body, "stream": True}) as response:
             next(response.iter_lines())  # its first block (of 12): the client leaves now
-        wait_until(lambda: metric(server, "dlmsearch_running_samples") == 0 and other.done(), f"the slots to be freed (other done: {other.done()}, health: {httpx.get(server + '/health').text})")
+        wait_until(
+            lambda: metric(server, "dlmsearch_running_samples") == 0 and other.done(),
+            f"the slots to be freed (other done: {other.done()}, health: {httpx.get(server + '/health').text})",
+        )
         assert other.result() == offline(model, {"prompt": PROMPTS[1], "chat": True, "max_tokens": 16, "seed": 8})
     assert metric(server, 'dlmsearch_requests_total{outcome="ok"}') == ok_before + 1  # only the other request finished
 
@@ -252,7 +376,7 @@ def test_a_step_that_fails_fails_only_its_request(model: Model, monkeypatch: pyt
     poison = int(model.tokenizer.convert_tokens_to_ids("999"))
     original = ModelAdapter.window_logits
 
-    def window_logits(self, tokens: torch.Tensor, *args, **kwargs):  # noqa: ANN001, ANN202
+    def window_logits(self, tokens: torch.Tensor, *args, **kwargs):
         if bool((tokens == poison).any()):
             raise torch.OutOfMemoryError("out of memory (a test's model that cannot take this row)")
         return original(self, tokens, *args, **kwargs)

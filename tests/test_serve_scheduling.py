@@ -18,19 +18,36 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
-from omegaconf import OmegaConf  # noqa: E402
+from omegaconf import OmegaConf
 
-from dlmsearch.serve.app import check_limits  # noqa: E402
-from dlmsearch.serve.metrics import ServerMetrics  # noqa: E402
-from dlmsearch.serve.protocol import APIError  # noqa: E402
-from dlmsearch.serve.scheduler import Scheduler  # noqa: E402
+from dlmsearch.serve.app import check_limits
+from dlmsearch.serve.metrics import ServerMetrics
+from dlmsearch.serve.protocol import APIError
+from dlmsearch.serve.scheduler import Scheduler
 
-LIMITS = {"max_batch": 4, "max_rows": None, "max_queue": 8, "max_n": 2, "max_body_bytes": 1024, "max_lanes": 2, "batch_wait_ms": 0, "grace_s": 1}
+LIMITS = {
+    "max_batch": 4,
+    "max_rows": None,
+    "max_queue": 8,
+    "max_n": 2,
+    "max_body_bytes": 1024,
+    "max_lanes": 2,
+    "batch_wait_ms": 0,
+    "grace_s": 1,
+}
 FOREVER_S = 3600.0  # a window no test may sit out: returning at all shows the wait was skipped or cut short
 
 
 def scheduler(window_s: float, running: int, freed: int) -> Scheduler:
-    s = Scheduler(ServerMetrics(), max_batch=4, max_rows=64, max_queue=8, on_result=lambda *a: {}, on_progress=lambda *a: None, batch_wait_s=window_s)
+    s = Scheduler(
+        ServerMetrics(),
+        max_batch=4,
+        max_rows=64,
+        max_queue=8,
+        on_result=lambda *a: {},
+        on_progress=lambda *a: None,
+        batch_wait_s=window_s,
+    )
     s.running = [SimpleNamespace(choices=[object()]) for _ in range(running)]
     s.freed = freed
     return s
@@ -109,7 +126,16 @@ def test_expiry_answers_every_unfinished_request_once() -> None:
         s.check_open()
 
 
-@pytest.mark.parametrize(("key", "value", "expected"), [("max_batch", 0, r"within \[1, inf\], got 0"), ("max_queue", -1, r"within \[1, inf\], got -1"), ("batch_wait_ms", -5, r"within \[0, inf\], got -5"), ("max_n", "two", r"an integer, got 'two'"), ("grace_s", True, r"a number, got True")])
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("max_batch", 0, r"within \[1, inf\], got 0"),
+        ("max_queue", -1, r"within \[1, inf\], got -1"),
+        ("batch_wait_ms", -5, r"within \[0, inf\], got -5"),
+        ("max_n", "two", r"an integer, got 'two'"),
+        ("grace_s", True, r"a number, got True"),
+    ],
+)
 def test_a_limit_out_of_range_names_its_key(key: str, value: object, expected: str) -> None:
     with pytest.raises(ValueError, match=rf"^serve\.{key} must be {expected}"):
         check_limits(OmegaConf.create({**LIMITS, key: value}))

@@ -24,7 +24,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 httpx = pytest.importorskip("httpx")
 
-from serving import metric, running_server, wait_until  # noqa: E402
+from serving import metric, running_server, wait_until
 
 GRACE_S = 0.5
 LONG = {"model": "countdown", "preset": "llada", "max_tokens": 96, "n": 8, "temperature": 0.7, "seed": 3}
@@ -48,7 +48,7 @@ def _stream(url: str, path: str, body: dict[str, Any], into: dict[str, Any]) -> 
             into["stream_status"] = response.status_code
             for line in response.iter_lines():
                 if line.startswith("data: "):
-                    into["stream_lines"].append(line[len("data: "):])
+                    into["stream_lines"].append(line[len("data: ") :])
     except httpx.HTTPError as error:
         into["stream_error"] = error
 
@@ -61,12 +61,17 @@ def shutdown(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with running_server(overrides, cwd=str(tmp_path_factory.mktemp("shutdown"))) as (process, url, lines):
         running = [
             threading.Thread(target=_post, args=(url, "/v1/completions", {**LONG, "prompt": PROMPT}, got, "response")),
-            threading.Thread(target=_stream, args=(url, "/v1/chat/completions", {**LONG, "messages": [{"role": "user", "content": PROMPT}]}, got)),
+            threading.Thread(
+                target=_stream,
+                args=(url, "/v1/chat/completions", {**LONG, "messages": [{"role": "user", "content": PROMPT}]}, got),
+            ),
         ]
         for thread in running:
             thread.start()
         wait_until(lambda: metric(url, "dlmsearch_running_samples") >= 16, "both long requests to decode")
-        queued = threading.Thread(target=_post, args=(url, "/v1/completions", {**LONG, "n": 1, "prompt": PROMPT}, got, "queued"))
+        queued = threading.Thread(
+            target=_post, args=(url, "/v1/completions", {**LONG, "n": 1, "prompt": PROMPT}, got, "queued")
+        )
         queued.start()
         wait_until(lambda: metric(url, "dlmsearch_queue_depth") >= 1, "the third request to queue")
         process.send_signal(signal.SIGTERM)
@@ -82,7 +87,9 @@ def shutdown(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_an_unfinished_response_gets_openais_error_body(shutdown: dict[str, Any], name: str) -> None:
     response = shutdown[name]
     assert isinstance(response, httpx.Response), f"no response: {response!r}"
-    assert response.status_code == 503, f"{response.status_code}: {response.text[:300]} (did the request finish within the grace?)"
+    assert response.status_code == 503, (
+        f"{response.status_code}: {response.text[:300]} (did the request finish within the grace?)"
+    )
     assert response.headers["content-type"].startswith("application/json")
     error = response.json()["error"]
     assert error["code"] == "server_shutdown" and error["type"] == "server_error" and error["param"] is None
@@ -90,13 +97,17 @@ def test_an_unfinished_response_gets_openais_error_body(shutdown: dict[str, Any]
 
 
 def test_an_unfinished_stream_ends_with_an_error_event_then_done(shutdown: dict[str, Any]) -> None:
-    assert shutdown["stream_error"] is None, f"the stream was cut: {shutdown['stream_error']!r}; got {shutdown['stream_lines'][-3:]}"
+    assert shutdown["stream_error"] is None, (
+        f"the stream was cut: {shutdown['stream_error']!r}; got {shutdown['stream_lines'][-3:]}"
+    )
     assert shutdown["stream_status"] == 200
     *chunks, error, done = shutdown["stream_lines"]
     assert done == "[DONE]"
     assert json.loads(error)["error"]["code"] == "server_shutdown", error
     assert chunks and all(json.loads(c)["object"] == "chat.completion.chunk" for c in chunks)
-    assert not any(json.loads(c)["choices"][0]["finish_reason"] for c in chunks), "a choice finished: the request was not cut off"
+    assert not any(json.loads(c)["choices"][0]["finish_reason"] for c in chunks), (
+        "a choice finished: the request was not cut off"
+    )
 
 
 def test_the_log_has_one_line_per_cut_off_request_and_no_traceback(shutdown: dict[str, Any]) -> None:
@@ -107,4 +118,3 @@ def test_the_log_has_one_line_per_cut_off_request_and_no_traceback(shutdown: dic
     assert sum("(queued, 0 of 1 choices done)" in line for line in cut) == 1, log
     assert sum("stream ended with a server_shutdown error event" in line for line in cut) == 1, log
     assert "Traceback" not in log and not any(line.startswith("ERROR") for line in shutdown["log"]), log
-

@@ -8,19 +8,30 @@ import functools
 import attrs
 import pytest
 import torch
-
 from conftest import NoRepeatVerifier, text_decoder
+from test_text_batching import BLOCK, GEN, adapter_for, requests_for
+
 from dlmsearch.search.driver import DecodeRequest, DecodeResult
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.session import DecodeSession
-from test_text_batching import BLOCK, GEN, adapter_for, requests_for
 
 torch.set_num_threads(1)
 
 # One preset per mechanism a session must carry across admissions: schedules (llada, dream), thresholds
 # (fast_dllm), lookahead and re-evaluation (adalook, beam_adalook), populations with resampling and a
 # verifier (smc, verified_best_of_n), revisions that read the previous round (saber, remdm), KLASS's history.
-PRESETS = ["llada", "dream", "fast_dllm", "adalook", "beam_adalook", "smc", "verified_best_of_n", "saber", "remdm", "klass"]
+PRESETS = [
+    "llada",
+    "dream",
+    "fast_dllm",
+    "adalook",
+    "beam_adalook",
+    "smc",
+    "verified_best_of_n",
+    "saber",
+    "remdm",
+    "klass",
+]
 
 
 @functools.cache
@@ -37,7 +48,9 @@ def renumbered(requests: list[DecodeRequest], offset: int) -> list[DecodeRequest
     return [attrs.evolve(r, uid=r.uid + offset) for r in requests]
 
 
-CASES = [(preset, "none") for preset in PRESETS] + [(preset, cache) for preset in ("fast_dllm", "adalook", "smc") for cache in ("prefix", "dual")]
+CASES = [(preset, "none") for preset in PRESETS] + [
+    (preset, cache) for preset in ("fast_dllm", "adalook", "smc") for cache in ("prefix", "dual")
+]
 
 
 @pytest.mark.slow
@@ -62,7 +75,9 @@ def test_joining_and_leaving_change_no_other_sample(preset: str, cache: str) -> 
     finished.update({r.uid: r for r in session.run()})
     assert victim not in finished and session.state is None
     for request in [r for r in first + later if r.uid != victim]:
-        [alone] = decoder.decode(RolloutEngine(adapter=adapter("llada"), cache=cache), [request], BLOCK, verifier=verifier)
+        [alone] = decoder.decode(
+            RolloutEngine(adapter=adapter("llada"), cache=cache), [request], BLOCK, verifier=verifier
+        )
         assert record(finished[request.uid]) == record(alone), f"{preset}/{cache}: sample uid {request.uid} changed"
 
 

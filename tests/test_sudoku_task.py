@@ -208,7 +208,11 @@ def test_load_line_format_with_zero_and_dot_blanks(tmp_path) -> None:
 @pytest.mark.parametrize("header", [True, False])
 def test_load_csv(tmp_path, header: bool) -> None:
     path = tmp_path / "pairs.csv"
-    lines = (["puzzle,solution"] if header else []) + [f"{_line(PUZZLE, '.')},{_line(SOLUTION)}", "", f"{_line(PUZZLE)},{_line(SOLUTION)}"]
+    lines = (["puzzle,solution"] if header else []) + [
+        f"{_line(PUZZLE, '.')},{_line(SOLUTION)}",
+        "",
+        f"{_line(PUZZLE)},{_line(SOLUTION)}",
+    ]
     path.write_text("\n".join(lines) + "\n")
     puzzles = load_puzzles(str(path))
     assert len(puzzles) == 2

@@ -17,16 +17,16 @@ import attrs
 import pytest
 import torch
 import yaml
+from conftest import make_requests, text_decoder
 from omegaconf import OmegaConf
 
-from conftest import make_requests, text_decoder
 from dlmsearch.config import CONF_DIR, ConfigError, build, compose, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.search.components.expansion import ConfidenceDepth, FixedDepth, VarianceGate
 from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
-from dlmsearch.search.components.expansion import ConfidenceDepth, FixedDepth, VarianceGate
-from dlmsearch.sweeps.collect import SweepError, collect, find_baseline, main, write_all
 from dlmsearch.stats import pareto_front, sign_test, wilson_interval
+from dlmsearch.sweeps.collect import SweepError, collect, find_baseline, main, write_all
 
 torch.set_num_threads(1)
 
@@ -36,17 +36,20 @@ PNG = b"\x89PNG\r\n\x1a\n"
 # --- statistics ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("successes", "trials", "low", "high", "tolerance"), [
-    # Newcombe (1998), Stat. Med. 17:857, Table I, method 3 (score interval without correction)
-    (81, 263, 0.2553, 0.3662, 5e-5),
-    (15, 148, 0.0624, 0.1605, 5e-5),
-    (0, 20, 0.0, 0.1611, 5e-5),
-    (1, 29, 0.0061, 0.1718, 5e-5),
-    # by hand: centre (p + z^2/2n) / (1 + z^2/n), half-width z / (1 + z^2/n) * sqrt(p(1-p)/n + z^2/4n^2)
-    (5, 10, 0.236593, 0.763407, 1e-6),
-    (0, 10, 0.0, 0.277533, 1e-6),
-    (10, 10, 0.722467, 1.0, 1e-6),
-])
+@pytest.mark.parametrize(
+    ("successes", "trials", "low", "high", "tolerance"),
+    [
+        # Newcombe (1998), Stat. Med. 17:857, Table I, method 3 (score interval without correction)
+        (81, 263, 0.2553, 0.3662, 5e-5),
+        (15, 148, 0.0624, 0.1605, 5e-5),
+        (0, 20, 0.0, 0.1611, 5e-5),
+        (1, 29, 0.0061, 0.1718, 5e-5),
+        # by hand: centre (p + z^2/2n) / (1 + z^2/n), half-width z / (1 + z^2/n) * sqrt(p(1-p)/n + z^2/4n^2)
+        (5, 10, 0.236593, 0.763407, 1e-6),
+        (0, 10, 0.0, 0.277533, 1e-6),
+        (10, 10, 0.722467, 1.0, 1e-6),
+    ],
+)
 def test_wilson_interval_known_values(successes: int, trials: int, low: float, high: float, tolerance: float) -> None:
     assert wilson_interval(successes, trials) == pytest.approx((low, high), abs=tolerance)
 
@@ -57,17 +60,20 @@ def test_wilson_interval_edges() -> None:
         wilson_interval(3, 2)
 
 
-@pytest.mark.parametrize(("wins", "losses", "p"), [
-    (1, 9, 22 / 1024),             # R: binom.test(1, 10)$p.value = 0.02148438
-    (9, 1, 22 / 1024),
-    (2, 10, 2 * 79 / 4096),        # binom.test(2, 12) = 0.03857422
-    (0, 5, 2 / 32),
-    (0, 20, 2 / 2**20),
-    (5, 5, 1.0),
-    (6, 5, 1.0),
-    (0, 0, 1.0),
-    (1, 0, 1.0),
-])
+@pytest.mark.parametrize(
+    ("wins", "losses", "p"),
+    [
+        (1, 9, 22 / 1024),  # R: binom.test(1, 10)$p.value = 0.02148438
+        (9, 1, 22 / 1024),
+        (2, 10, 2 * 79 / 4096),  # binom.test(2, 12) = 0.03857422
+        (0, 5, 2 / 32),
+        (0, 20, 2 / 2**20),
+        (5, 5, 1.0),
+        (6, 5, 1.0),
+        (0, 0, 1.0),
+        (1, 0, 1.0),
+    ],
+)
 def test_sign_test_exact_values(wins: int, losses: int, p: float) -> None:
     assert sign_test(wins, losses) == pytest.approx(p, rel=1e-12)
 
@@ -91,13 +97,36 @@ def test_pareto_front_keeps_undominated_points_by_cost() -> None:
 # --- the collector on a hand-made sweep ------------------------------------------------------
 
 
-def fake_run(root: Path, name: str, overrides: list[str], solved: set[int], *, items: int = 10, config: dict | None = None,
-             steps: float = 10.0, rows: float = 20.0, extra: list[str] = ()) -> Path:
+def fake_run(
+    root: Path,
+    name: str,
+    overrides: list[str],
+    solved: set[int],
+    *,
+    items: int = 10,
+    config: dict | None = None,
+    steps: float = 10.0,
+    rows: float = 20.0,
+    extra: list[str] = (),
+) -> Path:
     directory = root / name
     (directory / ".hydra").mkdir(parents=True)
     (directory / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    lines = [json.dumps({"id": f"p{i}", "output": "x", "correct": i in solved, "steps": steps, "row_forwards": rows,
-                         "token_forwards": 81 * rows, "tokens_committed": 81, "wall_seconds": 0.5}) for i in range(items)]
+    lines = [
+        json.dumps(
+            {
+                "id": f"p{i}",
+                "output": "x",
+                "correct": i in solved,
+                "steps": steps,
+                "row_forwards": rows,
+                "token_forwards": 81 * rows,
+                "tokens_committed": 81,
+                "wall_seconds": 0.5,
+            }
+        )
+        for i in range(items)
+    ]
     (directory / "results.jsonl").write_text("\n".join([*lines, *extra]) + "\n")
     if config is not None:
         (directory / "summary.json").write_text(json.dumps({"config": config}))
@@ -107,14 +136,37 @@ def fake_run(root: Path, name: str, overrides: list[str], solved: set[int], *, i
 @pytest.fixture
 def fake_sweep(tmp_path: Path) -> Path:
     common = ["+experiment=fake", "task.limit=10"]
-    fake_run(tmp_path, "0_base", ["decoder=llada", *common], set(range(5)), steps=40, rows=40,
-             config={"decoder": {"name": "llada", "commit": {"steps": 81}}, "out_dir": "a"})
-    fake_run(tmp_path, "1_better", ["decoder=fast_dllm", *common], set(range(9)), steps=12, rows=12,
-             config={"decoder": {"name": "fast_dllm", "commit": {"threshold": 0.9}}, "out_dir": "b"})
+    fake_run(
+        tmp_path,
+        "0_base",
+        ["decoder=llada", *common],
+        set(range(5)),
+        steps=40,
+        rows=40,
+        config={"decoder": {"name": "llada", "commit": {"steps": 81}}, "out_dir": "a"},
+    )
+    fake_run(
+        tmp_path,
+        "1_better",
+        ["decoder=fast_dllm", *common],
+        set(range(9)),
+        steps=12,
+        rows=12,
+        config={"decoder": {"name": "fast_dllm", "commit": {"threshold": 0.9}}, "out_dir": "b"},
+    )
     # one item ended in error, then a torn line: 9 judged items, the error left out
     error = json.dumps({"id": "p9", "error": "RuntimeError: boom", "correct": None, "wall_seconds": 0.1})
-    fake_run(tmp_path, "2_other", ["decoder=adalook", *common], {5, 6, 7, 8}, items=9, steps=11, rows=30,
-             config={"decoder": {"name": "adalook", "commit": {"threshold": 0.9}}, "out_dir": "c"}, extra=[error, '{"id": "p1'])
+    fake_run(
+        tmp_path,
+        "2_other",
+        ["decoder=adalook", *common],
+        {5, 6, 7, 8},
+        items=9,
+        steps=11,
+        rows=30,
+        config={"decoder": {"name": "adalook", "commit": {"threshold": 0.9}}, "out_dir": "c"},
+        extra=[error, '{"id": "p1'],
+    )
     return tmp_path
 
 
@@ -126,7 +178,12 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 def test_collector_tables_pairs_and_plots(fake_sweep: Path) -> None:
     sweep = collect(fake_sweep, baseline="decoder=llada", group_by=["decoder.name"])
     written = write_all(sweep)
-    assert {p.name for p in written} == {"sweep.csv", "sweep.md", "accuracy_vs_steps.png", "accuracy_vs_row_forwards.png"}
+    assert {p.name for p in written} == {
+        "sweep.csv",
+        "sweep.md",
+        "accuracy_vs_steps.png",
+        "accuracy_vs_row_forwards.png",
+    }
     for name in ("accuracy_vs_steps.png", "accuracy_vs_row_forwards.png"):
         assert (fake_sweep / name).read_bytes()[:8] == PNG
     rows = read_csv(fake_sweep / "sweep.csv")
@@ -147,7 +204,12 @@ def test_collector_tables_pairs_and_plots(fake_sweep: Path) -> None:
     assert [r["pareto_steps"] for r in rows] == ["False", "True", "True"]
     assert [r["pareto_row_forwards"] for r in rows] == ["False", "True", "False"]
     # varying overrides and resolved-config keys become columns; common ones and out_dir do not
-    assert "decoder" in rows[0] and "decoder.commit.steps" in rows[0] and "task.limit" not in rows[0] and "out_dir" not in rows[0]
+    assert (
+        "decoder" in rows[0]
+        and "decoder.commit.steps" in rows[0]
+        and "task.limit" not in rows[0]
+        and "out_dir" not in rows[0]
+    )
     markdown = (fake_sweep / "sweep.md").read_text()
     assert markdown.startswith("# fake sweep")
     assert "| 1 | decoder=fast_dllm | 10 | 5 | 4 | 0 | 1 | +40.0 | 0.125 |" in markdown
@@ -170,9 +232,25 @@ def test_baseline_is_found_by_label_directory_or_overrides(fake_sweep: Path) -> 
     assert "No baseline named" in (fake_sweep / "out" / "sweep.md").read_text()
 
 
-def test_collector_cli_takes_the_callback_settings_of_the_sweep(fake_sweep: Path, capsys: pytest.CaptureFixture) -> None:
-    (fake_sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"callbacks": {"collect_sweep": {
-        "_target_": "dlmsearch.sweeps.callback.CollectSweep", "baseline": "decoder=fast_dllm", "group_by": [], "connect": True}}}}))
+def test_collector_cli_takes_the_callback_settings_of_the_sweep(
+    fake_sweep: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (fake_sweep / "multirun.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "hydra": {
+                    "callbacks": {
+                        "collect_sweep": {
+                            "_target_": "dlmsearch.sweeps.callback.CollectSweep",
+                            "baseline": "decoder=fast_dllm",
+                            "group_by": [],
+                            "connect": True,
+                        }
+                    }
+                }
+            }
+        )
+    )
     assert main([str(fake_sweep)]) == 0
     assert [r["baseline"] for r in read_csv(fake_sweep / "sweep.csv")] == ["False", "True", "False"]
     assert main([str(fake_sweep), "--baseline", "decoder=dream"]) == 2
@@ -205,7 +283,9 @@ def test_confidence_depth_maps_top_confidence_to_depth() -> None:
 
 def test_confidence_depth_config_is_checked() -> None:
     with pytest.raises(ConfigError, match="mid must not exceed high"):
-        build(compose(["+decoder=adalook", "decoder/expansion=confidence_depth", "decoder.expansion.mid=0.95"]), "decoder")
+        build(
+            compose(["+decoder=adalook", "decoder/expansion=confidence_depth", "decoder.expansion.mid=0.95"]), "decoder"
+        )
 
 
 def planned(*overrides: str):
@@ -224,18 +304,30 @@ def same_decode(a, b, adapter: ModelAdapter) -> list:
 
 def test_confidence_depth_extremes_are_fixed_depths(adapter: ModelAdapter) -> None:
     # every root's top confidence is above 0: depth 1 everywhere, which is fixed depth 1 (ETE)
-    same_decode(planned("decoder.expansion.high=0.0", "decoder.expansion.mid=0.0"),
-                text_decoder("adalook", "decoder/expansion=fixed_depth", "decoder.expansion.depth=1"), adapter)
+    same_decode(
+        planned("decoder.expansion.high=0.0", "decoder.expansion.mid=0.0"),
+        text_decoder("adalook", "decoder/expansion=fixed_depth", "decoder.expansion.depth=1"),
+        adapter,
+    )
     # no root is above 1: always the maximum depth
-    results = same_decode(planned("decoder.expansion.high=1.0", "decoder.expansion.mid=1.0", "decoder.expansion.max_depth=3"),
-                          text_decoder("adalook", "decoder/expansion=fixed_depth", "decoder.expansion.depth=3"), adapter)
+    results = same_decode(
+        planned("decoder.expansion.high=1.0", "decoder.expansion.mid=1.0", "decoder.expansion.max_depth=3"),
+        text_decoder("adalook", "decoder/expansion=fixed_depth", "decoder.expansion.depth=3"),
+        adapter,
+    )
     assert any((r.commit_depth >= 2).any() for r in results)
 
 
-def test_confidence_depth_decides_per_sample_and_batch_free(adapter: ModelAdapter, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_confidence_depth_decides_per_sample_and_batch_free(
+    adapter: ModelAdapter, monkeypatch: pytest.MonkeyPatch
+) -> None:
     decided: list[int] = []
     original = ConfidenceDepth.depth_for
-    monkeypatch.setattr(ConfidenceDepth, "depth_for", lambda self, top: decided.extend(original(self, top).tolist()) or original(self, top))
+    monkeypatch.setattr(
+        ConfidenceDepth,
+        "depth_for",
+        lambda self, top: decided.extend(original(self, top).tolist()) or original(self, top),
+    )
     decoder = planned("decoder.expansion.high=0.8", "decoder.expansion.mid=0.5", "decoder.expansion.max_depth=3")
     assert isinstance(decoder, SearchDecoder) and isinstance(decoder.expansion, ConfidenceDepth)
     requests = make_requests([3, 0, 5, 2], 16, seed=11, fixed=2)
@@ -289,15 +381,23 @@ def test_ablate_gate_grid_builds_every_arm() -> None:
     assert sorted({e.max_depth for e in kinds.values() if isinstance(e, VarianceGate)}) == [2, 3, 4]
 
 
-KNOBS = {"steps": ("llada", "random", "dream"), "threshold": ("fast_dllm", "fast_block", "ete", "adalook", "fixed_depth"),
-         "factor": ("fast_dllm_factor",), "budget": ("fast_block", "ete", "adalook", "fixed_depth")}
+KNOBS = {
+    "steps": ("llada", "random", "dream"),
+    "threshold": ("fast_dllm", "fast_block", "ete", "adalook", "fixed_depth"),
+    "factor": ("fast_dllm_factor",),
+    "budget": ("fast_block", "ete", "adalook", "fixed_depth"),
+}
 
 
 def test_budget_curve_moves_each_preset_along_its_knob_and_keeps_the_rest() -> None:
     raw = experiment_file("budget_curve")
     presets = sweep_values(raw, "decoder")
     points = sweep_values(raw, "curve.point")
-    assert set(presets) == set(raw.curve.commit) and set(presets) <= set(decoder_presets()) and points == list(raw.curve.steps)
+    assert (
+        set(presets) == set(raw.curve.commit)
+        and set(presets) <= set(decoder_presets())
+        and points == list(raw.curve.steps)
+    )
     for preset in presets:
         composed = compose(["+experiment=budget_curve", f"decoder={preset}"])
         own = OmegaConf.to_container(compose([f"+decoder={preset}"]).decoder.commit, resolve=True)
@@ -307,7 +407,9 @@ def test_budget_curve_moves_each_preset_along_its_knob_and_keeps_the_rest() -> N
             cfg = copy.deepcopy(composed)  # building resolves the chosen table entry in place: one copy per point
             cfg.curve.point = point
             commit = OmegaConf.to_container(cfg.decoder.commit, resolve=True)
-            assert {k: v for k, v in commit.items() if k not in knobs} == {k: v for k, v in own.items() if k not in knobs}, preset
+            assert {k: v for k, v in commit.items() if k not in knobs} == {
+                k: v for k, v in own.items() if k not in knobs
+            }, preset
             seen.add(tuple(commit[k] for k in sorted(knobs)))
             decoder = build(cfg, "decoder")
             assert decoder.name == preset
@@ -325,14 +427,32 @@ def test_cli_multirun_of_an_experiment_is_collected(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     env = {**os.environ, "HYDRA_FULL_ERROR": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "dlmsearch", "-m", "+experiment=ablate_gate", "ablate.arm=fixed_d1,confdepth_D2",
-         "decoder.candidates.k=4", "task.limit=2", "examples=0", f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "dlmsearch",
+            "-m",
+            "+experiment=ablate_gate",
+            "ablate.arm=fixed_d1,confdepth_D2",
+            "decoder.candidates.k=4",
+            "task.limit=2",
+            "examples=0",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0_fixed_d1_k4", "1_confdepth_D2_k4"]
     rows = read_csv(sweep / "sweep.csv")
-    assert [(r["label"], r["baseline"], r["judged"]) for r in rows] == [("arm=fixed_d1", "True", "2"), ("arm=confdepth_D2", "False", "2")]
+    assert [(r["label"], r["baseline"], r["judged"]) for r in rows] == [
+        ("arm=fixed_d1", "True", "2"),
+        ("arm=confdepth_D2", "False", "2"),
+    ]
     assert rows[1]["decoder.expansion._target_"] == "dlmsearch.search.components.expansion.ConfidenceDepth"
     assert float(rows[0]["mean_steps"]) > 0 and float(rows[0]["mean_row_forwards"]) >= float(rows[0]["mean_steps"])
     markdown = (sweep / "sweep.md").read_text()
@@ -342,7 +462,9 @@ def test_cli_multirun_of_an_experiment_is_collected(tmp_path: Path) -> None:
         assert (sweep / name).read_bytes()[:8] == PNG
 
 
-def test_a_directory_of_links_compares_runs_of_several_sweeps(fake_sweep: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_a_directory_of_links_compares_runs_of_several_sweeps(
+    fake_sweep: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     compare = tmp_path_factory.mktemp("compare")
     for name in ("0_base", "2_other"):
         (compare / name).symlink_to(fake_sweep / name, target_is_directory=True)
@@ -359,4 +481,6 @@ def test_statistics_agree_with_scipy() -> None:
         assert low == pytest.approx(expected.low, abs=1e-12) and high == pytest.approx(expected.high, abs=1e-12)
     for wins, losses in [(0, 0), (1, 0), (5, 1), (10, 2), (30, 31), (57, 3), (61, 3), (120, 80), (0, 40)]:
         if wins + losses:
-            assert sign_test(wins, losses) == pytest.approx(scipy_stats.binomtest(wins, wins + losses, 0.5).pvalue, rel=1e-9, abs=1e-300)
+            assert sign_test(wins, losses) == pytest.approx(
+                scipy_stats.binomtest(wins, wins + losses, 0.5).pvalue, rel=1e-9, abs=1e-300
+            )

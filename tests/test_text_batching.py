@@ -8,16 +8,16 @@ import functools
 
 import pytest
 import torch
+from conftest import NoRepeatVerifier, text_decoder
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from conftest import NoRepeatVerifier, text_decoder
 from dlmsearch.config import decoder_presets
+from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.search.driver import DecodeRequest
-from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 VOCAB, MASK_ID, GEN, BLOCK = 64, 63, 16, 8
@@ -29,8 +29,16 @@ def tiny_family_model(family: str, seed: int = 0) -> BidirectionalTransformer:
     torch.manual_seed(seed)
     dream = family == "dream"
     config = TransformerConfig(
-        vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2 if dream else 4,
-        intermediate_size=64, max_length=128, rope_theta=1e6 if dream else 5e5, qkv_bias=dream, rope_in_float32=not dream,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2 if dream else 4,
+        intermediate_size=64,
+        max_length=128,
+        rope_theta=1e6 if dream else 5e5,
+        qkv_bias=dream,
+        rope_in_float32=not dream,
     )
     model = BidirectionalTransformer(config)
     with torch.no_grad():
@@ -55,7 +63,13 @@ class IgnoresPadding(nn.Module):
 def adapter_for(family: str, honours_padding: bool) -> ModelAdapter:
     model = tiny_family_model(family)
     module = model if honours_padding else IgnoresPadding(model)
-    return ModelAdapter(module=module, mask_id=MASK_ID, vocab_size=VOCAB, shift_logits=family == "dream", honours_padding=honours_padding)
+    return ModelAdapter(
+        module=module,
+        mask_id=MASK_ID,
+        vocab_size=VOCAB,
+        shift_logits=family == "dream",
+        honours_padding=honours_padding,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +87,9 @@ def decoder_for(preset: str):
 def requests_for(lengths: list[int], seed: int) -> list[DecodeRequest]:
     generator = torch.Generator().manual_seed(seed)
     return [
-        DecodeRequest(uid=uid, prompt=torch.randint(0, MASK_ID, (n,), generator=generator), generation=torch.full((GEN,), MASK_ID))
+        DecodeRequest(
+            uid=uid, prompt=torch.randint(0, MASK_ID, (n,), generator=generator), generation=torch.full((GEN,), MASK_ID)
+        )
         for uid, n in enumerate(lengths)
     ]
 
@@ -85,8 +101,12 @@ def requests_for(lengths: list[int], seed: int) -> list[DecodeRequest]:
 # each run draws new ones, so the runs add up.
 @settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=4), seed=st.integers(0, 1000))
-def test_batched_equals_alone(adapters, preset: str, family: str, honours_padding: bool, lengths: list[int], seed: int) -> None:
-    assert_batched_equals_alone(RolloutEngine(adapter=adapters[family, honours_padding], row_budget=3), preset, requests_for(lengths, seed))
+def test_batched_equals_alone(
+    adapters, preset: str, family: str, honours_padding: bool, lengths: list[int], seed: int
+) -> None:
+    assert_batched_equals_alone(
+        RolloutEngine(adapter=adapters[family, honours_padding], row_budget=3), preset, requests_for(lengths, seed)
+    )
 
 
 def refusal(engine: RolloutEngine, preset: str) -> str | None:
@@ -97,7 +117,9 @@ def refusal(engine: RolloutEngine, preset: str) -> str | None:
         return "needs cache=none or prefix"
     if preset == "wino" and not engine.capabilities.shadow:
         return "needs a model that takes an explicit attention mask"
-    if decoder_for(preset).stop_at_eos and not engine.capabilities.stop_ids:  # llada2, llada21: their loops always stop at EOS
+    if (
+        decoder_for(preset).stop_at_eos and not engine.capabilities.stop_ids
+    ):  # llada2, llada21: their loops always stop at EOS
         return "needs the model's stop tokens"
     return None
 
@@ -113,7 +135,11 @@ def assert_batched_equals_alone(engine: RolloutEngine, preset: str, requests: li
     for request, together in zip(requests, batched):
         [alone] = decoder.decode(engine, [request], BLOCK, verifier=verifier)
         assert torch.equal(together.tokens, alone.tokens), f"{preset}: prompt of length {len(request.prompt)}"
-        assert (together.steps, together.row_forwards, together.token_forwards) == (alone.steps, alone.row_forwards, alone.token_forwards)
+        assert (together.steps, together.row_forwards, together.token_forwards) == (
+            alone.steps,
+            alone.row_forwards,
+            alone.token_forwards,
+        )
 
 
 def test_a_model_that_ignores_padding_never_sees_padding(adapters) -> None:
@@ -121,7 +147,9 @@ def test_a_model_that_ignores_padding_never_sees_padding(adapters) -> None:
     adapter = adapters["llada", False]
     handle = adapter.module.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
     try:
-        text_decoder("fast_dllm", gen_length=GEN).decode(RolloutEngine(adapter=adapter), requests_for([3, 9, 3], 0), BLOCK)
+        text_decoder("fast_dllm", gen_length=GEN).decode(
+            RolloutEngine(adapter=adapter), requests_for([3, 9, 3], 0), BLOCK
+        )
     finally:
         handle.remove()
     assert set(seen) == {3 + GEN, 9 + GEN}
@@ -168,8 +196,12 @@ def test_llada_end_of_text_switches() -> None:
     one = torch.zeros(1, dtype=torch.long)
 
     def evaluate(**switches):
-        engine = RolloutEngine(adapter=ModelAdapter(module=FixedLogits(logits), mask_id=MASK_ID, vocab_size=VOCAB, **switches))
-        return engine.evaluate(tokens, attention, one, one, one, one, engine.memory(1), engine.sampling_over(Sampling()))[0]
+        engine = RolloutEngine(
+            adapter=ModelAdapter(module=FixedLogits(logits), mask_id=MASK_ID, vocab_size=VOCAB, **switches)
+        )
+        return engine.evaluate(
+            tokens, attention, one, one, one, one, engine.memory(1), engine.sampling_over(Sampling())
+        )[0]
 
     plain = evaluate()
     assert (plain.token[0, 2:5] == eos).all() and (plain.token[0, 5:8] == eot).all()
@@ -185,10 +217,16 @@ def test_llada_end_of_text_switches() -> None:
 @pytest.mark.parametrize("preset", decoder_presets())
 @settings(max_examples=2, deadline=None)
 @given(lengths=st.lists(st.integers(1, 12), min_size=2, max_size=4), seed=st.integers(0, 1000))
-@example(lengths=[3, 3], seed=288)  # CI found it: fixed_depth's branch scores tied within 1e-6 and float32 attention decided them by lanes
-def test_cached_decoding_is_batch_invariant(adapters, preset: str, family: str, cache: str, lengths: list[int], seed: int) -> None:
+@example(
+    lengths=[3, 3], seed=288
+)  # CI found it: fixed_depth's branch scores tied within 1e-6 and float32 attention decided them by lanes
+def test_cached_decoding_is_batch_invariant(
+    adapters, preset: str, family: str, cache: str, lengths: list[int], seed: int
+) -> None:
     """Lookahead branches share their sample's cache, rows of other samples keep their own."""
-    assert_batched_equals_alone(RolloutEngine(adapter=adapters[family, True], row_budget=3, cache=cache), preset, requests_for(lengths, seed))
+    assert_batched_equals_alone(
+        RolloutEngine(adapter=adapters[family, True], row_budget=3, cache=cache), preset, requests_for(lengths, seed)
+    )
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
@@ -197,7 +235,10 @@ def test_a_rows_logits_do_not_move_with_its_batchs_padding(adapters, family: str
     in float32 they differed by ~1e-7, enough to flip a near-tie batched and alone)."""
     model = adapters[family, True].module
     generator = torch.Generator().manual_seed(1)
-    short, long = torch.randint(0, MASK_ID, (1, 7), generator=generator), torch.randint(0, MASK_ID, (1, 19), generator=generator)
+    short, long = (
+        torch.randint(0, MASK_ID, (1, 7), generator=generator),
+        torch.randint(0, MASK_ID, (1, 19), generator=generator),
+    )
     batch = torch.cat([torch.cat([torch.zeros(1, 12, dtype=torch.long), short], dim=1), long])
     real = torch.ones_like(batch, dtype=torch.bool)
     real[0, :12] = False

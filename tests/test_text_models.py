@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_checkpoints import requires_upstream, upstream_logits
 
 from dlmsearch.models.families import UnsupportedCheckpoint
 from dlmsearch.models.loading import load_text_model
-from tiny_checkpoints import requires_upstream, upstream_logits
 
 pytestmark = requires_upstream
 
@@ -33,7 +33,15 @@ def max_difference(ours: torch.Tensor, theirs: torch.Tensor, mask_id: int) -> fl
 
 def native(checkpoints, family: str, directory: Path | None = None):
     spec = checkpoints[family]
-    return load_text_model(str(directory or spec.directory), family, spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="float32")
+    return load_text_model(
+        str(directory or spec.directory),
+        family,
+        spec.mask_id,
+        spec.vocab_size,
+        spec.stop_ids,
+        device="cpu",
+        dtype="float32",
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -96,7 +104,10 @@ def test_bad_checkpoints_fail_with_one_line(checkpoints, tmp_path: Path) -> None
     other = copy_checkpoint(spec.directory, tmp_path / "c")
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "model_type": "bert", "architectures": ["BertModel"]}))
-    with pytest.raises(UnsupportedCheckpoint, match="model_type='bert'.* is not a supported family; supported model_type values: llada, Dream, dream, sdar"):
+    with pytest.raises(
+        UnsupportedCheckpoint,
+        match="model_type='bert'.* is not a supported family; supported model_type values: llada, Dream, dream, sdar",
+    ):
         load_text_model(str(other), "llada", *ids, device="cpu")
     with pytest.raises(UnsupportedCheckpoint, match="holds a llada checkpoint; use model=llada"):
         load_text_model(str(spec.directory), "dream", *ids, device="cpu")
@@ -111,7 +122,9 @@ def test_bad_checkpoints_fail_with_one_line(checkpoints, tmp_path: Path) -> None
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bfloat16_runs_and_agrees_with_float32(checkpoints, family: str) -> None:
     spec = checkpoints[family]
-    half = load_text_model(str(spec.directory), family, spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="bfloat16")
+    half = load_text_model(
+        str(spec.directory), family, spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="bfloat16"
+    )
     assert next(half.module.parameters()).dtype == torch.bfloat16
     ids = torch.randint(0, 1000, (2, 24), generator=torch.Generator().manual_seed(3))
     ids[:, 16:] = spec.mask_id
@@ -123,5 +136,9 @@ def test_bfloat16_runs_and_agrees_with_float32(checkpoints, family: str) -> None
 
 def test_remote_code_failure_is_one_clear_line(checkpoints) -> None:
     spec = checkpoints["llada"]
-    with pytest.raises(RuntimeError, match="could not load the remote code .*the default model.impl=native does not need it"):
-        load_text_model(str(spec.directory), "llada", spec.mask_id, spec.vocab_size, spec.stop_ids, impl="remote", device="cpu")
+    with pytest.raises(
+        RuntimeError, match="could not load the remote code .*the default model.impl=native does not need it"
+    ):
+        load_text_model(
+            str(spec.directory), "llada", spec.mask_id, spec.vocab_size, spec.stop_ids, impl="remote", device="cpu"
+        )

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import text_decoder
+from tiny_checkpoints import dream_generate, llada_generate, llada_generate_cached, requires_upstream
+
 from dlmsearch.models.loading import load_text_model
 from dlmsearch.search.driver import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
-from tiny_checkpoints import dream_generate, llada_generate, llada_generate_cached, requires_upstream
 
 pytestmark = requires_upstream
 
@@ -26,13 +26,19 @@ PROMPT_LENGTHS = [5, 11, 8]
 def mixed_batch(spec, gen_length: int, seed: int = 0) -> list[DecodeRequest]:
     generator = torch.Generator().manual_seed(seed)
     return [
-        DecodeRequest(uid=uid, prompt=torch.randint(0, 1000, (length,), generator=generator), generation=torch.full((gen_length,), spec.mask_id))
+        DecodeRequest(
+            uid=uid,
+            prompt=torch.randint(0, 1000, (length,), generator=generator),
+            generation=torch.full((gen_length,), spec.mask_id),
+        )
         for uid, length in enumerate(PROMPT_LENGTHS)
     ]
 
 
 def engine_for(spec, family: str, cache: str = "none") -> RolloutEngine:
-    adapter = load_text_model(str(spec.directory), family, spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="float32")
+    adapter = load_text_model(
+        str(spec.directory), family, spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="float32"
+    )
     return RolloutEngine(adapter=adapter, cache=cache)
 
 
@@ -40,9 +46,18 @@ def engine_for(spec, family: str, cache: str = "none") -> RolloutEngine:
 def test_llada_schedule_matches_generate(checkpoints, gen_length: int, block_length: int, steps: int) -> None:
     spec = checkpoints["llada"]
     requests = mixed_batch(spec, gen_length)
-    results = text_decoder("llada", f"decoder.commit.steps={steps}", gen_length=gen_length).decode(engine_for(spec, "llada"), requests, block_length)
+    results = text_decoder("llada", f"decoder.commit.steps={steps}", gen_length=gen_length).decode(
+        engine_for(spec, "llada"), requests, block_length
+    )
     for request, result in zip(requests, results):
-        expected, nfe = llada_generate(spec.upstream, request.prompt, steps=steps, gen_length=gen_length, block_length=block_length, mask_id=spec.mask_id)
+        expected, nfe = llada_generate(
+            spec.upstream,
+            request.prompt,
+            steps=steps,
+            gen_length=gen_length,
+            block_length=block_length,
+            mask_id=spec.mask_id,
+        )
         assert torch.equal(result.tokens, expected), f"prompt length {len(request.prompt)}"
         assert result.steps == nfe
 
@@ -56,26 +71,42 @@ def test_fast_dllm_threshold_matches_generate(checkpoints, threshold: float, blo
     results = decoder.decode(engine_for(spec, "llada"), requests, block_length)
     for request, result in zip(requests, results):
         expected, nfe = llada_generate(
-            spec.upstream, request.prompt, steps=gen_length, gen_length=gen_length, block_length=block_length, threshold=threshold, mask_id=spec.mask_id
+            spec.upstream,
+            request.prompt,
+            steps=gen_length,
+            gen_length=gen_length,
+            block_length=block_length,
+            threshold=threshold,
+            mask_id=spec.mask_id,
         )
         assert torch.equal(result.tokens, expected), f"prompt length {len(request.prompt)}"
         assert result.steps == nfe
 
 
-@pytest.mark.parametrize("ordering,alg", [("confidence", "maskgit_plus"), ("margin", "topk_margin"), ("neg_entropy", "entropy")])
+@pytest.mark.parametrize(
+    "ordering,alg", [("confidence", "maskgit_plus"), ("margin", "topk_margin"), ("neg_entropy", "entropy")]
+)
 @pytest.mark.parametrize("steps", [16, 6])
-def test_dream_preset_without_truncation_matches_diffusion_generate(checkpoints, ordering: str, alg: str, steps: int) -> None:
+def test_dream_preset_without_truncation_matches_diffusion_generate(
+    checkpoints, ordering: str, alg: str, steps: int
+) -> None:
     """``diffusion_generate(top_k=None, top_p=None)``: the preset with its top-k 50 turned off
     (``decoder.sampling.top_k=null``); at its own defaults, see ``test_sampling_parity``."""
     spec, gen_length = checkpoints["dream"], 16
     requests = mixed_batch(spec, gen_length, seed=2)
     decoder = text_decoder(
-        "dream", f"decoder.commit.steps={steps}", f"decoder.commit.ordering={ordering}", "decoder.sampling.top_k=null", "decoder.sampling.top_p=null",
+        "dream",
+        f"decoder.commit.steps={steps}",
+        f"decoder.commit.ordering={ordering}",
+        "decoder.sampling.top_k=null",
+        "decoder.sampling.top_p=null",
         gen_length=gen_length,
     )
     results = decoder.decode(engine_for(spec, "dream"), requests, block_length=8)  # the preset's own single block wins
     for request, result in zip(requests, results):
-        expected, calls = dream_generate(spec.upstream, request.prompt, steps=steps, gen_length=gen_length, alg=alg, top_k=None, top_p=None)
+        expected, calls = dream_generate(
+            spec.upstream, request.prompt, steps=steps, gen_length=gen_length, alg=alg, top_k=None, top_p=None
+        )
         assert torch.equal(result.tokens, expected), f"prompt length {len(request.prompt)}"
         assert result.steps == calls == steps
 
@@ -87,7 +118,9 @@ def blocks_done_in_one_call(result, block_length: int) -> int:
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
-@pytest.mark.parametrize("preset,setting", [("llada", 8), ("llada", 16), ("fast_dllm", 0.9), ("fast_dllm", 0.5), ("fast_dllm", 0.2)])
+@pytest.mark.parametrize(
+    "preset,setting", [("llada", 8), ("llada", 16), ("fast_dllm", 0.9), ("fast_dllm", 0.5), ("fast_dllm", 0.2)]
+)
 def test_cached_decoding_matches_fast_dllm_cache_loops(checkpoints, cache: str, preset: str, setting: float) -> None:
     """``engine.cache=prefix|dual`` against ``generate_with_prefix_cache`` / ``generate_with_dual_cache``.
 
@@ -102,8 +135,14 @@ def test_cached_decoding_matches_fast_dllm_cache_loops(checkpoints, cache: str, 
     results = text_decoder(preset, override, gen_length=gen_length).decode(engine, requests, block_length)
     for request, result in zip(requests, results):
         expected, nfe = llada_generate_cached(
-            spec.upstream, request.prompt, cache=cache, steps=setting if preset == "llada" else gen_length, gen_length=gen_length,
-            block_length=block_length, threshold=None if preset == "llada" else setting, mask_id=spec.mask_id,
+            spec.upstream,
+            request.prompt,
+            cache=cache,
+            steps=setting if preset == "llada" else gen_length,
+            gen_length=gen_length,
+            block_length=block_length,
+            threshold=None if preset == "llada" else setting,
+            mask_id=spec.mask_id,
         )
         assert torch.equal(result.tokens, expected), f"prompt length {len(request.prompt)}"
         assert result.steps + blocks_done_in_one_call(result, block_length) == nfe

@@ -11,6 +11,7 @@ import attrs
 import pytest
 import torch
 from omegaconf import OmegaConf
+from tiny_tokenizer import DREAM_VOCAB, LLADA_VOCAB, write_oversized_tokenizer, write_tokenizer
 
 from dlmsearch.config import CONF_DIR, ConfigError, build, compose
 from dlmsearch.tasks.answers import extract_answer, gsm8k_reference, normalize_number, numbers_equal
@@ -28,7 +29,6 @@ from dlmsearch.tasks.gsm8k import DEFAULT_INSTRUCTION, GSM8KTask, load_gsm8k, sh
 from dlmsearch.tasks.prompts import PromptsTask
 from dlmsearch.tasks.sudoku import SUDOKU_MASK_ID, SudokuTask
 from dlmsearch.tasks.text import TaskFileError
-from tiny_tokenizer import DREAM_VOCAB, LLADA_VOCAB, write_oversized_tokenizer, write_tokenizer
 
 torch.set_num_threads(1)
 
@@ -101,15 +101,27 @@ def test_extract_answer(text: str, expected: str | None) -> None:
 
 @pytest.mark.parametrize(
     "a, b, equal",
-    [("18.0", "18", True), ("18.", "18", True), ("$18", "18", True), ("1,000", "1000", True), ("0.50", ".5", True),
-     ("-3", "3", False), ("18", "19", False), ("abc", "abc", False), (None, "1", False), ("0.1", "0.10000000001", False)],
+    [
+        ("18.0", "18", True),
+        ("18.", "18", True),
+        ("$18", "18", True),
+        ("1,000", "1000", True),
+        ("0.50", ".5", True),
+        ("-3", "3", False),
+        ("18", "19", False),
+        ("abc", "abc", False),
+        (None, "1", False),
+        ("0.1", "0.10000000001", False),
+    ],
 )
 def test_numbers_equal(a: str | None, b: str | None, equal: bool) -> None:
     assert numbers_equal(a, b) is equal
 
 
 def test_normalize_number_and_reference() -> None:
-    assert normalize_number("1,234.50") == "1234.5" and normalize_number("-$7.") == "-7" and normalize_number("x") is None
+    assert (
+        normalize_number("1,234.50") == "1234.5" and normalize_number("-$7.") == "-7" and normalize_number("x") is None
+    )
     assert gsm8k_reference("Janet sells 9 eggs.\nShe makes $18.\n#### 18") == "18"
     assert gsm8k_reference("#### 1,600") == "1600" and gsm8k_reference("no hashes 5") is None
 
@@ -124,8 +136,14 @@ def test_extraction_never_sees_the_reference() -> None:
 
 @pytest.mark.parametrize(
     "expression, value, numbers",
-    [("30 + 100 - 93", 37, (30, 100, 93)), ("(100 - 93) * 30", 210, (100, 93, 30)), ("7 / 2 * 2", 7, (7, 2, 2)),
-     ("-(3 - 5)", 2, (3, 5)), ("((1+2))*3", 9, (1, 2, 3)), ("1 / 3 + 1 / 3 + 1 / 3", 1, (1, 3, 1, 3, 1, 3))],
+    [
+        ("30 + 100 - 93", 37, (30, 100, 93)),
+        ("(100 - 93) * 30", 210, (100, 93, 30)),
+        ("7 / 2 * 2", 7, (7, 2, 2)),
+        ("-(3 - 5)", 2, (3, 5)),
+        ("((1+2))*3", 9, (1, 2, 3)),
+        ("1 / 3 + 1 / 3 + 1 / 3", 1, (1, 3, 1, 3, 1, 3)),
+    ],
 )
 def test_evaluate(expression: str, value: int, numbers: tuple[int, ...]) -> None:
     result = evaluate(expression)
@@ -138,9 +156,29 @@ def test_evaluate_is_exact() -> None:
 
 @pytest.mark.parametrize(
     "expression",
-    ["__import__('os').system('true')", "a + 1", "abs(-3)", "(1).real", "2 ** 3", "3.5 + 1", "'a' * 3", "True + 1",
-     "7 // 2", "7 % 2", "[1, 2]", "lambda: 1", "1 if 1 else 2", "+3", "1 +", "", "x = 3", "1 << 2", "~1",
-     "(" * 500 + "1" + ")" * 500, "9" * 20 + " + 1"],
+    [
+        "__import__('os').system('true')",
+        "a + 1",
+        "abs(-3)",
+        "(1).real",
+        "2 ** 3",
+        "3.5 + 1",
+        "'a' * 3",
+        "True + 1",
+        "7 // 2",
+        "7 % 2",
+        "[1, 2]",
+        "lambda: 1",
+        "1 if 1 else 2",
+        "+3",
+        "1 +",
+        "",
+        "x = 3",
+        "1 << 2",
+        "~1",
+        "(" * 500 + "1" + ")" * 500,
+        "9" * 20 + " + 1",
+    ],
 )
 def test_evaluate_rejects_everything_else(expression: str) -> None:
     with pytest.raises(InvalidExpression):
@@ -175,7 +213,10 @@ def test_uses_exactly() -> None:
     [
         ("I try things.\n<answer>100 - 93 + 16</answer>", "100 - 93 + 16"),
         ("<answer> (100 - 93) * 3 = 21 </answer>", "(100 - 93) * 3"),  # "= result" dropped
-        ("<answer>1+1</answer> then <answer>100 \u00d7 2 \u00f7 4</answer>", "100 * 2 / 4"),  # the last tag, Unicode operators
+        (
+            "<answer>1+1</answer> then <answer>100 \u00d7 2 \u00f7 4</answer>",
+            "100 * 2 / 4",
+        ),  # the last tag, Unicode operators
         ("<answer>$5 \\times (3 - 1)$</answer>", "5 * (3 - 1)"),  # LaTeX
         ("So the equation is 30 + 100 - 93 = 37.", "30 + 100 - 93"),
         ("Step 1: 100 - 93 = 7\nStep 2: 7 + 30 = 37\nDone.", "7 + 30"),  # the last line with an equation
@@ -209,14 +250,22 @@ def test_chat_prompts_follow_the_template(tokenizers: dict[str, Path], family: s
     task = make(PromptsTask, tokenizers, family, prompt="How many eggs?", gen_length=64, block_length=32)
     (item,) = task.items()
     tokenizer = task._tokenizer
-    expected = tokenizer.apply_chat_template([{"role": "user", "content": "How many eggs?"}], add_generation_prompt=True)["input_ids"]
+    expected = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "How many eggs?"}], add_generation_prompt=True
+    )["input_ids"]
     assert item.prompt.tolist() == expected  # the same ids as the reference tokenize=True path
     text = task.prompt_text(item)
     if family == "llada":
-        assert text == "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nHow many eggs?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        assert (
+            text
+            == "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nHow many eggs?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        )
         assert item.prompt.tolist().count(BOS["llada"]) == 1
     else:
-        assert text == "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHow many eggs?<|im_end|>\n<|im_start|>assistant\n"
+        assert (
+            text
+            == "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHow many eggs?<|im_end|>\n<|im_start|>assistant\n"
+        )
     assert item.prompt.dtype == torch.long and item.prompt.dim() == 1
     assert int(item.prompt.max()) < MODELS[family]["vocab_size"] and int(item.prompt.min()) >= 0
     assert item.generation.tolist() == [MODELS[family]["mask_id"]] * 64 and item.generation.dtype == torch.long
@@ -257,7 +306,15 @@ def test_output_is_cut_at_the_first_stop_token(tokenizers: dict[str, Path], fami
 
 def test_token_strings(tokenizers: dict[str, Path]) -> None:
     task = make(PromptsTask, tokenizers, "llada", prompt="hi")
-    assert task.token_strings(ids(task, "the 42") + [126081, 126336, 5000]) == ["the", "\u0120", "4", "2", "<|endoftext|>", "<|mdm_mask|>", "5000"]
+    assert task.token_strings(ids(task, "the 42") + [126081, 126336, 5000]) == [
+        "the",
+        "\u0120",
+        "4",
+        "2",
+        "<|endoftext|>",
+        "<|mdm_mask|>",
+        "5000",
+    ]
 
 
 def test_stop_ids_default_to_the_eos(tokenizers: dict[str, Path]) -> None:
@@ -292,13 +349,17 @@ def test_tokenizer_beyond_the_vocabulary(tmp_path: Path) -> None:
 
 
 def test_a_llada_tokenizer_with_a_dream_model_config_is_refused(tokenizers: dict[str, Path]) -> None:
-    PromptsTask(tokenizer=str(tokenizers["llada-chat"]), **MODELS["dream"], prompt="hi")  # LLaDA's ids fit Dream's vocabulary
+    PromptsTask(
+        tokenizer=str(tokenizers["llada-chat"]), **MODELS["dream"], prompt="hi"
+    )  # LLaDA's ids fit Dream's vocabulary
     with pytest.raises(ValueError, match="has ids up to 151666, beyond the model's vocabulary of 126464"):
         PromptsTask(tokenizer=str(tokenizers["dream-chat"]), **MODELS["llada"], prompt="hi")
 
 
 def test_chat_needs_a_template(tokenizers: dict[str, Path]) -> None:
-    with pytest.raises(ValueError, match="has no chat template; an Instruct model needs one, or set task.chat=false for a Base model"):
+    with pytest.raises(
+        ValueError, match="has no chat template; an Instruct model needs one, or set task.chat=false for a Base model"
+    ):
         make(PromptsTask, tokenizers, "dream", "plain", prompt="hi")
     assert make(PromptsTask, tokenizers, "dream", "plain", prompt="hi", chat=False).items()
 
@@ -326,11 +387,16 @@ def test_prompts_from_files(tokenizers: dict[str, Path], tmp_path: Path) -> None
     lines = tmp_path / "prompts.txt"
     lines.write_text("first prompt\n\n  \nsecond prompt\n")
     task = make(PromptsTask, tokenizers, path=str(lines), chat=False)
-    assert [(i.id, task.prompt_text(i)) for i in task.items()] == [("prompts:1", "first prompt"), ("prompts:4", "second prompt")]
+    assert [(i.id, task.prompt_text(i)) for i in task.items()] == [
+        ("prompts:1", "first prompt"),
+        ("prompts:4", "second prompt"),
+    ]
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text(json.dumps({"prompt": "a", "id": "x"}) + "\n\n" + json.dumps({"prompt": "b", "text": "c"}) + "\n")
-    assert [(i.id, make(PromptsTask, tokenizers, path=str(jsonl), chat=False).prompt_text(i))
-            for i in make(PromptsTask, tokenizers, path=str(jsonl), chat=False).items()] == [("x", "a"), ("p:3", "b")]
+    assert [
+        (i.id, make(PromptsTask, tokenizers, path=str(jsonl), chat=False).prompt_text(i))
+        for i in make(PromptsTask, tokenizers, path=str(jsonl), chat=False).items()
+    ] == [("x", "a"), ("p:3", "b")]
     only = make(PromptsTask, tokenizers, path=str(jsonl), chat=False, limit=1).items()
     assert len(only) == 1
     jsonl.write_text(json.dumps({"text": "c"}) + "\n")
@@ -395,7 +461,9 @@ def test_gsm8k_task(tokenizers: dict[str, Path]) -> None:
     task = make(GSM8KTask, tokenizers, "dream", limit=3)
     items = task.items()
     assert [i.id for i in items] == ["test:1", "test:2", "test:3"] and items[0].reference.reference == "18"
-    assert task.prompt_text(items[0]).endswith(f"at the farmers' market?\n{DEFAULT_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n")
+    assert task.prompt_text(items[0]).endswith(
+        f"at the farmers' market?\n{DEFAULT_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
+    )
     right = generation(task, "She sells 16 - 3 - 4 = 9 eggs and makes 9 * 2 = $18.\n#### 18", ids(task, "#### 7"))
     wrong = generation(task, "She makes $20.\n#### 20")
     assert task.judge(items[0], right) is True and task.judge(items[0], wrong) is False
@@ -411,7 +479,12 @@ def test_gsm8k_answer_comes_from_the_text_only(tokenizers: dict[str, Path]) -> N
     task = make(GSM8KTask, tokenizers, limit=1)
     (item,) = task.items()
     tokens = generation(task, "The answer is 20")
-    other = TaskItem(id=item.id, prompt=item.prompt, generation=item.generation, reference=attrs.evolve(item.reference, reference="20"))
+    other = TaskItem(
+        id=item.id,
+        prompt=item.prompt,
+        generation=item.generation,
+        reference=attrs.evolve(item.reference, reference="20"),
+    )
     assert task.details(item, tokens)["answer"] == task.details(other, tokens)["answer"] == "20"
     assert task.judge(item, tokens) is False and task.judge(other, tokens) is True  # only the judge uses the reference
 
@@ -448,7 +521,9 @@ def test_countdown_task(tokenizers: dict[str, Path]) -> None:
     items = task.items()
     assert len(items) == 2 and items[0].reference == CountdownProblem(numbers=(30, 100, 93), target=23)
     assert "Using the numbers 30, 100, 93, write an equation that equals 23." in task.prompt_text(items[0])
-    right = generation(task, "100 - 93 = 7, and 30 - 7 = 23.\n<answer>30 - (100 - 93)</answer>", ids(task, "<answer>1</answer>"))
+    right = generation(
+        task, "100 - 93 = 7, and 30 - 7 = 23.\n<answer>30 - (100 - 93)</answer>", ids(task, "<answer>1</answer>")
+    )
     assert task.judge(items[0], right) is True
     assert task.details(items[0], right) == {"equation": "30 - (100 - 93)", "value": "23", "why_wrong": None}
     reuse = generation(task, "<answer>30 - 7</answer>")
@@ -478,7 +553,17 @@ def test_countdown_file_errors_and_template(tokenizers: dict[str, Path], tmp_pat
 def test_task_configs(name: str, cls: type) -> None:
     cfg = OmegaConf.load(CONF_DIR / "task" / f"{name}.yaml")
     assert cfg._target_ == f"{cls.__module__}.{cls.__name__}"
-    for key in ("tokenizer", "mask_id", "vocab_size", "stop_ids", "chat", "gen_length", "block_length", "limit", "path"):
+    for key in (
+        "tokenizer",
+        "mask_id",
+        "vocab_size",
+        "stop_ids",
+        "chat",
+        "gen_length",
+        "block_length",
+        "limit",
+        "path",
+    ):
         assert key in cfg
     assert cfg.gen_length == 256 and cfg.block_length == 32 and cfg.chat is True
     for key, value in OmegaConf.to_container(cfg, resolve=False).items():
@@ -495,7 +580,9 @@ def test_defaults_match_the_yaml() -> None:
 
 def test_composed_text_task(tokenizers: dict[str, Path]) -> None:
     directory = tokenizers["llada-chat"]
-    task = build(compose(["model=llada", f"model.path={directory}", "task=gsm8k", "task.limit=2", "decoding=text"]), "task")
+    task = build(
+        compose(["model=llada", f"model.path={directory}", "task=gsm8k", "task.limit=2", "decoding=text"]), "task"
+    )
     assert isinstance(task, GSM8KTask) and task.mask_id == 126336 and task.vocab_size == LLADA_VOCAB
     assert len(task.items()) == 2
     with pytest.raises(ConfigError, match=r"model=llada\|dream model.path=DIR"):
@@ -505,9 +592,24 @@ def test_composed_text_task(tokenizers: dict[str, Path]) -> None:
 
 
 def test_tasks_have_the_whole_protocol(tokenizers: dict[str, Path]) -> None:
-    tasks = [make(PromptsTask, tokenizers, prompt="hi"), make(GSM8KTask, tokenizers), make(CountdownTask, tokenizers), SudokuTask(limit=1)]
+    tasks = [
+        make(PromptsTask, tokenizers, prompt="hi"),
+        make(GSM8KTask, tokenizers),
+        make(CountdownTask, tokenizers),
+        SudokuTask(limit=1),
+    ]
     for task in tasks:
-        for member in ("name", "gen_length", "block_length", "items", "judge", "output", "details", "token_strings", "render"):
+        for member in (
+            "name",
+            "gen_length",
+            "block_length",
+            "items",
+            "judge",
+            "output",
+            "details",
+            "token_strings",
+            "render",
+        ):
             assert hasattr(task, member), (task.name, member)
 
 

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
+
 from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.models.kv_storage import KVStorage
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.search.engine.rollout import RolloutEngine
-from dlmsearch.models.kv_storage import KVStorage
 
 
 def native(layers: int) -> ModelAdapter:
     torch.manual_seed(layers)
-    config = TransformerConfig(vocab_size=VOCAB, hidden_size=32, num_layers=layers, num_heads=4, num_kv_heads=2, intermediate_size=64, max_length=64)
+    config = TransformerConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        max_length=64,
+    )
     return ModelAdapter(module=BidirectionalTransformer(config), mask_id=MASK_ID, vocab_size=VOCAB)
 
 
@@ -49,11 +57,17 @@ def test_the_shadow_runs_against_a_prefix_cache() -> None:
     cache.reset(2)
     cache.store(torch.arange(2), 0, kv, torch.tensor([[6, 14], [6, 14]]), 14)
     low = torch.tensor([6, 7])  # the second row's window starts a column later
-    cached_canvas, cached_shadow, _ = adapter.shadow_logits(tokens, attention, low, 14, start, 4, cache=(cache, torch.arange(2)))
-    assert torch.allclose(cached_canvas[0], canvas[0], atol=1e-5) and torch.allclose(cached_canvas[1, :7], canvas[1, 1:], atol=1e-5)
+    cached_canvas, cached_shadow, _ = adapter.shadow_logits(
+        tokens, attention, low, 14, start, 4, cache=(cache, torch.arange(2))
+    )
+    assert torch.allclose(cached_canvas[0], canvas[0], atol=1e-5) and torch.allclose(
+        cached_canvas[1, :7], canvas[1, 1:], atol=1e-5
+    )
     assert torch.allclose(cached_shadow, shadow, atol=1e-5)
-    plain, plain_kv = adapter.window_logits(tokens, attention, 6, 14)
-    assert all(torch.allclose(k, pk, atol=1e-5) for (k, _), (pk, _) in zip(kv, plain_kv))  # what a refresh stores: the canvas's own
+    _plain, plain_kv = adapter.window_logits(tokens, attention, 6, 14)
+    assert all(
+        torch.allclose(k, pk, atol=1e-5) for (k, _), (pk, _) in zip(kv, plain_kv)
+    )  # what a refresh stores: the canvas's own
 
 
 def test_a_shadow_slot_sees_everything_but_its_mirror() -> None:
@@ -72,7 +86,9 @@ def test_a_shadow_slot_sees_everything_but_its_mirror() -> None:
             mirror = int(start[row]) + j
             keep = [c for c in real.tolist() if c != mirror]
             ids = torch.cat([tokens[row, keep], torch.full((length,), MASK_ID)])[None]
-            pos = torch.tensor([column_position[c] for c in keep] + [column_position[int(start[row]) + i] for i in range(length)])[None]
+            pos = torch.tensor(
+                [column_position[c] for c in keep] + [column_position[int(start[row]) + i] for i in range(length)]
+            )[None]
             everything = torch.ones(1, len(pos[0]), len(pos[0]), dtype=torch.bool)
             logits, _ = module.run(ids, None, 0, attention=everything, positions=pos)
             assert torch.allclose(shadow[row, j], logits[0, len(keep) + j], atol=1e-5), (row, j)
@@ -86,7 +102,9 @@ def test_wino_verifies_and_remasks_counting_rows_not_steps(adapter: ModelAdapter
     for request, result in zip(requests, results):
         assert not bool((result.tokens == MASK_ID).any())
         assert result.row_forwards == result.steps  # the shadow rides in its row: one row per step
-        assert result.token_forwards == result.steps * (len(request.prompt) + 16 + 16)  # canvas + the shadow of its one block of 16
+        assert result.token_forwards == result.steps * (
+            len(request.prompt) + 16 + 16
+        )  # canvas + the shadow of its one block of 16
     alone = [decoder.decode(RolloutEngine(adapter=adapter), [r], 8)[0] for r in requests]
     assert all(torch.equal(a.tokens, b.tokens) and a.steps == b.steps for a, b in zip(alone, results))
 

@@ -75,10 +75,7 @@ from typing import Any
 
 import pytest
 import torch
-
-from dlmsearch.models.llada_checkpoint import llada_config
-from dlmsearch.models.transformer import TransformerConfig
-from upstream import (  # noqa: F401  (the parity tests import the loops from here)
+from upstream import (
     _dream_package,
     _is_dream,
     _llada_modules,
@@ -89,6 +86,9 @@ from upstream import (  # noqa: F401  (the parity tests import the loops from he
     upstream_logits,
     upstream_missing_reason,
 )
+
+from dlmsearch.models.llada_checkpoint import llada_config
+from dlmsearch.models.transformer import TransformerConfig
 
 LLADA_SHARPNESS = 8.0
 """Output-head scale of :func:`build_llada` (see :func:`_adjust_weights`)."""
@@ -194,7 +194,11 @@ def _shard_groups(names: list[str], sizes: list[int], shards: int) -> list[list[
     for index, (name, size) in enumerate(zip(names, sizes)):
         still_needed = shards - len(groups)
         remaining = len(names) - index
-        if groups[-1] and still_needed > 0 and (remaining <= still_needed or written + size > total * len(groups) / shards):
+        if (
+            groups[-1]
+            and still_needed > 0
+            and (remaining <= still_needed or written + size > total * len(groups) / shards)
+        ):
             groups.append([])
         groups[-1].append(name)
         written += size
@@ -232,7 +236,9 @@ def _check_ids(vocab_size: int, **ids: int) -> None:
             raise ValueError(f"{name}={token} is outside the vocabulary of {vocab_size}")
 
 
-def _write_checkpoint(directory: Path, model: torch.nn.Module, shards: int, config: dict[str, Any], generation: dict[str, Any]) -> None:
+def _write_checkpoint(
+    directory: Path, model: torch.nn.Module, shards: int, config: dict[str, Any], generation: dict[str, Any]
+) -> None:
     """``config.json``, ``generation_config.json`` and the weights of a float32 checkpoint."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -275,13 +281,22 @@ def llada_config_dict(
     package, _ = _llada_modules()
     fields = {f.name for f in dataclasses.fields(package.configuration_llada.ModelConfig)}
     native = TransformerConfig(
-        vocab_size=vocab_size, hidden_size=d_model, num_layers=n_layers, num_heads=n_heads, num_kv_heads=n_heads,
-        intermediate_size=2 * d_model, max_length=max_sequence_length, rope_theta=500000.0, tie_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=d_model,
+        num_layers=n_layers,
+        num_heads=n_heads,
+        num_kv_heads=n_heads,
+        intermediate_size=2 * d_model,
+        max_length=max_sequence_length,
+        rope_theta=500000.0,
+        tie_embeddings=False,
     )
     written = llada_config(native, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id)
     unknown = set(written) - fields - {"model_type", "architectures", "use_cache", "torch_dtype"}
     missing = fields - set(written)
-    assert not unknown and not missing, f"llada_config writes fields LLaDA's ModelConfig lacks {unknown}, and lacks {missing}"
+    assert not unknown and not missing, (
+        f"llada_config writes fields LLaDA's ModelConfig lacks {unknown}, and lacks {missing}"
+    )
     return {key: value for key, value in written.items() if key in fields}
 
 
@@ -313,7 +328,12 @@ def build_llada(
     _check_ids(vocab_size, mask_id=mask_id, eos_id=eos_id, eot_id=eot_id)
     package, _ = _llada_modules()
     fields = llada_config_dict(
-        vocab_size=vocab_size, mask_id=mask_id, eos_id=eos_id, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+        vocab_size=vocab_size,
+        mask_id=mask_id,
+        eos_id=eos_id,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
         max_sequence_length=max_sequence_length,
     )
     with warnings.catch_warnings():
@@ -324,21 +344,31 @@ def build_llada(
     model = model.to(torch.float32).eval()
     blocks = [f"model.transformer.blocks.{i}." for i in range(n_layers)]
     _adjust_weights(
-        model, seed=seed, embedding="model.transformer.wte.weight", head="model.transformer.ff_out.weight",
+        model,
+        seed=seed,
+        embedding="model.transformer.wte.weight",
+        head="model.transformer.ff_out.weight",
         residual_writers=[b + "attn_out.weight" for b in blocks] + [b + "ff_out.weight" for b in blocks],
-        mask_id=mask_id, sharpness=sharpness,
+        mask_id=mask_id,
+        sharpness=sharpness,
     )
-    _write_checkpoint(directory, model, shards, {
-        **fields,
-        "model_type": "llada",
-        "architectures": ["LLaDAModelLM"],
-        "auto_map": {
-            "AutoConfig": "configuration_llada.LLaDAConfig",
-            "AutoModel": "modeling_llada.LLaDAModelLM",
-            "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+    _write_checkpoint(
+        directory,
+        model,
+        shards,
+        {
+            **fields,
+            "model_type": "llada",
+            "architectures": ["LLaDAModelLM"],
+            "auto_map": {
+                "AutoConfig": "configuration_llada.LLaDAConfig",
+                "AutoModel": "modeling_llada.LLaDAModelLM",
+                "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+            },
+            "use_cache": False,
         },
-        "use_cache": False,
-    }, {"eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id})
+        {"eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id},
+    )
     return model
 
 
@@ -411,9 +441,16 @@ def build_dream(
     _check_ids(vocab_size, mask_id=mask_id, eos_id=eos_id)
     package = _dream_package()
     fields = dream_config_dict(
-        vocab_size=vocab_size, mask_id=mask_id, eos_id=eos_id, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads, intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings, rope_theta=rope_theta,
+        vocab_size=vocab_size,
+        mask_id=mask_id,
+        eos_id=eos_id,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        rope_theta=rope_theta,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -422,16 +459,26 @@ def build_dream(
     model = model.to(torch.float32).eval()
     layers = [f"model.layers.{i}." for i in range(num_hidden_layers)]
     _adjust_weights(
-        model, seed=seed, embedding="model.embed_tokens.weight", head="lm_head.weight",
+        model,
+        seed=seed,
+        embedding="model.embed_tokens.weight",
+        head="lm_head.weight",
         residual_writers=[l + "self_attn.o_proj.weight" for l in layers] + [l + "mlp.down_proj.weight" for l in layers],
-        mask_id=mask_id, sharpness=sharpness,
+        mask_id=mask_id,
+        sharpness=sharpness,
     )
-    _write_checkpoint(directory, model, shards, {
-        **fields,
-        "model_type": "Dream",
-        "architectures": ["DreamModel"],
-        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-    }, {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id})
+    _write_checkpoint(
+        directory,
+        model,
+        shards,
+        {
+            **fields,
+            "model_type": "Dream",
+            "architectures": ["DreamModel"],
+            "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+        },
+        {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id},
+    )
     return model
 
 
@@ -440,7 +487,9 @@ def build_dream(
 # ---------------------------------------------------------------------------------------------
 
 
-def confidence_spread(model: torch.nn.Module, *, mask_id: int, prompt_length: int = 20, masks: int = 16, seed: int = 0) -> dict[str, float]:
+def confidence_spread(
+    model: torch.nn.Module, *, mask_id: int, prompt_length: int = 20, masks: int = 16, seed: int = 0
+) -> dict[str, float]:
     """Top-1 probabilities at the masked positions of a random prompt + ``masks`` masks (Dream's
     logits shifted as its loop shifts them), and checks of the mask-probability-0 property."""
     generator = torch.Generator().manual_seed(seed)
@@ -456,9 +505,13 @@ def confidence_spread(model: torch.nn.Module, *, mask_id: int, prompt_length: in
     margin = (logits.max(-1).values - logits[..., mask_id]).min().item()
     top2 = logits[0, prompt_length:].topk(2, -1).values
     return {
-        "min": top.min().item(), "median": top.median().item(), "max": top.max().item(),
-        "below_0.3": int((top < 0.3).sum()), "above_0.9": int((top > 0.9).sum()),
-        "mask_logit_margin": margin, "min_top1_top2_gap": (top2[:, 0] - top2[:, 1]).min().item(),
+        "min": top.min().item(),
+        "median": top.median().item(),
+        "max": top.max().item(),
+        "below_0.3": int((top < 0.3).sum()),
+        "above_0.9": int((top > 0.9).sum()),
+        "mask_logit_margin": margin,
+        "min_top1_top2_gap": (top2[:, 0] - top2[:, 1]).min().item(),
     }
 
 
@@ -483,10 +536,14 @@ def _self_check() -> None:
             start = time.perf_counter()
             build(root / f"{family}-sharded", shards=3)
             sharded = time.perf_counter() - start
-            print(f"{family}: import {imported:.2f}s, build+save {built:.2f}s, sharded(3) build+save {sharded:.2f}s, "
-                  f"files {sorted(p.name for p in (root / family).iterdir())}")
+            print(
+                f"{family}: import {imported:.2f}s, build+save {built:.2f}s, sharded(3) build+save {sharded:.2f}s, "
+                f"files {sorted(p.name for p in (root / family).iterdir())}"
+            )
             index = json.loads((root / f"{family}-sharded" / "model.safetensors.index.json").read_text())
-            print(f"  shards: {sorted(set(index['weight_map'].values()))}, total_size {index['metadata']['total_size']}")
+            print(
+                f"  shards: {sorted(set(index['weight_map'].values()))}, total_size {index['metadata']['total_size']}"
+            )
             reloaded = load_upstream(root / f"{family}-sharded")
             ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(1))
             assert torch.equal(upstream_logits(reloaded, ids), upstream_logits(model, ids)), "sharded reload differs"
@@ -495,15 +552,38 @@ def _self_check() -> None:
             prompt = torch.randint(0, 1000, (20,), generator=torch.Generator().manual_seed(2))
             if family == "llada":
                 runs = [
-                    ("generate steps16 block8", lambda: llada_generate(model, prompt, steps=16, gen_length=16, block_length=8)),
-                    ("generate threshold0.5", lambda: llada_generate(model, prompt, steps=16, gen_length=16, block_length=8, threshold=0.5)),
-                    ("prefix cache", lambda: llada_generate_cached(model, prompt, cache="prefix", steps=16, gen_length=16, block_length=8)),
-                    ("dual cache", lambda: llada_generate_cached(model, prompt, cache="dual", steps=16, gen_length=16, block_length=8)),
-                    ("dual cache threshold0.5", lambda: llada_generate_cached(model, prompt, cache="dual", steps=16, gen_length=16, block_length=8, threshold=0.5)),
+                    (
+                        "generate steps16 block8",
+                        lambda: llada_generate(model, prompt, steps=16, gen_length=16, block_length=8),
+                    ),
+                    (
+                        "generate threshold0.5",
+                        lambda: llada_generate(model, prompt, steps=16, gen_length=16, block_length=8, threshold=0.5),
+                    ),
+                    (
+                        "prefix cache",
+                        lambda: llada_generate_cached(
+                            model, prompt, cache="prefix", steps=16, gen_length=16, block_length=8
+                        ),
+                    ),
+                    (
+                        "dual cache",
+                        lambda: llada_generate_cached(
+                            model, prompt, cache="dual", steps=16, gen_length=16, block_length=8
+                        ),
+                    ),
+                    (
+                        "dual cache threshold0.5",
+                        lambda: llada_generate_cached(
+                            model, prompt, cache="dual", steps=16, gen_length=16, block_length=8, threshold=0.5
+                        ),
+                    ),
                 ]
             else:
-                runs = [(alg, functools.partial(dream_generate, model, prompt, steps=16, gen_length=16, alg=alg))
-                        for alg in ("maskgit_plus", "topk_margin", "entropy")]
+                runs = [
+                    (alg, functools.partial(dream_generate, model, prompt, steps=16, gen_length=16, alg=alg))
+                    for alg in ("maskgit_plus", "topk_margin", "entropy")
+                ]
             for label, run in runs:
                 start = time.perf_counter()
                 tokens, calls = run()
@@ -513,7 +593,9 @@ def _self_check() -> None:
                     assert calls == 16, calls
                 print(f"  {label}: {elapsed:.2f}s, calls {calls}, tokens {tokens.tolist()}")
             again = build_llada(root / "again") if family == "llada" else build_dream(root / "again")
-            assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values())), "not deterministic"
+            assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values())), (
+                "not deterministic"
+            )
     print("self-check passed")
 
 

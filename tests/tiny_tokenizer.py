@@ -46,19 +46,79 @@ DREAM_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
 )
 FAMILIES = {
-    "llada": dict(specials=LLADA_SPECIALS, bos="<|startoftext|>", eos="<|endoftext|>", pad="<|endoftext|>", mask="<|mdm_mask|>",
-                  template=LLADA_TEMPLATE, vocab_size=LLADA_VOCAB),
-    "dream": dict(specials=DREAM_SPECIALS, bos="<|beginoftext|>", eos="<|endoftext|>", pad="<|endoftext|>", mask="<|mask|>",
-                  template=DREAM_TEMPLATE, vocab_size=DREAM_VOCAB),
+    "llada": dict(
+        specials=LLADA_SPECIALS,
+        bos="<|startoftext|>",
+        eos="<|endoftext|>",
+        pad="<|endoftext|>",
+        mask="<|mdm_mask|>",
+        template=LLADA_TEMPLATE,
+        vocab_size=LLADA_VOCAB,
+    ),
+    "dream": dict(
+        specials=DREAM_SPECIALS,
+        bos="<|beginoftext|>",
+        eos="<|endoftext|>",
+        pad="<|endoftext|>",
+        mask="<|mask|>",
+        template=DREAM_TEMPLATE,
+        vocab_size=DREAM_VOCAB,
+    ),
 }
-WORDS = (
-    "the answer is and of to a in how many much each she he they it for with numbers equation equals use "
-    "exactly once reason step by final put your after please user assistant system you are helpful total "
-    "apples eggs dollars day has have more than"
-).split()
+WORDS = [
+    "the",
+    "answer",
+    "is",
+    "and",
+    "of",
+    "to",
+    "a",
+    "in",
+    "how",
+    "many",
+    "much",
+    "each",
+    "she",
+    "he",
+    "they",
+    "it",
+    "for",
+    "with",
+    "numbers",
+    "equation",
+    "equals",
+    "use",
+    "exactly",
+    "once",
+    "reason",
+    "step",
+    "by",
+    "final",
+    "put",
+    "your",
+    "after",
+    "please",
+    "user",
+    "assistant",
+    "system",
+    "you",
+    "are",
+    "helpful",
+    "total",
+    "apples",
+    "eggs",
+    "dollars",
+    "day",
+    "has",
+    "have",
+    "more",
+    "than",
+]
 
 
-def write_tokenizer(directory: Path, family: str, chat_template: bool = True, add_bos: bool = False, extra: dict[str, int] | None = None) -> None:
+def write_tokenizer(
+    directory: Path, family: str, chat_template: bool = True, add_bos: bool = False, extra: dict[str, int] | None = None
+) -> None:
     """Save a tiny ``family`` ("llada" or "dream") tokenizer in ``directory``.
 
     ``add_bos``: the tokenizer prepends its BOS to every encoding (to test the single-BOS rule);

@@ -32,7 +32,9 @@ from pathlib import Path
 
 import torch
 
-UPSTREAM: Path = Path(os.environ.get("DLMSEARCH_UPSTREAM") or Path(__file__).resolve().parents[2] / "shared" / "upstream" / "fast-dllm")
+UPSTREAM: Path = Path(
+    os.environ.get("DLMSEARCH_UPSTREAM") or Path(__file__).resolve().parents[2] / "shared" / "upstream" / "fast-dllm"
+)
 
 _REQUIRED_FILES = (
     "llada/generate.py",
@@ -76,7 +78,9 @@ def _load_package(name: str, directory: Path):
     """Import ``directory`` (a package with relative imports) as the package ``name``."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, directory / "__init__.py", submodule_search_locations=[str(directory)])
+    spec = importlib.util.spec_from_file_location(
+        name, directory / "__init__.py", submodule_search_locations=[str(directory)]
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
@@ -125,7 +129,7 @@ def _check_available() -> None:
         raise RuntimeError(reason)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _llada_modules():
     """(``llada/model`` package, ``llada/generate.py`` module), loaded once, shimmed."""
     _check_available()
@@ -146,7 +150,9 @@ def _llada_modules():
         saved = {key: sys.modules.get(key) for key in aliases}
         sys.modules.update(aliases)
         try:
-            generate = sys.modules.get(_LLADA_GENERATE) or _load_file(_LLADA_GENERATE, UPSTREAM / "llada" / "generate.py")
+            generate = sys.modules.get(_LLADA_GENERATE) or _load_file(
+                _LLADA_GENERATE, UPSTREAM / "llada" / "generate.py"
+            )
         finally:
             for key, previous in saved.items():
                 if previous is None:
@@ -169,7 +175,7 @@ def _default_rope_parameters(config, device=None, seq_len=None, **rope_kwargs) -
     return inv_freq, 1.0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dream_package():
     """The ``dream/model`` package, loaded once, shimmed."""
     _check_available()
@@ -227,7 +233,9 @@ def load_upstream(directory: Path) -> torch.nn.Module:
         else:
             raise ValueError(f"{directory}: model_type={config['model_type']!r} is neither llada nor Dream")
     index = directory / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    )
     state: dict[str, torch.Tensor] = {}
     for name in files:
         state.update(load_file(str(directory / name)))
@@ -264,10 +272,17 @@ def llada_generate(
     _, generate = _llada_modules()
     row = _prompt_row(model, prompt)
     x, nfe = generate.generate(
-        model, row, steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
-        remasking=remasking, mask_id=mask_id, threshold=threshold,
+        model,
+        row,
+        steps=steps,
+        gen_length=gen_length,
+        block_length=block_length,
+        temperature=temperature,
+        remasking=remasking,
+        mask_id=mask_id,
+        threshold=threshold,
     )
-    return x[0, row.shape[1]:].cpu(), int(nfe)
+    return x[0, row.shape[1] :].cpu(), int(nfe)
 
 
 def llada_generate_module():
@@ -275,7 +290,7 @@ def llada_generate_module():
     return _llada_modules()[1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pc_sampler_module():
     """PC-Sampler's ``generate.py`` (MIT; LLaDA's original ``generate()`` with ``cfg_scale``), loaded once.
 
@@ -290,7 +305,7 @@ def pc_sampler_module():
         sys.path[:] = saved
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dllm_cache_modules():
     """dLLM-Cache's package ``dllm_cache`` and its ``utils/generate_function.py`` (Apache-2.0), loaded once.
 
@@ -302,7 +317,7 @@ def dllm_cache_modules():
     saved = list(sys.path)
     sys.path.insert(0, str(root))
     try:
-        import dllm_cache  # noqa: PLC0415
+        import dllm_cache
 
         generate = _load_file("dlmsearch_upstream_dllm_cache_generate", root / "utils" / "generate_function.py")
     finally:
@@ -316,26 +331,40 @@ def _without_replace_position(hooked, x, attention_bias=None, layer_past=None, u
 
 
 def dllm_cache_generate(
-    model: torch.nn.Module, prompt: torch.Tensor, *, steps: int, gen_length: int, block_length: int,
-    prompt_interval: int, response_interval: int, ratio: float, mask_id: int,
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    *,
+    steps: int,
+    gen_length: int,
+    block_length: int,
+    prompt_interval: int,
+    response_interval: int,
+    ratio: float,
+    mask_id: int,
 ) -> torch.Tensor:
     """dLLM-Cache's ``generate()`` on one prompt, its hooks registered on the upstream LLaDA's
     blocks for the call and removed after (the model is shared). The generated region, 1-D long."""
     package, generate = dllm_cache_modules()
     with _lock:
-        package.cache.dLLMCache.new_instance(prompt_interval_steps=prompt_interval, gen_interval_steps=response_interval, transfer_ratio=ratio)
+        package.cache.dLLMCache.new_instance(
+            prompt_interval_steps=prompt_interval, gen_interval_steps=response_interval, transfer_ratio=ratio
+        )
         package.register_cache_LLaDA(model, "model.transformer.blocks")
-        for block in model.model.transformer.blocks:  # Fast-dLLM's model passes replace_position (None without its cache), which the hook does not take
+        for block in (
+            model.model.transformer.blocks
+        ):  # Fast-dLLM's model passes replace_position (None without its cache), which the hook does not take
             block.forward = functools.partial(_without_replace_position, block.forward)
         try:
             row = _prompt_row(model, prompt)
-            out = generate.generate(row, None, model, steps=steps, gen_length=gen_length, block_length=block_length, mask_id=mask_id)
+            out = generate.generate(
+                row, None, model, steps=steps, gen_length=gen_length, block_length=block_length, mask_id=mask_id
+            )
         finally:
             package.logout_cache_LLaDA(model, "model.transformer.blocks")
     return out[0].cpu()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def klass_module():
     """KLASS's ``llada_klass.py`` (MIT; its ``stable_confident_decode``), loaded once."""
     path = UPSTREAM.parent / "klass" / "llada_klass.py"
@@ -345,8 +374,16 @@ def klass_module():
 
 
 def llada_generate_guided(
-    model: torch.nn.Module, prompt: torch.Tensor, *, steps: int, gen_length: int, block_length: int, cfg_scale: float,
-    mask_id: int = 126336, temperature: float = 0.0, remasking: str = "low_confidence",
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    *,
+    steps: int,
+    gen_length: int,
+    block_length: int,
+    cfg_scale: float,
+    mask_id: int = 126336,
+    temperature: float = 0.0,
+    remasking: str = "low_confidence",
 ) -> tuple[torch.Tensor, int]:
     """LLaDA's original ``generate(cfg_scale=...)`` (as PC-Sampler ships it) on one prompt: the row
     and its prompt-masked copy forwarded together, logits ``un + (s + 1)(cond - un)``. Returns
@@ -354,10 +391,17 @@ def llada_generate_guided(
     module = pc_sampler_module()
     row = _prompt_row(model, prompt)
     x = module.generate(
-        model, row, steps=steps, gen_length=gen_length, block_length=block_length, temperature=temperature,
-        cfg_scale=cfg_scale, remasking=remasking, mask_id=mask_id,
+        model,
+        row,
+        steps=steps,
+        gen_length=gen_length,
+        block_length=block_length,
+        temperature=temperature,
+        cfg_scale=cfg_scale,
+        remasking=remasking,
+        mask_id=mask_id,
     )
-    return x[0, row.shape[1]:].cpu(), steps
+    return x[0, row.shape[1] :].cpu(), steps
 
 
 def llada_generate_cached(
@@ -380,10 +424,17 @@ def llada_generate_cached(
         raise ValueError(f"cache={cache!r}: expected 'prefix' or 'dual'")
     row = _prompt_row(model, prompt)
     x, nfe = loops[cache](
-        model, row, steps=steps, gen_length=gen_length, block_length=block_length, temperature=0.0,
-        remasking="low_confidence", mask_id=mask_id, threshold=threshold,
+        model,
+        row,
+        steps=steps,
+        gen_length=gen_length,
+        block_length=block_length,
+        temperature=0.0,
+        remasking="low_confidence",
+        mask_id=mask_id,
+        threshold=threshold,
     )
-    return x[0, row.shape[1]:].cpu(), int(nfe)
+    return x[0, row.shape[1] :].cpu(), int(nfe)
 
 
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
@@ -418,12 +469,19 @@ def dream_generate(
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             output = model.diffusion_generate(
-                row, max_new_tokens=gen_length, steps=steps, alg=alg, temperature=temperature, eps=eps,
-                return_dict_in_generate=True, output_history=False, **options,
+                row,
+                max_new_tokens=gen_length,
+                steps=steps,
+                alg=alg,
+                temperature=temperature,
+                eps=eps,
+                return_dict_in_generate=True,
+                output_history=False,
+                **options,
             )
     finally:
         handle.remove()
-    return output.sequences[0, row.shape[1]:].cpu(), calls[0]
+    return output.sequences[0, row.shape[1] :].cpu(), calls[0]
 
 
 def dream_attention_arguments(attention_mask: torch.Tensor | None):
@@ -439,7 +497,9 @@ def dream_attention_arguments(attention_mask: torch.Tensor | None):
     return mask, tok_idx
 
 
-def upstream_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+def upstream_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Float32 logits ``[B, L, V]`` of the upstream forward.
 
     LLaDA: ``model(input_ids, attention_mask=...)`` (the upstream ignores the mask). Dream: the
@@ -465,7 +525,7 @@ def without_mask_logit(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     The mask logit is about -1e4 x (final-norm dim j), i.e. -5000 to -7000, so float32 rounding
     alone (ulp 5e-4 there) makes two implementations differ by ~1e-3 in that column, while the
     other logits (|x| < ~50) agree to ~1e-5. Compare the rest, or use a relative tolerance."""
-    return torch.cat([logits[..., :mask_id], logits[..., mask_id + 1:]], dim=-1)
+    return torch.cat([logits[..., :mask_id], logits[..., mask_id + 1 :]], dim=-1)
 
 
 def _is_dream(model: torch.nn.Module) -> bool:

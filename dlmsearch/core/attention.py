@@ -32,7 +32,9 @@ def padding_mask(real: torch.Tensor) -> torch.Tensor:
     return real.bool()[:, None, None, :]
 
 
-def window_visibility(real: torch.Tensor, first: torch.Tensor, high: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def window_visibility(
+    real: torch.Tensor, first: torch.Tensor, high: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A cached forward of each row's columns ``first[r]:high[r]`` (``length`` query slots,
     padded past a row's end): ``[rows, width]`` the stored columns each row reads (its real
     columns outside its window) and ``[rows, length, length]`` which of its own queries each sees
@@ -60,7 +62,9 @@ def shadow_layout(real: torch.Tensor, mirror: torch.Tensor) -> tuple[torch.Tenso
     return attention, torch.cat([at, at.gather(1, mirror)], dim=1)
 
 
-def shadow_window_visibility(real: torch.Tensor, low: torch.Tensor, mirror: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def shadow_window_visibility(
+    real: torch.Tensor, low: torch.Tensor, mirror: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """WINO's shadow against a prefix cache: each row forwards its columns ``low[r]:`` (``length``
     query slots) and the shadow. ``[rows, width]`` stored columns read (those before the window)
     and ``[rows, length + B, length + B]`` visibility among the fresh queries (a shadow query
@@ -87,7 +91,9 @@ def block_causal(real: torch.Tensor, block_length: int) -> torch.Tensor:
     return real.bool()[:, None, :] & (block[:, None, :] <= block[:, :, None])
 
 
-def block_window_visibility(real: torch.Tensor, first: torch.Tensor, high: torch.Tensor, length: int, block_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def block_window_visibility(
+    real: torch.Tensor, first: torch.Tensor, high: torch.Tensor, length: int, block_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A block-diffusion row forwarding its columns ``first[r]:high[r]`` against its slot's exact
     block cache: ``[rows, width]`` the stored columns it reads (the real ones before ``first``:
     every later column is a later block or its own) and ``[rows, length, length]`` which of its own

@@ -19,7 +19,9 @@ class ModuleFeatures:
     explicit_attention: bool = False  # takes an explicit attention mask and positions (WINO's shadow block)
     logits_from: bool = False  # applies its vocabulary head only from a given column on
     compiles: bool = False  # compile_blocks(): its per-token work under torch.compile
-    layerwise: bool = False  # its blocks' weights can run the layerwise forward (models/layerwise.py: adaptive KV caches)
+    layerwise: bool = (
+        False  # its blocks' weights can run the layerwise forward (models/layerwise.py: adaptive KV caches)
+    )
 
 
 NO_FEATURES = ModuleFeatures()
@@ -39,8 +41,12 @@ class ModelCapabilities:
     shift_logits: bool  # logits at column i predict token i + 1 (AR-initialised: Dream)
     honours_padding: bool  # False: rows are forwarded unpadded, grouped by prompt length
     compiles: bool  # engine.compile=true
-    attention_block: int | None = None  # block diffusion (SDAR, LLaDA2.x): block-causal attention over blocks of this size
-    layerwise: bool = False  # the layerwise cache policies (dllm_cache, d2cache, elastic, dkv): a native full-attention model
+    attention_block: int | None = (
+        None  # block diffusion (SDAR, LLaDA2.x): block-causal attention over blocks of this size
+    )
+    layerwise: bool = (
+        False  # the layerwise cache policies (dllm_cache, d2cache, elastic, dkv): a native full-attention model
+    )
 
     def check_length(self, length: int, what: str) -> None:
         """Fail before decoding when a canvas cannot fit the model."""

@@ -24,12 +24,12 @@ class Sampling:
     top_k: int | None = number(int, 1, optional=True, default=None)
     confidence: str | None = attrs.field(default=None, validator=check_choice(*CONFIDENCE_SOURCES, optional=True))
 
-    def over(self, fallback: "Sampling") -> "Sampling":
+    def over(self, fallback: Sampling) -> Sampling:
         """Each field set here, else ``fallback``'s (settings layered: the user's over the checkpoint's over the decoder's)."""
         mine, theirs = attrs.asdict(self), attrs.asdict(fallback)
         return Sampling(**{name: theirs[name] if value is None else value for name, value in mine.items()})
 
-    def resolved(self) -> "Sampling":
+    def resolved(self) -> Sampling:
         """Unset fields at their neutral values: temperature 0, no truncation, the model's confidence."""
         return self.over(Sampling(temperature=0.0, confidence="model"))
 

@@ -92,8 +92,25 @@ class ModelArgsError(ValueError):
 
 
 TEXT_FAMILIES = ("llada", "dream", "sdar", "llada2")  # conf/model/<family>.yaml with model.path=DIR
-SHIPPED_TEXT_MODELS = ("countdown", "countdown_block")  # the Countdown models dlmsearch ships (LLaDA's and SDAR's formats)
-NAMED_ARGS = ("path", "family", "decoder", "gen_length", "block_length", "batch_size", "cache", "device", "dtype", "chat", "temperature", "seed", "decoding")
+SHIPPED_TEXT_MODELS = (
+    "countdown",
+    "countdown_block",
+)  # the Countdown models dlmsearch ships (LLaDA's and SDAR's formats)
+NAMED_ARGS = (
+    "path",
+    "family",
+    "decoder",
+    "gen_length",
+    "block_length",
+    "batch_size",
+    "cache",
+    "device",
+    "dtype",
+    "chat",
+    "temperature",
+    "seed",
+    "decoding",
+)
 
 
 @register_model("dlmsearch")
@@ -125,18 +142,28 @@ class DLMSearchLM(LM):
                 f"model_args family must be a text model ({', '.join(TEXT_FAMILIES)}) or a shipped one ({', '.join(SHIPPED_TEXT_MODELS)}: no path needed), got {family!r}"
             )
         if path is None and family not in SHIPPED_TEXT_MODELS:
-            raise ModelArgsError("model_args needs path=DIR: the local directory of the checkpoint (nothing is downloaded)")
+            raise ModelArgsError(
+                "model_args needs path=DIR: the local directory of the checkpoint (nothing is downloaded)"
+            )
         if path is not None and not Path(str(path)).expanduser().is_dir():
-            raise ModelArgsError(f"model_args path={path} is not a directory: give the local directory of the checkpoint (nothing is downloaded)")
+            raise ModelArgsError(
+                f"model_args path={path} is not a directory: give the local directory of the checkpoint (nothing is downloaded)"
+            )
         if isinstance(batch_size, str) and batch_size.strip().isdigit():  # lm-eval's --batch_size 8 comes as a string
             batch_size = int(batch_size)
         if isinstance(batch_size, str):  # "auto" / "auto:N": decoding uses a fixed batch
-            log.warning("dlmsearch: batch_size=%s is not supported; decoding 8 at a time (model_args batch_size=N)", batch_size)
+            log.warning(
+                "dlmsearch: batch_size=%s is not supported; decoding 8 at a time (model_args batch_size=N)", batch_size
+            )
             batch_size = 8
         for name, value in (("gen_length", gen_length), ("block_length", block_length), ("batch_size", batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ModelArgsError(f"model_args {name} must be a positive integer, got {value!r}")
-        unknown = [k for k in overrides if k.split(".")[0].split("/")[0] not in ("model", "decoder", "engine", "decoding", "deadline_s")]
+        unknown = [
+            k
+            for k in overrides
+            if k.split(".")[0].split("/")[0] not in ("model", "decoder", "engine", "decoding", "deadline_s")
+        ]
         if unknown:
             raise ModelArgsError(
                 f"unknown model_args: {', '.join(unknown)} (model_args take {', '.join(NAMED_ARGS)} and decoder.*, engine.*, decoding.*, model.* keys)"
@@ -151,8 +178,14 @@ class DLMSearchLM(LM):
             self.decoder = Decoder.from_preset(decoder, overrides=decoder_keys, decoding=decoding)
         except (ValueError, TypeError) as error:
             raise ModelArgsError(f"model_args: {error}") from error
-        trained_gen, trained_block = self.model.lengths  # unset: what the model was trained for, else 256 in blocks of 32
-        self.gen_length, self.block_length, self.batch_size = gen_length or trained_gen, block_length or trained_block, batch_size
+        trained_gen, trained_block = (
+            self.model.lengths
+        )  # unset: what the model was trained for, else 256 in blocks of 32
+        self.gen_length, self.block_length, self.batch_size = (
+            gen_length or trained_gen,
+            block_length or trained_block,
+            batch_size,
+        )
         self.chat, self.temperature, self.seed = bool(chat), temperature, seed
         self.cache = cache
         self._device = self.model.adapter.device
@@ -163,8 +196,14 @@ class DLMSearchLM(LM):
         ``temperature``, ``seed``, a ``decoder.*`` / ``engine.*`` value) fails before any request."""
         try:
             cfg = self.decoder.config(
-                self.model, gen_length_for(self.gen_length, self.block_length), self.block_length, self.chat, self.batch_size,
-                cache=self.cache, temperature=self.temperature, seed=self.seed,
+                self.model,
+                gen_length_for(self.gen_length, self.block_length),
+                self.block_length,
+                self.chat,
+                self.batch_size,
+                cache=self.cache,
+                temperature=self.temperature,
+                seed=self.seed,
             )
             build(cfg, "decoder")
             build(cfg, "engine", adapter=self.model.adapter)
@@ -172,14 +211,16 @@ class DLMSearchLM(LM):
             raise ModelArgsError(f"model_args: {error}") from error
 
     @classmethod
-    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "DLMSearchLM":
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> DLMSearchLM:
         """``--model_args`` win over lm-eval's own ``--batch_size`` / ``--device`` (which always come, defaults included)."""
         from lm_eval.utils import simple_parse_args_string
 
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     @classmethod
-    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> "DLMSearchLM":
+    def create_from_arg_obj(
+        cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None
+    ) -> DLMSearchLM:
         harness = {k: v for k, v in (additional_config or {}).items() if v is not None}
         return cls(**{**harness, **arg_dict})
 

@@ -35,7 +35,9 @@ def lm_eval_argv(argv: list[str]) -> list[str]:
     command = argv[:1] if argv[:1] in (["run"], ["ls"], ["validate"]) else []
     rest = argv[len(command) :]
     if command in ([], ["run"]) and not {"-h", "--help"} & set(rest):
-        extra = ["--model", "dlmsearch"] + [x for key, value in DEFAULTS.items() if key not in given for x in (key, value)]
+        extra = ["--model", "dlmsearch"] + [
+            x for key, value in DEFAULTS.items() if key not in given for x in (key, value)
+        ]
         return ["run", *extra, *rest]
     return [*command, *rest]
 
@@ -58,8 +60,20 @@ def task_manager_class(base: type, only_included: bool) -> type:
     from dlmsearch.lm_eval.shipped import TASKS_DIR
 
     class DLMSearchTaskManager(base):  # type: ignore[misc, valid-type]
-        def __init__(self, verbosity: str | None = None, include_path: Any = None, include_defaults: bool = True, metadata: Any = None) -> None:
-            paths = list(include_path) if isinstance(include_path, (list, tuple)) else [include_path] if include_path else []
+        def __init__(
+            self,
+            verbosity: str | None = None,
+            include_path: Any = None,
+            include_defaults: bool = True,
+            metadata: Any = None,
+        ) -> None:
+            paths = (
+                list(include_path)
+                if isinstance(include_path, (list, tuple))
+                else [include_path]
+                if include_path
+                else []
+            )
             super().__init__(
                 verbosity=verbosity,
                 include_path=[str(TASKS_DIR), *paths],
@@ -113,7 +127,9 @@ def main(argv: list[str] | None = None) -> None:
         cli_evaluate()
     except ModelArgsError as error:
         fail(str(error))
-    except ConnectionError as error:  # datasets' "Couldn't reach 'openai/gsm8k' on the Hub", huggingface_hub's offline mode
+    except (
+        ConnectionError
+    ) as error:  # datasets' "Couldn't reach 'openai/gsm8k' on the Hub", huggingface_hub's offline mode
         fail(
             f"{error}: lm-eval's own tasks download their data sets from the Hugging Face Hub, which cannot be reached from here; "
             f"dlmsearch's tasks need no network: --tasks {' or '.join(TASK_NAMES)}"

@@ -37,10 +37,18 @@ def gsm8k_dataset(**_: Any) -> Any:
     """The shipped GSM8K test split: ``question``, ``answer``, ``reference`` (the gold number) and ``prompt``."""
     from dlmsearch.tasks.gsm8k import DEFAULT_INSTRUCTION, gsm8k_prompt, load_gsm8k, shipped_gsm8k_path
 
-    return _test_split([
-        {"id": id_, "question": p.question, "answer": p.solution, "reference": p.reference, "prompt": gsm8k_prompt(p.question, DEFAULT_INSTRUCTION)}
-        for id_, p in load_gsm8k(shipped_gsm8k_path())
-    ])
+    return _test_split(
+        [
+            {
+                "id": id_,
+                "question": p.question,
+                "answer": p.solution,
+                "reference": p.reference,
+                "prompt": gsm8k_prompt(p.question, DEFAULT_INSTRUCTION),
+            }
+            for id_, p in load_gsm8k(shipped_gsm8k_path())
+        ]
+    )
 
 
 def gsm8k_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
@@ -57,7 +65,14 @@ def countdown_dataset(**_: Any) -> Any:
     rows = []
     for id_, p in load_countdown(shipped_countdown_path(COUNTDOWN_TIER)):
         numbers = ", ".join(map(str, p.numbers))
-        rows.append({"id": id_, "numbers": numbers, "target": p.target, "prompt": COUNTDOWN_TEMPLATE.format(numbers=numbers, target=p.target)})
+        rows.append(
+            {
+                "id": id_,
+                "numbers": numbers,
+                "target": p.target,
+                "prompt": COUNTDOWN_TEMPLATE.format(numbers=numbers, target=p.target),
+            }
+        )
     return _test_split(rows)
 
 

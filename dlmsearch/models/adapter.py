@@ -38,17 +38,32 @@ class ModelAdapter:
     device: str = attrs.field(default="cpu", validator=check_type(str))
     dtype: str = attrs.field(default="float32", validator=check_choice("float32", "bfloat16", "float16"))
     max_length: int | None = attrs.field(default=None, validator=check_type(int, optional=True))
-    honours_padding: bool = attrs.field(default=True, validator=check_type(bool))  # False: rows are forwarded unpadded, grouped by prompt length
+    honours_padding: bool = attrs.field(
+        default=True, validator=check_type(bool)
+    )  # False: rows are forwarded unpadded, grouped by prompt length
     suppressed_ids: list[int] = attrs.field(factory=list)  # never proposed (LLaDA's logits_eos_inf)
-    deferred_ids: list[int] = attrs.field(factory=list)  # proposed with confidence 0, so committed last (confidence_eos_eot_inf)
+    deferred_ids: list[int] = attrs.field(
+        factory=list
+    )  # proposed with confidence 0, so committed last (confidence_eos_eot_inf)
     stop_ids: list[int] = attrs.field(factory=list)  # tokens that end an answer (EOS first: the tail is filled with it)
-    generation_defaults: Sampling = attrs.field(factory=Sampling)  # the checkpoint's generation_config.json (temperature, top-p, top-k)
-    attention_block: int | None = attrs.field(default=None, validator=check_type(int, optional=True))  # block diffusion: the model's block size
-    features: ModuleFeatures = attrs.field(init=False, default=NO_FEATURES)  # what the module declares (its ``features``)
+    generation_defaults: Sampling = attrs.field(
+        factory=Sampling
+    )  # the checkpoint's generation_config.json (temperature, top-p, top-k)
+    attention_block: int | None = attrs.field(
+        default=None, validator=check_type(int, optional=True)
+    )  # block diffusion: the model's block size
+    features: ModuleFeatures = attrs.field(
+        init=False, default=NO_FEATURES
+    )  # what the module declares (its ``features``)
     capabilities: ModelCapabilities = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        checked = (("model.mask_id=", [self.mask_id]), ("suppressed token id ", self.suppressed_ids), ("deferred token id ", self.deferred_ids), ("stop token id ", self.stop_ids))
+        checked = (
+            ("model.mask_id=", [self.mask_id]),
+            ("suppressed token id ", self.suppressed_ids),
+            ("deferred token id ", self.deferred_ids),
+            ("stop token id ", self.stop_ids),
+        )
         for name, ids in checked:
             outside = [i for i in ids if not 0 <= i < self.vocab_size]
             if outside:
@@ -58,20 +73,28 @@ class ModelAdapter:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"model.device={self.device} but no CUDA device is available; use model.device=cpu")
         self.module = self.module.to(device=self.device, dtype=getattr(torch, self.dtype)).eval()
-        self.features = getattr(type(self.module), "features", NO_FEATURES)  # the one place a module's features are read
+        self.features = getattr(
+            type(self.module), "features", NO_FEATURES
+        )  # the one place a module's features are read
         self.capabilities = ModelCapabilities(
             name=type(self.module).__name__,
             vocab_size=self.vocab_size,
             mask_id=self.mask_id,
             stop_ids=tuple(self.stop_ids),
             max_length=self.max_length,
-            cache_policies=("none",) if not self.features.kv_cache else BLOCK_CACHE_POLICIES if self.attention_block else CACHE_POLICIES,
+            cache_policies=("none",)
+            if not self.features.kv_cache
+            else BLOCK_CACHE_POLICIES
+            if self.attention_block
+            else CACHE_POLICIES,
             shadow=self.features.explicit_attention and not self.shift_logits and self.attention_block is None,
             shift_logits=self.shift_logits,
             honours_padding=self.honours_padding,
             compiles=self.features.compiles,
             attention_block=self.attention_block,
-            layerwise=self.features.layerwise and self.attention_block is None and getattr(self.module.config, "moe", None) is None,
+            layerwise=self.features.layerwise
+            and self.attention_block is None
+            and getattr(self.module.config, "moe", None) is None,
         )
 
     def empty_kv(self, slots: int, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -79,7 +102,7 @@ class ModelAdapter:
         is filled by cached forwards alone (the exact block cache)."""
         config = self.module.config
         shape = (slots, config.num_kv_heads, width, config.head_dim)
-        make = lambda: torch.zeros(shape, dtype=getattr(torch, self.dtype), device=self.device)  # noqa: E731
+        make = lambda: torch.zeros(shape, dtype=getattr(torch, self.dtype), device=self.device)
         return [(make(), make()) for _ in range(config.num_layers)]
 
     @property
@@ -97,7 +120,9 @@ class ModelAdapter:
         return self.window_logits(tokens, attention_mask, keep_from, tokens.shape[1])[0]
 
     @torch.no_grad()
-    def window_logits(self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int, high: int) -> tuple[torch.Tensor, list | None]:
+    def window_logits(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int, high: int
+    ) -> tuple[torch.Tensor, list | None]:
         """Float32 logits ``[rows, high - low, vocab_size]`` of columns ``low:high``, and the
         module's keys and values where it gives them.
 
@@ -133,8 +158,15 @@ class ModelAdapter:
 
     @torch.no_grad()
     def cached_logits(
-        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: torch.Tensor, high: torch.Tensor, cache: KVStorage, slot: torch.Tensor,
-        in_place: torch.Tensor | None = None, logits_from: torch.Tensor | None = None,
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor,
+        low: torch.Tensor,
+        high: torch.Tensor,
+        cache: KVStorage,
+        slot: torch.Tensor,
+        in_place: torch.Tensor | None = None,
+        logits_from: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Float32 logits ``[rows, max(high - low), vocab_size]`` of each row's columns
         ``low[r]:high[r]`` (left-aligned; columns past a row's end are padding), forwarding only
@@ -152,12 +184,18 @@ class ModelAdapter:
         if self.attention_block is None:
             cache_visible, fresh_visible = pattern.window_visibility(attention_mask, first, high, length)
         else:  # the exact block cache: only the columns before the forwarded ones are read from it
-            cache_visible, fresh_visible = pattern.block_window_visibility(attention_mask, first, high, length, self.attention_block)
+            cache_visible, fresh_visible = pattern.block_window_visibility(
+                attention_mask, first, high, length, self.attention_block
+            )
         window = cache.window(slot, torch.where(valid, column, -1), cache_visible, fresh_visible, in_place)
         inside = column.clamp(max=tokens.shape[1] - 1)
         assert logits_from is None or not self.shift_logits, "logits_from is for unshifted models (the block cache)"
-        head_from = () if logits_from is None else (logits_from - first,)  # only where asked: a module's run_cached may not take it
-        raw = self.module.run_cached(tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window, *head_from)
+        head_from = (
+            () if logits_from is None else (logits_from - first,)
+        )  # only where asked: a module's run_cached may not take it
+        raw = self.module.run_cached(
+            tokens.gather(1, inside).to(self.device), positions.gather(1, inside).to(self.device), window, *head_from
+        )
         raw = raw[..., : self.vocab_size].float()
         if logits_from is not None:
             return raw[:, : int((high - logits_from).max())]
@@ -168,14 +206,26 @@ class ModelAdapter:
 
     @torch.no_grad()
     def layerwise_logits(
-        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: torch.Tensor, high: torch.Tensor, rule: "LayerRule",
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor,
+        low: torch.Tensor,
+        high: torch.Tensor,
+        rule: LayerRule,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Float32 logits ``[rows, max(high - low), vocab_size]`` of each row's columns ``low:high``
         (left-aligned) from the layerwise forward of the whole canvas under ``rule`` (an adaptive
         KV cache's per-layer choices), which of them are current, and the columns each row
         recomputed per layer ``[rows, layers]``. A shifted model's column reads its left neighbour's query."""
         first = self._forwarded(low, high)
-        raw, read, recomputed = layerwise_logits(self.module, tokens.to(self.device), attention_mask.bool().to(self.device), rule, first.to(self.device), high.to(self.device))
+        raw, read, recomputed = layerwise_logits(
+            self.module,
+            tokens.to(self.device),
+            attention_mask.bool().to(self.device),
+            rule,
+            first.to(self.device),
+            high.to(self.device),
+        )
         raw = raw[..., : self.vocab_size].float()
         length = int((high - low).max())
         if self.shift_logits:  # column c reads query c - 1 (the canvas's first column its own)
@@ -186,7 +236,13 @@ class ModelAdapter:
 
     @torch.no_grad()
     def shadow_logits(
-        self, tokens: torch.Tensor, attention_mask: torch.Tensor, low: int | torch.Tensor, high: int, block_start: torch.Tensor, block_length: int,
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor,
+        low: int | torch.Tensor,
+        high: int,
+        block_start: torch.Tensor,
+        block_length: int,
         cache: tuple[KVStorage, torch.Tensor] | tuple[KVStorage, torch.Tensor, torch.Tensor | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list | None]:
         """Logits of columns ``low:high`` and of a *shadow* of each row's block in the same forward
@@ -199,7 +255,9 @@ class ModelAdapter:
         ``low`` is one column for all rows. Returns the canvas logits (left-aligned per row), the
         shadow's, and the canvas's keys and values (a full forward's, for refreshing a cache)."""
         if not self.capabilities.shadow:
-            raise ValueError(f"{type(self.module).__name__} cannot run a shadow block (it takes no explicit attention mask, or its logits are shifted)")
+            raise ValueError(
+                f"{type(self.module).__name__} cannot run a shadow block (it takes no explicit attention mask, or its logits are shifted)"
+            )
         rows, width = tokens.shape
         low = torch.as_tensor(low).expand(rows)
         real = attention_mask.bool()
@@ -215,7 +273,13 @@ class ModelAdapter:
             valid = column < width
             inside = column.clamp(max=width - 1)
             cache_visible, fresh_visible = pattern.shadow_window_visibility(real, low, mirror, length)
-            window = store.window(slot, torch.cat([torch.where(valid, column, -1), torch.full((rows, block_length), -1)], dim=1), cache_visible, fresh_visible, in_place)
+            window = store.window(
+                slot,
+                torch.cat([torch.where(valid, column, -1), torch.full((rows, block_length), -1)], dim=1),
+                cache_visible,
+                fresh_visible,
+                in_place,
+            )
             ids = torch.cat([tokens.gather(1, inside), shadow_tokens], dim=1).to(self.device)
             at = torch.cat([positions.gather(1, inside), shadow_positions], dim=1).to(self.device)
             raw = self.module.run_cached(ids, at, window)[..., : self.vocab_size].float()
@@ -228,7 +292,9 @@ class ModelAdapter:
         query_positions = query_positions.to(self.device)
         module = self.module
         if self.features.kv_cache:
-            raw, fresh = module.run(extended, None, start, attention=attention.to(self.device), positions=query_positions)
+            raw, fresh = module.run(
+                extended, None, start, attention=attention.to(self.device), positions=query_positions
+            )
             canvas_logits, shadow = raw[:, : high - start], raw[:, width - start :]
             kv = [(k[:, :, :width], v[:, :, :width]) for k, v in fresh]
         else:

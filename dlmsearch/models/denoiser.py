@@ -34,7 +34,9 @@ class DenoiserConfig:
 class BidirectionalDenoiser(nn.Module):
     """Pre-norm transformer encoder predicting every position's token distribution."""
 
-    features = ModuleFeatures(explicit_attention=True)  # forward() takes an explicit attention mask and positions (WINO's shadow block)
+    features = ModuleFeatures(
+        explicit_attention=True
+    )  # forward() takes an explicit attention mask and positions (WINO's shadow block)
 
     def __init__(self, config: DenoiserConfig) -> None:
         super().__init__()
@@ -43,7 +45,7 @@ class BidirectionalDenoiser(nn.Module):
         self.position = nn.Embedding(config.max_len, config.d_model)
         if config.grid_side:
             side = config.grid_side
-            box = int(round(side**0.5))
+            box = round(side**0.5)
             cell = torch.arange(side * side)
             row, col = cell // side, cell % side
             self.register_buffer("row_id", row, persistent=False)
@@ -53,14 +55,24 @@ class BidirectionalDenoiser(nn.Module):
             self.col = nn.Embedding(side, config.d_model)
             self.box = nn.Embedding(side, config.d_model)
         layer = nn.TransformerEncoderLayer(
-            config.d_model, config.n_heads, config.d_ff, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+            config.d_model,
+            config.n_heads,
+            config.d_ff,
+            dropout=0.0,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
         )
         self.encoder = nn.TransformerEncoder(layer, config.n_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size)
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, attention: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        attention: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[rows, length, vocab]``; ``attention_mask`` marks real (non-padding) tokens.
         ``attention`` (``[rows, length, length]`` bool: query may attend to key) with
@@ -70,7 +82,12 @@ class BidirectionalDenoiser(nn.Module):
                 raise ValueError("an explicit attention mask needs explicit positions")
             hidden = self.token(input_ids) + self.position(positions)
             if self.config.grid_side:
-                hidden = hidden + self.row(self.row_id[positions]) + self.col(self.col_id[positions]) + self.box(self.box_id[positions])
+                hidden = (
+                    hidden
+                    + self.row(self.row_id[positions])
+                    + self.col(self.col_id[positions])
+                    + self.box(self.box_id[positions])
+                )
             blocked = ~attention.bool().repeat_interleave(self.config.n_heads, dim=0)
             return self.head(self.norm(self.encoder(hidden, mask=blocked)))
         if attention_mask is None:
@@ -91,10 +108,12 @@ class BidirectionalDenoiser(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps(attrs.asdict(self.config), indent=2) + "\n")
-        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(directory / "model.safetensors"))
+        save_file(
+            {k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(directory / "model.safetensors")
+        )
 
     @classmethod
-    def load(cls, directory: str | Path) -> "BidirectionalDenoiser":
+    def load(cls, directory: str | Path) -> BidirectionalDenoiser:
         """Load a model written by :meth:`save`; fails naming the missing file."""
         from safetensors.torch import load_file
 

@@ -11,7 +11,8 @@ whose config files do not name them.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import torch
@@ -35,7 +36,9 @@ class Family:
     mask_tokens: tuple[str, ...] = ()  # the mask token's name in the family's tokenizers
     stop_tokens: tuple[str, ...] = ()  # tokens that end an answer (EOS, end of turn), in the family's tokenizers
     block_diffusion: bool = False  # trained block-causally: decodes block by block against an exact block cache
-    regroup: Callable[[dict[str, torch.Tensor], TransformerConfig], dict[str, torch.Tensor]] | None = None  # after renaming: split fused, stack per-expert tensors
+    regroup: Callable[[dict[str, torch.Tensor], TransformerConfig], dict[str, torch.Tensor]] | None = (
+        None  # after renaming: split fused, stack per-expert tensors
+    )
 
     def native_name(self, name: str) -> str | None:
         """The native parameter name for a checkpoint name, or None where it has none."""
@@ -56,11 +59,22 @@ def _require(config: dict[str, Any], family: str, expected: dict[str, Any]) -> N
 
 
 def _llada_config(config: dict[str, Any]) -> TransformerConfig:
-    _require(config, "LLaDA", {
-        "block_type": ("llama",), "layer_norm_type": ("rms",), "rope": (True,), "alibi": (False,),
-        "attention_layer_norm": (False,), "include_bias": (False,), "input_emb_norm": (False,),
-        "scale_logits": (False,), "block_group_size": (1,), "activation_type": ("silu", "gelu", "relu"),
-    })
+    _require(
+        config,
+        "LLaDA",
+        {
+            "block_type": ("llama",),
+            "layer_norm_type": ("rms",),
+            "rope": (True,),
+            "alibi": (False,),
+            "attention_layer_norm": (False,),
+            "include_bias": (False,),
+            "input_emb_norm": (False,),
+            "scale_logits": (False,),
+            "block_group_size": (1,),
+            "activation_type": ("silu", "gelu", "relu"),
+        },
+    )
     d_model, heads = config["d_model"], config["n_heads"]
     kv_heads = 1 if config.get("multi_query_attention") else (config.get("n_kv_heads") or heads)
     return TransformerConfig(
@@ -106,9 +120,16 @@ def _sdar_config(config: dict[str, Any]) -> TransformerConfig:
     """SDAR / TraDo (Qwen3's architecture, trained block-causally): GQA, q/k RMSNorm over each head,
     an explicit ``head_dim``, no biases, untied head unless ``tie_word_embeddings``. The block size is
     config.json's ``block_size`` (dlmsearch's own checkpoints write it), else SDAR's 4."""
-    _require(config, "SDAR", {
-        "rope_scaling": (None,), "hidden_act": ("silu",), "attention_bias": (False,), "use_sliding_window": (False,),
-    })
+    _require(
+        config,
+        "SDAR",
+        {
+            "rope_scaling": (None,),
+            "hidden_act": ("silu",),
+            "attention_bias": (False,),
+            "use_sliding_window": (False,),
+        },
+    )
     heads = config["num_attention_heads"]
     block = config.get("block_size") or SDAR_DEFAULT_BLOCK
     if not isinstance(block, int) or block < 1:
@@ -176,9 +197,7 @@ SDAR = Family(
     name="sdar",
     model_types=("sdar",),
     read_config=_sdar_config,
-    renames=DREAM.renames + (
-        (_DREAM_LAYER + r"self_attn\.(q_norm|k_norm)\.weight", r"blocks.\1.\2.weight"),
-    ),
+    renames=DREAM.renames + ((_DREAM_LAYER + r"self_attn\.(q_norm|k_norm)\.weight", r"blocks.\1.\2.weight"),),
     shift_logits=False,
     mask_tokens=("<|MASK|>",),
     stop_tokens=("<|endoftext|>", "<|im_end|>"),  # EOS, end of an Instruct turn
@@ -192,10 +211,19 @@ def _llada2_config(config: dict[str, Any]) -> TransformerConfig:
     """LLaDA2.0 / 2.1 (``llada2_moe``, Ling's MoE trained block-causally): fused q/k/v, q/k RMSNorm,
     partial rotary, grouped top-k routing over sigmoid-scored experts plus shared experts, the first
     ``first_k_dense_replace`` layers dense."""
-    _require(config, "LLaDA2", {
-        "rope_scaling": (None,), "hidden_act": ("silu",), "use_qkv_bias": (False,), "use_bias": (False,), "norm_head": (False,),
-        "use_qk_norm": (True,), "use_sliding_window": (False,),
-    })
+    _require(
+        config,
+        "LLaDA2",
+        {
+            "rope_scaling": (None,),
+            "hidden_act": ("silu",),
+            "use_qkv_bias": (False,),
+            "use_bias": (False,),
+            "norm_head": (False,),
+            "use_qk_norm": (True,),
+            "use_sliding_window": (False,),
+        },
+    )
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     experts = config.get("num_experts")
@@ -204,13 +232,22 @@ def _llada2_config(config: dict[str, Any]) -> TransformerConfig:
         needed = ("num_experts_per_tok", "n_group", "topk_group", "moe_intermediate_size")
         missing = [key for key in needed if not config.get(key)]
         if missing:
-            raise UnsupportedCheckpoint(f"LLaDA2 config.json has num_experts={experts} but no {', '.join(missing)}: the routed experts cannot be built")
+            raise UnsupportedCheckpoint(
+                f"LLaDA2 config.json has num_experts={experts} but no {', '.join(missing)}: the routed experts cannot be built"
+            )
         if experts % config["n_group"]:
-            raise UnsupportedCheckpoint(f"LLaDA2 config.json: num_experts={experts} is not a multiple of n_group={config['n_group']}")
+            raise UnsupportedCheckpoint(
+                f"LLaDA2 config.json: num_experts={experts} is not a multiple of n_group={config['n_group']}"
+            )
         moe = MixtureOfExperts(
-            num_experts=experts, top_k=config["num_experts_per_tok"], groups=config["n_group"], top_groups=config["topk_group"],
-            scaling=float(config.get("routed_scaling_factor", 1.0)), intermediate_size=config["moe_intermediate_size"],
-            shared_experts=config.get("num_shared_experts") or 0, dense_layers=config.get("first_k_dense_replace", 0),
+            num_experts=experts,
+            top_k=config["num_experts_per_tok"],
+            groups=config["n_group"],
+            top_groups=config["topk_group"],
+            scaling=float(config.get("routed_scaling_factor", 1.0)),
+            intermediate_size=config["moe_intermediate_size"],
+            shared_experts=config.get("num_shared_experts") or 0,
+            dense_layers=config.get("first_k_dense_replace", 0),
         )
     block = config.get("block_size") or LLADA2_DEFAULT_BLOCK
     return TransformerConfig(
@@ -240,7 +277,9 @@ def _llada2_regroup(state: dict[str, torch.Tensor], config: TransformerConfig) -
     for name, tensor in state.items():
         if ".qkv." in name:
             prefix = name.split(".qkv.")[0]
-            out[f"{prefix}.q_proj.weight"], out[f"{prefix}.k_proj.weight"], out[f"{prefix}.v_proj.weight"] = tensor.split([q, kv, kv])
+            out[f"{prefix}.q_proj.weight"], out[f"{prefix}.k_proj.weight"], out[f"{prefix}.v_proj.weight"] = (
+                tensor.split([q, kv, kv])
+            )
     experts: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
     for name, tensor in state.items():
         match = re.fullmatch(r"(blocks\.\d+)\.experts\.(\d+)\.(gate|up|down)", name)

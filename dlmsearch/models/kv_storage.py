@@ -72,7 +72,7 @@ class CachedWindow:
     def attend(self, layer: int, queries: torch.Tensor, grouped: bool) -> torch.Tensor:
         """Attention of the rows' ``[rows, heads, length, head_dim]`` queries over their slots' caches."""
         keys, values = self.layers[layer]
-        rows, heads, length, dim = queries.shape
+        _rows, heads, length, dim = queries.shape
         stacked = queries.new_zeros(keys.shape[0], heads, self.lanes * length, dim)
         self._stacked(stacked)[self.slot, :, self.lane] = queries
         attended = attend(stacked, keys, values, self.mask, grouped)
@@ -104,7 +104,9 @@ class KVStorage:
         """Append ``slots`` empty slots (new samples joining a decode)."""
         self.window_of = torch.cat([self.window_of, torch.full((slots, 2), -1, dtype=torch.long)])
         if self.layers:
-            self.layers = [tuple(torch.cat([t, t.new_zeros(slots, *t.shape[1:])]) for t in pair) for pair in self.layers]
+            self.layers = [
+                tuple(torch.cat([t, t.new_zeros(slots, *t.shape[1:])]) for t in pair) for pair in self.layers
+            ]
 
     def widen(self, columns: int) -> None:
         """``columns`` more columns of left padding in every canvas (a longer prompt joined the decode)."""
@@ -122,10 +124,17 @@ class KVStorage:
     def store(self, slot: torch.Tensor, first: int, kv: list[KeyValues], query: torch.Tensor, width: int) -> None:
         """Refresh the caches of ``slot`` from a full forward of columns ``first:``."""
         if not self.layers:
-            tail = int((query[:, 1] - query[:, 0]).max()) + 1  # one lane of the window (and a shifted model's extra column)
+            tail = (
+                int((query[:, 1] - query[:, 0]).max()) + 1
+            )  # one lane of the window (and a shifted model's extra column)
             self.width = width
             self.layers = [
-                tuple(torch.zeros(len(self.window_of), t.shape[1], width + tail, t.shape[3], dtype=t.dtype, device=t.device) for t in pair)
+                tuple(
+                    torch.zeros(
+                        len(self.window_of), t.shape[1], width + tail, t.shape[3], dtype=t.dtype, device=t.device
+                    )
+                    for t in pair
+                )
                 for pair in kv
             ]
         rows = slot.to(kv[0][0].device)
@@ -148,7 +157,12 @@ class KVStorage:
         self.layers = [tuple(F.pad(t[:, :, : self.width], (0, 0, 0, tail)) for t in pair) for pair in self.layers]
 
     def window(
-        self, slot: torch.Tensor, column: torch.Tensor, cache_visible: torch.Tensor, fresh_visible: torch.Tensor, in_place: torch.Tensor | None = None,
+        self,
+        slot: torch.Tensor,
+        column: torch.Tensor,
+        cache_visible: torch.Tensor,
+        fresh_visible: torch.Tensor,
+        in_place: torch.Tensor | None = None,
     ) -> CachedWindow:
         """The forward of ``[rows, length]`` queries against their slots' caches.
 
@@ -164,12 +178,18 @@ class KVStorage:
         lane = lanes_of(slot)
         lanes = int(lane.max()) + 1
         low, high = int(slot.min()), int(slot.max()) + 1
-        writer = (lane == 0) if in_place is None else in_place  # given: exactly the rows allowed to, whatever their lane
-        overwritten = torch.zeros(high - low, self.width + 1, dtype=torch.bool)  # the last column collects what is not written in place
+        writer = (
+            (lane == 0) if in_place is None else in_place
+        )  # given: exactly the rows allowed to, whatever their lane
+        overwritten = torch.zeros(
+            high - low, self.width + 1, dtype=torch.bool
+        )  # the last column collects what is not written in place
         written = torch.where(writer[:, None] & (column >= 0), column, self.width)
         overwritten[(slot - low)[:, None].expand_as(written), written] = True
         if bool((cache_visible & overwritten[slot - low, : self.width]).any()):
-            raise ValueError("a row would read from its slot's cache a column that the slot's first row overwrites in the same forward")
+            raise ValueError(
+                "a row would read from its slot's cache a column that the slot's first row overwrites in the same forward"
+            )
         self._reserve(lanes * length)
         keys = self.width + lanes * length
         device = self.layers[0][0].device
@@ -183,5 +203,7 @@ class KVStorage:
         own.scatter_(2, destination[:, None, :].expand(rows, length, length), fresh_visible)
         mask[slot - low, lane] = own
         layers = [(k[low:high, :, :keys], v[low:high, :, :keys]) for k, v in self.layers]
-        on = lambda t: t.to(device, non_blocking=True)  # noqa: E731
-        return CachedWindow(layers, on(slot - low), on(lane), lanes, on(destination), on(mask.view(high - low, 1, lanes * length, keys)))
+        on = lambda t: t.to(device, non_blocking=True)
+        return CachedWindow(
+            layers, on(slot - low), on(lane), lanes, on(destination), on(mask.view(high - low, 1, lanes * length, keys))
+        )

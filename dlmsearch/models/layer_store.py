@@ -29,13 +29,22 @@ class LayerStore:
         """Forget everything: a new batch of ``slots``."""
         self.fields, self.column_axis, self.slots = {}, {}, slots
 
-    def ensure(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str, column_axis: int | None = None) -> None:
+    def ensure(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device | str,
+        column_axis: int | None = None,
+    ) -> None:
         """Allocate field ``name`` as zeros ``[slots, *shape]`` unless it exists with that shape (a slot's zeros mean: never written)."""
         have = self.fields.get(name)
         if have is not None and tuple(have.shape[1:]) == tuple(shape):
             return
         if have is not None:
-            raise ValueError(f"layer store field {name!r} is {tuple(have.shape[1:])} per slot, asked for {tuple(shape)}")
+            raise ValueError(
+                f"layer store field {name!r} is {tuple(have.shape[1:])} per slot, asked for {tuple(shape)}"
+            )
         self.fields[name] = torch.zeros(self.slots, *shape, dtype=dtype, device=device)
         if column_axis is not None:
             self.column_axis[name] = column_axis
@@ -59,7 +68,9 @@ class LayerStore:
 
     def admit(self, slots: int) -> None:
         """Append ``slots`` slots that were never written."""
-        self.fields = {name: torch.cat([field, field.new_zeros(slots, *field.shape[1:])]) for name, field in self.fields.items()}
+        self.fields = {
+            name: torch.cat([field, field.new_zeros(slots, *field.shape[1:])]) for name, field in self.fields.items()
+        }
         self.slots += slots
 
     def widen(self, columns: int) -> None:

@@ -21,7 +21,8 @@ columns of a left-padded row are never selected and never attended to.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -50,14 +51,23 @@ class LayerRule(Protocol):
     def select(self, layer: int, probed: torch.Tensor | None) -> torch.Tensor:
         """``[rows, columns]`` columns recomputed at ``layer`` (``probed``: their fresh values, zeros elsewhere; stored values not yet replaced)."""
 
-    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, queries: torch.Tensor, attended: torch.Tensor,
-                     mlp: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    def layer_output(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        index: torch.Tensor,
+        valid: torch.Tensor,
+        queries: torch.Tensor,
+        attended: torch.Tensor,
+        mlp: torch.Tensor,
+        weights: torch.Tensor | None,
+    ) -> torch.Tensor:
         """The stream leaving ``layer``: ``x`` the layer's input, ``index``/``valid`` ``[rows, n]`` the
         recomputed columns, ``queries`` ``[rows, heads, n, head_dim]`` theirs (rotated), ``attended`` and
         ``mlp`` ``[rows, n, hidden]`` their attention and MLP outputs (before the residuals),
         ``weights`` ``[rows, heads, n, columns]`` (where asked)."""
 
-    def final(self, x: torch.Tensor, logits_of: "Callable[[torch.Tensor], torch.Tensor]") -> None:
+    def final(self, x: torch.Tensor, logits_of: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """The last layer's stream, with the head (a policy that reads logits beyond the window: d2Cache's confidences)."""
 
     def read(self) -> torch.Tensor:
@@ -81,7 +91,9 @@ def _gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
 
 
-def _attend_with_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _attend_with_weights(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention and its probabilities ``[rows, heads, n, columns]``, reduced in float64 (as :func:`token_ops.attend` on CPU)."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1).double(), v.repeat_interleave(groups, dim=1).double()
@@ -91,7 +103,12 @@ def _attend_with_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
 
 
 def layerwise_logits(
-    module: "BidirectionalTransformer", input_ids: torch.Tensor, real: torch.Tensor, rule: LayerRule, low: torch.Tensor, high: torch.Tensor,
+    module: BidirectionalTransformer,
+    input_ids: torch.Tensor,
+    real: torch.Tensor,
+    rule: LayerRule,
+    low: torch.Tensor,
+    high: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Logits ``[rows, max(high - low), vocab]`` of each row's columns ``low:high`` (left-aligned),
     which of them are current (the rule's :meth:`~LayerRule.read`), and the columns each row
@@ -106,14 +123,20 @@ def layerwise_logits(
     recomputed = torch.zeros(rows, config.num_layers, dtype=torch.long, device=device)
     for layer, block in enumerate(module.blocks):
         if block.moe is not None:
-            raise ValueError("a layerwise cache policy runs dense blocks only (this model's layer %d is a mixture of experts)" % layer)
+            raise ValueError(
+                f"a layerwise cache policy runs dense blocks only (this model's layer {layer} is a mixture of experts)"
+            )
         x = rule.layer_input(layer, x)
         keys, values = rule.keys_values(layer)
         probe = rule.probe(layer)
         probed = None
         if probe is not None:
             probe = probe & real
-            fresh = F.linear(token_ops.rms_norm(x, block.attn_norm.weight, block.attn_norm.eps), block.v_proj.weight, block.v_proj.bias)
+            fresh = F.linear(
+                token_ops.rms_norm(x, block.attn_norm.weight, block.attn_norm.eps),
+                block.v_proj.weight,
+                block.v_proj.bias,
+            )
             probed = torch.where(probe[..., None], fresh, 0).view(rows, width, config.num_kv_heads, config.head_dim)
         chosen = rule.select(layer, probed) & real
         if probed is not None:
@@ -122,11 +145,27 @@ def layerwise_logits(
         n = index.shape[1]
         recomputed[:, layer] = chosen.sum(dim=1)
         xs = _gather(x, index)
-        angle = lambda t: _gather(t[:, 0], index).reshape(rows * n, 1, -1)  # noqa: E731
+
+        def angle(t: torch.Tensor, index: torch.Tensor = index, n: int = n) -> torch.Tensor:
+            return _gather(t[:, 0], index).reshape(rows * n, 1, -1)
+
         q, k, v = token_ops.attention_inputs(
-            xs.reshape(rows * n, -1), angle(cos), angle(sin), block.attn_norm.weight, block.attn_norm.eps, block.q_proj.weight, block.q_proj.bias,
-            block.k_proj.weight, block.k_proj.bias, block.v_proj.weight, block.v_proj.bias, config.num_heads, config.num_kv_heads, config.rope_in_float32,
-            None if block.q_norm is None else block.q_norm.weight, None if block.k_norm is None else block.k_norm.weight,
+            xs.reshape(rows * n, -1),
+            angle(cos),
+            angle(sin),
+            block.attn_norm.weight,
+            block.attn_norm.eps,
+            block.q_proj.weight,
+            block.q_proj.bias,
+            block.k_proj.weight,
+            block.k_proj.bias,
+            block.v_proj.weight,
+            block.v_proj.bias,
+            config.num_heads,
+            config.num_kv_heads,
+            config.rope_in_float32,
+            None if block.q_norm is None else block.q_norm.weight,
+            None if block.k_norm is None else block.k_norm.weight,
         )
         q, k, v = (t.view(rows, n, -1, config.head_dim).transpose(1, 2) for t in (q, k, v))
         row, column = cells(index, valid)
@@ -135,9 +174,20 @@ def layerwise_logits(
         if rule.needs_weights:
             attended, weights = _attend_with_weights(q, keys, values, key_mask)
         else:
-            attended, weights = token_ops.attend(q, keys, values, key_mask, config.num_kv_heads != config.num_heads), None
+            attended, weights = (
+                token_ops.attend(q, keys, values, key_mask, config.num_kv_heads != config.num_heads),
+                None,
+            )
         attended = F.linear(attended.transpose(1, 2).reshape(rows, n, config.attention_width), block.o_proj.weight)
-        mlp = token_ops.mlp(xs + attended, block.mlp_norm.weight, block.mlp_norm.eps, block.gate_proj.weight, block.up_proj.weight, block.down_proj.weight, config.activation)
+        mlp = token_ops.mlp(
+            xs + attended,
+            block.mlp_norm.weight,
+            block.mlp_norm.eps,
+            block.gate_proj.weight,
+            block.up_proj.weight,
+            block.down_proj.weight,
+            config.activation,
+        )
         x = rule.layer_output(layer, x, index, valid, q, attended, mlp, weights)
     rule.final(x, module.logits_of)
     length = int((high - low).max())

@@ -120,7 +120,15 @@ def llada_config(config: TransformerConfig, *, mask_id: int, eos_id: int, pad_id
 
 def save_llada(directory: Path, module: BidirectionalTransformer, *, mask_id: int, eos_id: int, eot_id: int) -> None:
     """Write ``module`` (float32) as a LLaDA checkpoint into ``directory`` (files replaced atomically)."""
-    write_checkpoint(directory, {llada_name(name): tensor for name, tensor in module.state_dict().items()}, {
-        "config.json": json.dumps(llada_config(module.config, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id), indent=2) + "\n",
-        "generation_config.json": json.dumps({"eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id}, indent=2) + "\n",
-    })
+    write_checkpoint(
+        directory,
+        {llada_name(name): tensor for name, tensor in module.state_dict().items()},
+        {
+            "config.json": json.dumps(
+                llada_config(module.config, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id), indent=2
+            )
+            + "\n",
+            "generation_config.json": json.dumps({"eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id}, indent=2)
+            + "\n",
+        },
+    )

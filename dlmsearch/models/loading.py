@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.denoiser import BidirectionalDenoiser
-from dlmsearch.core.sampling import Sampling
 from dlmsearch.shipped import package_data
 
 if TYPE_CHECKING:
@@ -32,15 +32,26 @@ def shipped_sudoku_model_path() -> Path:
     return package_data("sudoku_model")
 
 
-def load_denoiser(path: str | None, mask_id: int, vocab_size: int, device: str = "cpu", dtype: str = "float32") -> ModelAdapter:
+def load_denoiser(
+    path: str | None, mask_id: int, vocab_size: int, device: str = "cpu", dtype: str = "float32"
+) -> ModelAdapter:
     """A :class:`BidirectionalDenoiser` saved as safetensors; ``path=None`` is the shipped Sudoku model."""
     directory = Path(path).expanduser() if path else shipped_sudoku_model_path()
     if not directory.is_dir():
         raise FileNotFoundError(f"model.path={directory} is not a directory")
     module = BidirectionalDenoiser.load(directory)
     if module.config.vocab_size != vocab_size:
-        raise ValueError(f"model.vocab_size={vocab_size} but the checkpoint in {directory} has {module.config.vocab_size}")
-    return ModelAdapter(module=module, mask_id=mask_id, vocab_size=vocab_size, device=device, dtype=dtype, max_length=module.config.max_len)
+        raise ValueError(
+            f"model.vocab_size={vocab_size} but the checkpoint in {directory} has {module.config.vocab_size}"
+        )
+    return ModelAdapter(
+        module=module,
+        mask_id=mask_id,
+        vocab_size=vocab_size,
+        device=device,
+        dtype=dtype,
+        max_length=module.config.max_len,
+    )
 
 
 def resolve_device(device: str, dtype: str) -> tuple[str, str]:
@@ -60,7 +71,13 @@ def resolve_device(device: str, dtype: str) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------------
 
 ID_KEYS = ("mask_id", "vocab_size", "stop_ids", "block_size")
-_ID_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
+_ID_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.json",
+)
 
 
 @attrs.frozen
@@ -154,7 +171,11 @@ def checkpoint_ids(directory: Path, family: str) -> CheckpointIds:
     :class:`CheckpointIds`. Read once per directory and version of its files.
     """
     directory = Path(directory).expanduser()
-    stamp = tuple((name, path.stat().st_mtime_ns, path.stat().st_size) for name in _ID_FILES if (path := directory / name).is_file())
+    stamp = tuple(
+        (name, path.stat().st_mtime_ns, path.stat().st_size)
+        for name in _ID_FILES
+        if (path := directory / name).is_file()
+    )
     return _checkpoint_ids(str(directory), family, stamp)
 
 
@@ -165,7 +186,10 @@ def _checkpoint_ids(directory_name: str, family: str, stamp: tuple[Any, ...]) ->
     directory = Path(directory_name)
     config = _json_object(directory / "config.json")
     generation = _json_object(directory / "generation_config.json")
-    special = {**_json_object(directory / "special_tokens_map.json"), **_json_object(directory / "tokenizer_config.json")}
+    special = {
+        **_json_object(directory / "special_tokens_map.json"),
+        **_json_object(directory / "tokenizer_config.json"),
+    }
     names = _tokenizer_vocabulary(directory)
     chosen = FAMILIES.get(family)
     mask_names = chosen.mask_tokens if chosen else ()
@@ -204,8 +228,13 @@ def _checkpoint_ids(directory_name: str, family: str, stamp: tuple[Any, ...]) ->
             stop.append(names[name])
             said.append(f"the tokenizer's {name} is id {names[name]}")
     return CheckpointIds(
-        mask_id=mask_id, vocab_size=vocab_size, stop_ids=tuple(stop), eos_ids=tuple(eos),
-        mask_source=mask_source, vocab_source=vocab_source, stop_source=", ".join(said) or None,
+        mask_id=mask_id,
+        vocab_size=vocab_size,
+        stop_ids=tuple(stop),
+        eos_ids=tuple(eos),
+        mask_source=mask_source,
+        vocab_source=vocab_source,
+        stop_source=", ".join(said) or None,
         block_size=_token_id(config.get("block_size"), f"{directory / 'config.json'}: block_size"),
     )
 
@@ -266,7 +295,8 @@ def resolve_ids(
             said = f" ({named.stop_source})" if named.stop_source else ""
             raise ValueError(
                 f"model.stop_ids={list(stops)} lacks {missing}, which {directory} names as EOS{said}"
-                + hint.format(key="stop_ids") + f", {list(named.stop_ids)}"
+                + hint.format(key="stop_ids")
+                + f", {list(named.stop_ids)}"
             )
     resolved: dict[str, Any] = {}
     for key in ("mask_id", "vocab_size", "stop_ids"):  # (a block size is the model's, checked where it loads)
@@ -276,10 +306,16 @@ def resolve_ids(
         if value is None:
             value = fallback.get(key)
         if value is None:
-            raise ValueError(f"model.{key} is not set and {directory} names none (config.json, generation_config.json, tokenizer): set model.{key}=...")
+            raise ValueError(
+                f"model.{key} is not set and {directory} names none (config.json, generation_config.json, tokenizer): set model.{key}=..."
+            )
         resolved[key] = value
     stops = resolved["stop_ids"]
-    return resolved["mask_id"], resolved["vocab_size"], list(stops) if isinstance(stops, (list, tuple)) else [stops]  # types: checked by ModelAdapter
+    return (
+        resolved["mask_id"],
+        resolved["vocab_size"],
+        list(stops) if isinstance(stops, (list, tuple)) else [stops],
+    )  # types: checked by ModelAdapter
 
 
 def load_text_model(
@@ -314,7 +350,9 @@ def load_text_model(
     from dlmsearch.models.native import checkpoint_family, load_native, read_config
 
     if path in (None, "", "???"):
-        raise ValueError(f"model.path is required: the local directory of the {family} checkpoint (the Hub is never contacted)")
+        raise ValueError(
+            f"model.path is required: the local directory of the {family} checkpoint (the Hub is never contacted)"
+        )
     if family not in FAMILIES:
         raise ValueError(f"model.family must be one of {', '.join(FAMILIES)}; got {family!r}")
     if impl not in ("native", "remote"):
@@ -324,13 +362,19 @@ def load_text_model(
     checked = checkpoint_family(directory, config, family)
     if block_length is not None:
         if not checked.block_diffusion:
-            raise ValueError(f"model.block_length is the attention block of block-diffusion models; {family} attends to the whole canvas (its decoding blocks are task.block_length)")
+            raise ValueError(
+                f"model.block_length is the attention block of block-diffusion models; {family} attends to the whole canvas (its decoding blocks are task.block_length)"
+            )
         named = config.get("block_size")
         if named is not None and named != block_length:
-            raise ValueError(f"model.block_length={block_length} but {directory / 'config.json'} has block_size={named}: the model attends in blocks of {named}")
+            raise ValueError(
+                f"model.block_length={block_length} but {directory / 'config.json'} has block_size={named}: the model attends in blocks of {named}"
+            )
         config = {**config, "block_size": block_length}
     if checked.block_diffusion and impl != "native":
-        raise ValueError(f"model.impl={impl}: {family} is a block-diffusion model, which dlmsearch decodes with its native transformer only (block-causal attention, the exact block cache); use model.impl=native")
+        raise ValueError(
+            f"model.impl={impl}: {family} is a block-diffusion model, which dlmsearch decodes with its native transformer only (block-causal attention, the exact block cache); use model.impl=native"
+        )
     mask_id, vocab_size, stop_ids = resolve_ids(directory, family, mask_id, vocab_size, stop_ids, fallback_ids)
     device, dtype = resolve_device(device, dtype)
     eos = stop_ids[:1]
@@ -338,10 +382,14 @@ def load_text_model(
         module = load_native(directory, config, checked, device, getattr(torch, dtype))
         max_length = module.config.max_length
         if vocab_size > module.config.vocab_size:
-            raise ValueError(f"model.vocab_size={vocab_size} but the checkpoint in {directory} has {module.config.vocab_size} output logits")
+            raise ValueError(
+                f"model.vocab_size={vocab_size} but the checkpoint in {directory} has {module.config.vocab_size} output logits"
+            )
     else:
         module = _load_remote(directory, dtype)
-        max_length = getattr(module.config, "max_sequence_length", None) or getattr(module.config, "max_position_embeddings", None)
+        max_length = getattr(module.config, "max_sequence_length", None) or getattr(
+            module.config, "max_position_embeddings", None
+        )
     return ModelAdapter(
         module=module,
         mask_id=mask_id,
@@ -373,18 +421,24 @@ def generation_defaults(directory: Path) -> Sampling:
     if config.get("do_sample") is False:
         temperature = 0.0
     try:
-        return Sampling(temperature=None if temperature is None else float(temperature), top_p=config.get("top_p"), top_k=config.get("top_k"))
+        return Sampling(
+            temperature=None if temperature is None else float(temperature),
+            top_p=config.get("top_p"),
+            top_k=config.get("top_k"),
+        )
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: {error}") from error
 
 
-def _load_remote(directory: Path, dtype: str) -> "torch.nn.Module":
+def _load_remote(directory: Path, dtype: str) -> torch.nn.Module:
     """The checkpoint's own modeling code (``trust_remote_code``), from local files only."""
     import torch
     from transformers import AutoModel
 
     try:
-        return AutoModel.from_pretrained(str(directory), trust_remote_code=True, local_files_only=True, dtype=getattr(torch, dtype))
+        return AutoModel.from_pretrained(
+            str(directory), trust_remote_code=True, local_files_only=True, dtype=getattr(torch, dtype)
+        )
     except Exception as error:  # transformers raises many kinds; one line naming the directory
         raise RuntimeError(
             f"transformers could not load the remote code in {directory} ({type(error).__name__}: {error}); "

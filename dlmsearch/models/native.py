@@ -43,7 +43,9 @@ def weight_files(directory: Path) -> list[Path]:
         return [directory / s for s in shards]
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"model.path={directory} has no safetensors weights (model.safetensors or a sharded index)")
+        raise FileNotFoundError(
+            f"model.path={directory} has no safetensors weights (model.safetensors or a sharded index)"
+        )
     return files
 
 
@@ -55,7 +57,9 @@ def checkpoint_family(directory: Path, config: dict[str, Any], expected: str) ->
     return found
 
 
-def load_native(directory: Path, config: dict[str, Any], family: Family, device: str, dtype: torch.dtype) -> BidirectionalTransformer:
+def load_native(
+    directory: Path, config: dict[str, Any], family: Family, device: str, dtype: torch.dtype
+) -> BidirectionalTransformer:
     """The checkpoint in ``directory`` (its ``config.json`` already read) as a native transformer."""
     from safetensors import safe_open
 
@@ -65,7 +69,7 @@ def load_native(directory: Path, config: dict[str, Any], family: Family, device:
     unknown: list[str] = []
     for file in weight_files(directory):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118  a safe_open handle is not iterable
                 native = family.native_name(name)
                 if native is None:
                     if not name.endswith(IGNORED_SUFFIXES):
@@ -73,15 +77,21 @@ def load_native(directory: Path, config: dict[str, Any], family: Family, device:
                     continue
                 state[native] = handle.get_tensor(name).to(device=device, dtype=dtype)
     if unknown:
-        raise UnsupportedCheckpoint(f"{directory}: weights the native {family.name} model has no place for: {', '.join(unknown[:5])}")
+        raise UnsupportedCheckpoint(
+            f"{directory}: weights the native {family.name} model has no place for: {', '.join(unknown[:5])}"
+        )
     if family.regroup is not None:
         state = family.regroup(state, module.config)
     expected = set(module.state_dict())
     missing = sorted(expected - set(state))
     if missing:
-        raise UnsupportedCheckpoint(f"{directory}: the weights lack {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        raise UnsupportedCheckpoint(
+            f"{directory}: the weights lack {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
     try:
         module.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as error:
-        raise UnsupportedCheckpoint(f"{directory}: weights do not fit config.json: {str(error).splitlines()[-1].strip()}") from error
+        raise UnsupportedCheckpoint(
+            f"{directory}: weights do not fit config.json: {str(error).splitlines()[-1].strip()}"
+        ) from error
     return module.eval()

@@ -68,7 +68,15 @@ def sdar_config(config: TransformerConfig, *, mask_id: int, eos_id: int, pad_id:
 
 def save_sdar(directory: Path, module: BidirectionalTransformer, *, mask_id: int, eos_id: int, eot_id: int) -> None:
     """Write ``module`` (float32) as an SDAR checkpoint into ``directory`` (files replaced atomically)."""
-    write_checkpoint(directory, {family_name(name, _TO_SDAR, SDAR): tensor for name, tensor in module.state_dict().items()}, {
-        "config.json": json.dumps(sdar_config(module.config, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id), indent=2) + "\n",
-        "generation_config.json": json.dumps({"eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id}, indent=2) + "\n",
-    })
+    write_checkpoint(
+        directory,
+        {family_name(name, _TO_SDAR, SDAR): tensor for name, tensor in module.state_dict().items()},
+        {
+            "config.json": json.dumps(
+                sdar_config(module.config, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id), indent=2
+            )
+            + "\n",
+            "generation_config.json": json.dumps({"eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id}, indent=2)
+            + "\n",
+        },
+    )

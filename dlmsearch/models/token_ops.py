@@ -12,7 +12,7 @@ no operation here mixes tokens. Attention stays eager (SDPA is already one fused
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -47,9 +47,22 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, in_float32: bo
 
 
 def attention_inputs(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: torch.Tensor, eps: float,
-    wq: torch.Tensor, bq: torch.Tensor | None, wk: torch.Tensor, bk: torch.Tensor | None, wv: torch.Tensor, bv: torch.Tensor | None,
-    heads: int, kv_heads: int, in_float32: bool, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm: torch.Tensor,
+    eps: float,
+    wq: torch.Tensor,
+    bq: torch.Tensor | None,
+    wk: torch.Tensor,
+    bk: torch.Tensor | None,
+    wv: torch.Tensor,
+    bv: torch.Tensor | None,
+    heads: int,
+    kv_heads: int,
+    in_float32: bool,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``x [tokens, hidden]`` and its rotary ``cos, sin [tokens, 1, head_dim]`` to rotated
     queries and keys and the values, ``[tokens, heads, head_dim]`` each. ``q_norm``/``k_norm``
@@ -65,23 +78,47 @@ def attention_inputs(
 
 
 def block_output(
-    x: torch.Tensor, attended: torch.Tensor, wo: torch.Tensor, norm: torch.Tensor, eps: float,
-    gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str,
+    x: torch.Tensor,
+    attended: torch.Tensor,
+    wo: torch.Tensor,
+    norm: torch.Tensor,
+    eps: float,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    activation: str,
 ) -> torch.Tensor:
     """The block's output for ``x [tokens, hidden]`` given its attention ``[tokens, hidden]``."""
     x = x + F.linear(attended, wo)
     return x + mlp(x, norm, eps, gate, up, down, activation)
 
 
-def mlp(x: torch.Tensor, norm: torch.Tensor, eps: float, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str) -> torch.Tensor:
+def mlp(
+    x: torch.Tensor,
+    norm: torch.Tensor,
+    eps: float,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    activation: str,
+) -> torch.Tensor:
     """The gated MLP's output (before its residual) for ``x [tokens, hidden]``, the stream after attention."""
     h = rms_norm(x, norm, eps)
     return F.linear(ACTIVATIONS[activation](F.linear(h, gate)) * F.linear(h, up), down)
 
 
 def routed_experts(
-    h: torch.Tensor, router: torch.Tensor, expert_bias: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-    top_k: int, groups: int, top_groups: int, scaling: float, activation: str,
+    h: torch.Tensor,
+    router: torch.Tensor,
+    expert_bias: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    groups: int,
+    top_groups: int,
+    scaling: float,
+    activation: str,
 ) -> torch.Tensor:
     """The routed experts' output for ``h [tokens, hidden]`` (LLaDA2.x / Ling MoE, DeepSeek-V3's
     routing): sigmoid scores of ``router [E, hidden]`` in float32; the ``top_groups`` groups (of
@@ -95,11 +132,15 @@ def routed_experts(
     experts = router.shape[0]
     scores = torch.sigmoid(F.linear(h.float(), router.float()))
     biased = scores + expert_bias.float()
-    best_two = torch.sort(biased.view(tokens, groups, -1), dim=-1, descending=True, stable=True).values[..., :2].sum(dim=-1)
+    best_two = (
+        torch.sort(biased.view(tokens, groups, -1), dim=-1, descending=True, stable=True).values[..., :2].sum(dim=-1)
+    )
     chosen_groups = torch.sort(best_two, dim=-1, descending=True, stable=True).indices[:, :top_groups]
     allowed = torch.zeros(tokens, groups, dtype=torch.bool, device=h.device).scatter_(1, chosen_groups, True)
     allowed = allowed[:, :, None].expand(tokens, groups, experts // groups).reshape(tokens, experts)
-    choice = torch.sort(biased.masked_fill(~allowed, -math.inf), dim=-1, descending=True, stable=True).indices[:, :top_k]
+    choice = torch.sort(biased.masked_fill(~allowed, -math.inf), dim=-1, descending=True, stable=True).indices[
+        :, :top_k
+    ]
     weight = scores.gather(1, choice)
     if top_k > 1:
         weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
@@ -120,8 +161,16 @@ def routed_experts(
 
 
 def moe_block_output(
-    x: torch.Tensor, attended: torch.Tensor, wo: torch.Tensor, norm: torch.Tensor, eps: float,
-    shared_gate: torch.Tensor, shared_up: torch.Tensor, shared_down: torch.Tensor, activation: str, routed: dict,
+    x: torch.Tensor,
+    attended: torch.Tensor,
+    wo: torch.Tensor,
+    norm: torch.Tensor,
+    eps: float,
+    shared_gate: torch.Tensor,
+    shared_up: torch.Tensor,
+    shared_down: torch.Tensor,
+    activation: str,
+    routed: dict,
 ) -> torch.Tensor:
     """:func:`block_output` of a mixture-of-experts block: the shared experts (a gated MLP, possibly
     of width 0) plus the routed experts (:func:`routed_experts` with ``routed``'s weights and settings)."""
@@ -131,7 +180,9 @@ def moe_block_output(
     return x + (routed_experts(h, activation=activation, **routed) + shared)  # the reference's order of additions
 
 
-def attend(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, grouped: bool) -> torch.Tensor:
+def attend(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, grouped: bool
+) -> torch.Tensor:
     """Scaled dot-product attention; on CPU its reductions run in float64 and round back.
 
     Why: the sums over keys (softmax and the value mix) are reassociated by how many keys a call
@@ -145,7 +196,9 @@ def attend(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask
     """
     if queries.device.type != "cpu" or queries.dtype == torch.float64 or torch.is_grad_enabled():
         return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=grouped)
-    wide = F.scaled_dot_product_attention(queries.double(), keys.double(), values.double(), attn_mask=mask, enable_gqa=grouped)
+    wide = F.scaled_dot_product_attention(
+        queries.double(), keys.double(), values.double(), attn_mask=mask, enable_gqa=grouped
+    )
     return wide.to(queries.dtype)
 
 
@@ -174,6 +227,9 @@ class Bucketed:
         size = bucket(tokens)
         self.buckets.add(size)
         self.token_counts.add(tokens)
-        padded = [a if size == tokens else F.pad(a, (0, 0) * (a.dim() - 1) + (0, size - tokens)) for a in args[: self.per_token]]
+        padded = [
+            a if size == tokens else F.pad(a, (0, 0) * (a.dim() - 1) + (0, size - tokens))
+            for a in args[: self.per_token]
+        ]
         out = self.compiled(*padded, *args[self.per_token :])
         return tuple(o[:tokens] for o in out) if isinstance(out, tuple) else out[:tokens]

@@ -18,7 +18,9 @@ from tokenizers.pre_tokenizers import ByteLevel
 SPACE = "\u0120"  # byte-level BPE's symbol for a space
 
 
-def byte_level_bpe(specials: dict[str, int], words: tuple[str, ...] | list[str], spaced_words: bool = True, number_digits: int = 1) -> Tokenizer:
+def byte_level_bpe(
+    specials: dict[str, int], words: tuple[str, ...] | list[str], spaced_words: bool = True, number_digits: int = 1
+) -> Tokenizer:
     """256 byte symbols, merges spelling out ``words`` (also after a space, when ``spaced_words``), ``specials`` at their ids.
 
     ``number_digits`` > 1: every string of up to that many digits is one token (merges for
@@ -41,7 +43,9 @@ def byte_level_bpe(specials: dict[str, int], words: tuple[str, ...] | list[str],
             current += char
     clash = [s for s, i in specials.items() if i in vocab.values()]
     if clash:
-        raise ValueError(f"special tokens {clash} take ids the byte vocabulary already uses (it has {len(vocab)} entries)")
+        raise ValueError(
+            f"special tokens {clash} take ids the byte vocabulary already uses (it has {len(vocab)} entries)"
+        )
     vocab.update(specials)
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = ByteLevel(add_prefix_space=False)
@@ -67,12 +71,21 @@ def save_tokenizer(
 
     if prepend_bos:
         bos_id = tokenizer.token_to_id(bos)
-        tokenizer.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, bos_id)])
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, bos_id)]
+        )
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=bos, eos_token=eos, pad_token=pad, mask_token=mask, chat_template=chat_template, **extra
+        tokenizer_object=tokenizer,
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
+        mask_token=mask,
+        chat_template=chat_template,
+        **extra,
     )
     Path(directory).mkdir(parents=True, exist_ok=True)
     wrapped.save_pretrained(str(directory))
+
 
 # LLaDA-8B-Instruct's chat template (Llama-3 style): BOS, then per message a header and the
 # trimmed content closed by <|eot_id|>; the generation prompt opens the assistant's header.

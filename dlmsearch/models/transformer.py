@@ -10,7 +10,8 @@ code runs, and the KV cache is read and written inside the attention itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
@@ -60,9 +61,15 @@ class TransformerConfig:
     tie_embeddings: bool = False
     rope_in_float32: bool = True  # LLaDA rotates in fp32 and casts back; Dream rotates in the model dtype
     qk_norm: bool = False  # an RMSNorm of each head's query and key before rotation (Qwen3-style: SDAR, LLaDA2)
-    head_dim: int = attrs.field(default=attrs.Factory(lambda self: self.hidden_size // self.num_heads, takes_self=True))  # Qwen3/SDAR set it apart from hidden / heads
-    block_size: int | None = None  # block diffusion (SDAR, LLaDA2.x): attention is block-causal over blocks of this many positions
-    rotary_dim: int | None = None  # partial rotary (LLaDA2.x): only the first rotary_dim dimensions of each head rotate; None: all
+    head_dim: int = attrs.field(
+        default=attrs.Factory(lambda self: self.hidden_size // self.num_heads, takes_self=True)
+    )  # Qwen3/SDAR set it apart from hidden / heads
+    block_size: int | None = (
+        None  # block diffusion (SDAR, LLaDA2.x): attention is block-causal over blocks of this many positions
+    )
+    rotary_dim: int | None = (
+        None  # partial rotary (LLaDA2.x): only the first rotary_dim dimensions of each head rotate; None: all
+    )
     moe: MixtureOfExperts | None = None  # mixture-of-experts MLPs after ``moe.dense_layers`` dense ones
 
     def is_moe_layer(self, index: int) -> bool:
@@ -142,7 +149,12 @@ class Block(nn.Module):
         self.ops: EagerOps | CompiledOps = EagerOps()
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None, cached: tuple["CachedWindow", int] | None = None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        cached: tuple[CachedWindow, int] | None = None,
     ) -> tuple[torch.Tensor, KeyValues]:
         """The block over the given columns. Without ``cached`` they are the whole canvas (or a
         caller's explicit layout); with ``cached`` (a :class:`~dlmsearch.models.kv_storage.CachedWindow`
@@ -154,13 +166,27 @@ class Block(nn.Module):
         rows, length, _ = x.shape
         flat = x.reshape(rows * length, c.hidden_size)
         q, k, v = self.ops.attention_inputs(
-            flat, cos.transpose(1, 2).reshape(rows * length, 1, -1), sin.transpose(1, 2).reshape(rows * length, 1, -1),
-            self.attn_norm.weight, self.attn_norm.eps, self.q_proj.weight, self.q_proj.bias, self.k_proj.weight, self.k_proj.bias,
-            self.v_proj.weight, self.v_proj.bias, c.num_heads, c.num_kv_heads, c.rope_in_float32,
-            None if self.q_norm is None else self.q_norm.weight, None if self.k_norm is None else self.k_norm.weight,
+            flat,
+            cos.transpose(1, 2).reshape(rows * length, 1, -1),
+            sin.transpose(1, 2).reshape(rows * length, 1, -1),
+            self.attn_norm.weight,
+            self.attn_norm.eps,
+            self.q_proj.weight,
+            self.q_proj.bias,
+            self.k_proj.weight,
+            self.k_proj.bias,
+            self.v_proj.weight,
+            self.v_proj.bias,
+            c.num_heads,
+            c.num_kv_heads,
+            c.rope_in_float32,
+            None if self.q_norm is None else self.q_norm.weight,
+            None if self.k_norm is None else self.k_norm.weight,
         )
         q, k, v = (t.view(rows, length, -1, c.head_dim).transpose(1, 2) for t in (q, k, v))
-        grouped = c.num_kv_heads != c.num_heads  # grouped-query attention without copying keys and values per head group
+        grouped = (
+            c.num_kv_heads != c.num_heads
+        )  # grouped-query attention without copying keys and values per head group
         if cached is None:
             attended = token_ops.attend(q, k, v, key_mask, grouped)
         else:
@@ -170,14 +196,39 @@ class Block(nn.Module):
         mixed = attended.transpose(1, 2).reshape(rows * length, c.attention_width)
         if self.moe is None:
             out = self.ops.block_output(
-                flat, mixed, self.o_proj.weight, self.mlp_norm.weight, self.mlp_norm.eps, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, c.activation,
+                flat,
+                mixed,
+                self.o_proj.weight,
+                self.mlp_norm.weight,
+                self.mlp_norm.eps,
+                self.gate_proj.weight,
+                self.up_proj.weight,
+                self.down_proj.weight,
+                c.activation,
             )
         else:
-            routed = {"router": self.router, "expert_bias": self.expert_bias, "gate": self.expert_gate, "up": self.expert_up, "down": self.expert_down,
-                      "top_k": self.moe.top_k, "groups": self.moe.groups, "top_groups": self.moe.top_groups, "scaling": self.moe.scaling}
+            routed = {
+                "router": self.router,
+                "expert_bias": self.expert_bias,
+                "gate": self.expert_gate,
+                "up": self.expert_up,
+                "down": self.expert_down,
+                "top_k": self.moe.top_k,
+                "groups": self.moe.groups,
+                "top_groups": self.moe.top_groups,
+                "scaling": self.moe.scaling,
+            }
             out = token_ops.moe_block_output(
-                flat, mixed, self.o_proj.weight, self.mlp_norm.weight, self.mlp_norm.eps, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
-                c.activation, routed,
+                flat,
+                mixed,
+                self.o_proj.weight,
+                self.mlp_norm.weight,
+                self.mlp_norm.eps,
+                self.gate_proj.weight,
+                self.up_proj.weight,
+                self.down_proj.weight,
+                c.activation,
+                routed,
             )
         return out.view(rows, length, c.hidden_size), (k, v)
 
@@ -202,11 +253,15 @@ class BidirectionalTransformer(nn.Module):
         per token-count bucket shared by all layers (:mod:`~dlmsearch.models.token_ops`)."""
         if not isinstance(self.blocks[0].ops, EagerOps):
             return
-        fused = CompiledOps(Bucketed(token_ops.attention_inputs, per_token=3), Bucketed(token_ops.block_output, per_token=2))
+        fused = CompiledOps(
+            Bucketed(token_ops.attention_inputs, per_token=3), Bucketed(token_ops.block_output, per_token=2)
+        )
         for block in self.blocks:
             block.ops = fused
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_from: int = 0) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_from: int = 0
+    ) -> torch.Tensor:
         """Logits of columns ``logits_from:``. ``attention_mask`` marks real tokens; padded keys are
         ignored and positions count real tokens only."""
         return self.run(input_ids, attention_mask, logits_from)[0]
@@ -243,7 +298,13 @@ class BidirectionalTransformer(nn.Module):
             key_mask = pattern.padding_mask(attention_mask)  # callers pass a mask only where rows are padded
         return self._layers(input_ids, positions, key_mask, None, logits_from)
 
-    def run_cached(self, input_ids: torch.Tensor, positions: torch.Tensor, window: "CachedWindow", logits_from: torch.Tensor | None = None) -> torch.Tensor:
+    def run_cached(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        window: CachedWindow,
+        logits_from: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits ``[rows, length, vocab]`` of each row's own columns (``input_ids`` at
         ``positions``), attending to its slot's cached keys and values as ``window`` lays out.
         ``logits_from [rows]``: the head runs only from each row's query ``logits_from[r]`` on
@@ -252,7 +313,12 @@ class BidirectionalTransformer(nn.Module):
         return self._layers(input_ids, positions, None, window, 0 if logits_from is None else logits_from)[0]
 
     def _layers(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor | None, window: "CachedWindow | None", logits_from: int | torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        window: CachedWindow | None,
+        logits_from: int | torch.Tensor,
     ) -> tuple[torch.Tensor, list[KeyValues]]:
         cos, sin = self.rotary(positions)
         x = self.embed(input_ids)
@@ -263,7 +329,9 @@ class BidirectionalTransformer(nn.Module):
         if isinstance(logits_from, torch.Tensor):  # per row: gather each row's columns from its own start
             length = x.shape[1]
             start = logits_from.to(x.device)
-            index = (start[:, None] + torch.arange(length - int(start.min()), device=x.device)[None, :]).clamp(max=length - 1)
+            index = (start[:, None] + torch.arange(length - int(start.min()), device=x.device)[None, :]).clamp(
+                max=length - 1
+            )
             x = x.gather(1, index[..., None].expand(-1, -1, x.shape[2]))
         else:
             x = x[:, logits_from:]

@@ -26,7 +26,7 @@ round the population may end, stop or resample particles (``dlmsearch.search.wid
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -73,7 +73,9 @@ class DecodeResult:
     """A decoded generation region and how it was produced (per-position commit record)."""
 
     uid: int
-    tokens: torch.Tensor  # [n]; a block-diffusion model's: its region after the prompt, to the end of its last block (n or more)
+    tokens: (
+        torch.Tensor
+    )  # [n]; a block-diffusion model's: its region after the prompt, to the end of its last block (n or more)
     steps: int
     row_forwards: int
     tokens_committed: int
@@ -129,9 +131,13 @@ class SearchDecoder:
     revision: Revision = attrs.field(factory=NoRevision)  # after the base rule's commits: which go back to the mask
     name: str = "custom"
     block_length: int | None = None  # a decoder with its own block structure (Dream: one block); None: the task's
-    sampling: Sampling = attrs.field(factory=Sampling)  # the reference loop's defaults (engine.* and the checkpoint's win)
+    sampling: Sampling = attrs.field(
+        factory=Sampling
+    )  # the reference loop's defaults (engine.* and the checkpoint's win)
     guidance: Guidance = attrs.field(factory=Guidance)  # classifier-free guidance (LLaDA's cfg_scale)
-    stop_at_eos: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))  # finish once the answer has ended
+    stop_at_eos: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
+    )  # finish once the answer has ended
 
     def __attrs_post_init__(self) -> None:
         if self.trigger.explores and self.revision.revises:
@@ -143,7 +149,9 @@ class SearchDecoder:
         if self.trigger.explores:
             missing = [n for n in ("candidates", "scorer", "expansion", "selector") if getattr(self, n) is None]
             if missing:
-                raise ValueError(f"decoder {self.name!r} explores (trigger {type(self.trigger).__name__}) but has no {', '.join(missing)}")
+                raise ValueError(
+                    f"decoder {self.name!r} explores (trigger {type(self.trigger).__name__}) but has no {', '.join(missing)}"
+                )
 
     @property
     def statistics(self) -> frozenset[str]:
@@ -151,7 +159,9 @@ class SearchDecoder:
         commit rule and the candidates read (no draws or summaries nobody uses)."""
         return self.commit.statistics | (self.candidates.statistics if self.candidates is not None else frozenset())
 
-    def plan(self, engine: RolloutEngine, gen_length: int, block_length: int, verifier: Verifier | None = None) -> DecodePlan:
+    def plan(
+        self, engine: RolloutEngine, gen_length: int, block_length: int, verifier: Verifier | None = None
+    ) -> DecodePlan:
         """Every compatibility check, once, before any forward; the frozen plan batches decode from (:mod:`~dlmsearch.search.plan`)."""
         return make_plan(self, engine, gen_length, block_length, verifier)
 
@@ -189,7 +199,12 @@ class SearchDecoder:
         return self.finish(engine, state, verifier)
 
     def start(
-        self, engine: RolloutEngine, requests: list[DecodeRequest], block_length: int, verifier: Verifier | None = None, plan: DecodePlan | None = None,
+        self,
+        engine: RolloutEngine,
+        requests: list[DecodeRequest],
+        block_length: int,
+        verifier: Verifier | None = None,
+        plan: DecodePlan | None = None,
     ) -> DecodeState:
         """The state before the first round: checks the batch against the plan (made here when
         none is given) and lays out the canvases; the counters start at zero."""
@@ -206,11 +221,20 @@ class SearchDecoder:
             prompts, templates = [head for head, _, _ in laid], [template for _, template, _ in laid]
             region = torch.tensor([list(columns) for _, _, columns in laid], dtype=torch.long)
         layout = plan.layout(max(len(p) for p in prompts))
-        canvas = initial_canvas([p for p in prompts for _ in range(size)], [t for t in templates for _ in range(size)], layout, mask_id, pad_id=mask_id)
+        canvas = initial_canvas(
+            [p for p in prompts for _ in range(size)],
+            [t for t in templates for _ in range(size)],
+            layout,
+            mask_id,
+            pad_id=mask_id,
+        )
         slots = len(requests) * size
-        long = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
+        long = lambda values: torch.tensor(values, dtype=torch.long)
         slots_table = Slots.start(
-            long([r.uid for r in requests]), size, long([engine.seed if r.seed is None else r.seed for r in requests]), region,
+            long([r.uid for r in requests]),
+            size,
+            long([engine.seed if r.seed is None else r.seed for r in requests]),
+            region,
             long([r.uid if r.key is None else r.key for r in requests]),
         )
         return DecodeState(
@@ -237,7 +261,10 @@ class SearchDecoder:
         length = len(longest.prompt) + plan.gen_length
         if plan.attention_block is not None:  # the reference canvas runs to the end of the last block
             length = -(-length // plan.attention_block) * plan.attention_block
-        engine.capabilities.check_length(length, f"the canvas of sample uid {longest.uid} (prompt {len(longest.prompt)} + generation {plan.gen_length})")
+        engine.capabilities.check_length(
+            length,
+            f"the canvas of sample uid {longest.uid} (prompt {len(longest.prompt)} + generation {plan.gen_length})",
+        )
         bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= plan.vocab_size)).any())]
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {plan.vocab_size}) in sample uid(s) {bad}")
@@ -252,7 +279,14 @@ class SearchDecoder:
         on_lookahead: Callable[[Lookahead], None] | None = None,
     ) -> DecodeState:
         """One round for every slot still decoding: evaluate, explore or exploit, commit, let the population act."""
-        plan, layout, canvas, cache, slots, population = state.plan, state.layout, state.canvas, state.cache, state.slots, state.population
+        plan, layout, canvas, cache, slots, population = (
+            state.plan,
+            state.layout,
+            state.canvas,
+            state.cache,
+            state.slots,
+            state.population,
+        )
         commit, revision = plan.commit, plan.revision
         fresh, late, usage = state.fresh.clone(), state.late.clone(), state.usage
         active = canvas.decoding & plan.population.running(population, slots)
@@ -274,7 +308,9 @@ class SearchDecoder:
         if explored.numel():
             # Explore: adopt the selected branch with the evaluation it already has. Unless
             # the selector asks for a fresh lookahead from it, exploit that evaluation at once.
-            adopted, adopted_eval, restart, usage = self._lookahead(engine, state, usage, root.take(explore), evaluation.take(explore), explored, on_lookahead)
+            adopted, adopted_eval, restart, usage = self._lookahead(
+                engine, state, usage, root.take(explore), evaluation.take(explore), explored, on_lookahead
+            )
             at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
             root, evaluation = root.put(at, adopted), evaluation.put(at, adopted_eval)
             canvas = canvas.put(explored, adopted)
@@ -288,7 +324,9 @@ class SearchDecoder:
             proposals, population = plan.population.perturb(sub_eval, sub, base, slots, population, call, layout)
             chosen = commit.select(sub, proposals, layout)
             revising = revision.revises
-            committed = sub.commit(chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, commit, advance=not revising)
+            committed = sub.commit(
+                chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, commit, advance=not revising
+            )
             if revising:  # the revision acts on the round's block, then the blocks advance
                 remask = revision.revise(sub, committed, layout, sub_eval, prior.take(base))
                 if remask is not None:
@@ -299,7 +337,13 @@ class SearchDecoder:
             canvas = canvas.put(base, committed)
             fresh[base] = False
         if plan.stop_ids:
-            canvas = fill_after_end(canvas, layout, torch.tensor(plan.stop_ids), slots.region[:, 0], whole_block=plan.attention_block is not None)
+            canvas = fill_after_end(
+                canvas,
+                layout,
+                torch.tensor(plan.stop_ids),
+                slots.region[:, 0],
+                whole_block=plan.attention_block is not None,
+            )
         population, source = plan.population.after_round(canvas, slots, population, layout, state.rounds, verifier)
         if source is not None:
             canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
@@ -307,7 +351,15 @@ class SearchDecoder:
         if on_round is not None:
             on_round(canvas, source)
         return attrs.evolve(
-            state, canvas=canvas, cache=cache, fresh=fresh, late=late, population=population, usage=usage, rounds=state.rounds + 1, round_index=state.round_index + 1,
+            state,
+            canvas=canvas,
+            cache=cache,
+            fresh=fresh,
+            late=late,
+            population=population,
+            usage=usage,
+            rounds=state.rounds + 1,
+            round_index=state.round_index + 1,
         )
 
     def finish(self, engine: RolloutEngine, state: DecodeState, verifier: Verifier | None = None) -> list[DecodeResult]:
@@ -316,17 +368,36 @@ class SearchDecoder:
         spent = [state.usage]  # the re-check's calls count too
 
         def recheck(probe: Canvas, rows: torch.Tensor) -> Evaluation:
-            evaluation, spent[0] = self._evaluate(engine, state, spent[0], probe, rows, torch.full_like(rows, RECHECK_KEY))
+            evaluation, spent[0] = self._evaluate(
+                engine, state, spent[0], probe, rows, torch.full_like(rows, RECHECK_KEY)
+            )
             return evaluation
 
         chosen_slot = plan.population.choose(canvas, slots, population, layout, verifier, recheck, engine.mask_id)
         late_sample = state.late.view(slots.samples, slots.size).any(dim=1)
         return [
-            self._result(canvas, spent[0], slots, plan.population.outcome(population, int(chosen_slot[i]), i), int(chosen_slot[i]), i, layout, bool(late_sample[i]))
+            self._result(
+                canvas,
+                spent[0],
+                slots,
+                plan.population.outcome(population, int(chosen_slot[i]), i),
+                int(chosen_slot[i]),
+                i,
+                layout,
+                bool(late_sample[i]),
+            )
             for i in range(slots.samples)
         ]
 
-    def _evaluate(self, engine: RolloutEngine, state: DecodeState, usage: Usage, canvas: Canvas, slot: torch.Tensor, branch_key: torch.Tensor) -> tuple[Evaluation, Usage]:
+    def _evaluate(
+        self,
+        engine: RolloutEngine,
+        state: DecodeState,
+        usage: Usage,
+        canvas: Canvas,
+        slot: torch.Tensor,
+        branch_key: torch.Tensor,
+    ) -> tuple[Evaluation, Usage]:
         """One engine call for rows of these slots (``branch_key``: 0 for roots, 1 + branch), and the usage after it."""
         slots, plan = state.slots, state.plan
         row_key = slots.particle[slot] * BRANCH_KEYS + branch_key
@@ -369,10 +440,14 @@ class SearchDecoder:
             if on_lookahead is not None:
                 on_lookahead(look)
         assert self.selector is not None
-        adopted, adopted_eval = look.adopted(self.selector.best(look.scores.view(len(exploring), look.width), look.live))
+        adopted, adopted_eval = look.adopted(
+            self.selector.best(look.scores.view(len(exploring), look.width), look.live)
+        )
         return adopted, adopted_eval, look.restarted, usage
 
-    def _open(self, state: DecodeState, usage: Usage, root: Canvas, evaluation: Evaluation, slots: torch.Tensor) -> Lookahead:
+    def _open(
+        self, state: DecodeState, usage: Usage, root: Canvas, evaluation: Evaluation, slots: torch.Tensor
+    ) -> Lookahead:
         """Depth 1: each candidate position committed on a copy of its slot's root (not yet evaluated)."""
         assert self.candidates and self.expansion
         layout, commit = state.layout, state.plan.commit
@@ -386,7 +461,9 @@ class SearchDecoder:
         token = evaluation.token.repeat_interleave(width, dim=0)
         confidence = evaluation.confidence.repeat_interleave(width, dim=0)
         branch_id = torch.arange(width).repeat(samples)
-        branches = root.repeat(width).commit(first, token, confidence, calls.repeat_interleave(width), 1, branch_id, layout, commit)
+        branches = root.repeat(width).commit(
+            first, token, confidence, calls.repeat_interleave(width), 1, branch_id, layout, commit
+        )
         return Lookahead(
             slots=slots,
             width=width,
@@ -402,7 +479,9 @@ class SearchDecoder:
             calls=calls,
         )
 
-    def _advance(self, engine: RolloutEngine, state: DecodeState, usage: Usage, look: Lookahead) -> tuple[Lookahead, Usage]:
+    def _advance(
+        self, engine: RolloutEngine, state: DecodeState, usage: Usage, look: Lookahead
+    ) -> tuple[Lookahead, Usage]:
         """One level: evaluate and score the rolling branches; then either finish, or let the
         expansion policy and the selector's re-evaluation decide who rolls on and commit the
         base rule once more on those branches."""
@@ -416,13 +495,19 @@ class SearchDecoder:
         gained = self.scorer.score(sub, sub_eval, layout, look.step_log_conf[rows])
         scores = look.scores.clone()
         scores[rows] = scores[rows] + gained if look.expansion.accumulate else gained
-        look = attrs.evolve(look, evaluation=evaluation, scores=scores, calls=usage.steps[state.slots.owner[look.slots]])
+        look = attrs.evolve(
+            look, evaluation=evaluation, scores=scores, calls=usage.steps[state.slots.owner[look.slots]]
+        )
         if look.depth >= look.expansion.max_depth:
             return attrs.evolve(look, done=True), usage
         samples, width = look.live.shape
         grid = scores.view(samples, width)
         finished = (~look.branches.masked.any(dim=1)).view(samples, width)
-        go = look.rolling & look.expansion.should_continue(grid, look.live, look.depth) & ~(look.live & finished).any(dim=1)
+        go = (
+            look.rolling
+            & look.expansion.should_continue(grid, look.live, look.depth)
+            & ~(look.live & finished).any(dim=1)
+        )
         live, restarted = look.live, look.restarted
         if self.selector.reevaluates and bool(go.any()):
             fires = torch.zeros(samples * width, dtype=torch.bool)
@@ -441,12 +526,35 @@ class SearchDecoder:
         step_log_conf = look.step_log_conf.clone()
         step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
         depth = look.depth + 1
-        rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, usage.steps[state.slots.owner[slot_row[rows]]], depth, branch_id[rows], layout, commit)
-        return attrs.evolve(look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth), usage
+        rolled = sub.commit(
+            chosen,
+            sub_eval.token,
+            sub_eval.confidence,
+            usage.steps[state.slots.owner[slot_row[rows]]],
+            depth,
+            branch_id[rows],
+            layout,
+            commit,
+        )
+        return attrs.evolve(
+            look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth
+        ), usage
 
-    def _result(self, canvas: Canvas, usage: Usage, slots: Slots, outcome: PopulationOutcome, slot: int, sample: int, layout: Layout, late: bool) -> DecodeResult:
+    def _result(
+        self,
+        canvas: Canvas,
+        usage: Usage,
+        slots: Slots,
+        outcome: PopulationOutcome,
+        slot: int,
+        sample: int,
+        layout: Layout,
+        late: bool,
+    ) -> DecodeResult:
         first, end = (layout.gen_start + int(c) for c in slots.region[slot])
-        gen = slice(first, end)  # the sample's output (a block-aligned row: after its prompt, to the end of its last block)
+        gen = slice(
+            first, end
+        )  # the sample's output (a block-aligned row: after its prompt, to the end of its last block)
         call = canvas.commit_call[slot, gen]
         return DecodeResult(
             uid=int(slots.uid[slot]),

@@ -44,7 +44,9 @@ class DecodePlan:
     stop_ids: tuple[int, ...]  # empty unless the decoder stops at the end of the answer
     vocab_size: int
     mask_id: int
-    attention_block: int | None = None  # a block-diffusion model's block size: canvases are block-aligned (``block_aligned``)
+    attention_block: int | None = (
+        None  # a block-diffusion model's block size: canvases are block-aligned (``block_aligned``)
+    )
 
     @property
     def block_budget(self) -> int | None:
@@ -53,7 +55,11 @@ class DecodePlan:
     @property
     def canvas_gen_length(self) -> int:
         """Generation columns of the canvas: the generation, or a block-aligned canvas's longest region."""
-        return self.gen_length if self.attention_block is None else aligned_generation_length(self.gen_length, self.attention_block)
+        return (
+            self.gen_length
+            if self.attention_block is None
+            else aligned_generation_length(self.gen_length, self.attention_block)
+        )
 
     def layout(self, gen_start: int) -> Layout:
         """The canvas layout of a batch whose longest prompt (its whole blocks, on a block-aligned canvas) ends at ``gen_start``."""
@@ -67,7 +73,9 @@ class DecodePlan:
         return layout.gen_length + 1 + (self.block_budget or 0) * layout.num_blocks + self.revision.extra_rounds(layout)
 
 
-def make_plan(decoder: "SearchDecoder", engine: "RolloutEngine", gen_length: int, block_length: int, verifier: Verifier | None) -> DecodePlan:
+def make_plan(
+    decoder: SearchDecoder, engine: RolloutEngine, gen_length: int, block_length: int, verifier: Verifier | None
+) -> DecodePlan:
     """Check the decoder against the engine, the model, the layout and the verifier; bind what the layout fixes."""
     able = engine.capabilities
     cache = engine.cache.name
@@ -99,12 +107,18 @@ def make_plan(decoder: "SearchDecoder", engine: "RolloutEngine", gen_length: int
             "commits are final (its stored keys, values and selections assume it): use cache=none, prefix or dual"
         )
     if "kl" in statistics and engine.cache.stores:
-        raise ValueError(f"the kl statistic (KLASS) compares full distributions step to step and needs cache=none; got cache={cache}")
+        raise ValueError(
+            f"the kl statistic (KLASS) compares full distributions step to step and needs cache=none; got cache={cache}"
+        )
     if "verify" in statistics:
         if cache not in ("none", "prefix") or decoder.guidance.active:
-            raise ValueError(f"the verify statistic (WINO's shadow block) needs cache=none or prefix and no guidance; got cache={cache}")
+            raise ValueError(
+                f"the verify statistic (WINO's shadow block) needs cache=none or prefix and no guidance; got cache={cache}"
+            )
         if not able.shadow:
-            raise ValueError(f"the verify statistic (WINO's shadow block) needs a model that takes an explicit attention mask and unshifted logits; {able.name} does not")
+            raise ValueError(
+                f"the verify statistic (WINO's shadow block) needs a model that takes an explicit attention mask and unshifted logits; {able.name} does not"
+            )
     # Checks the block length against the generation. Rules that split a number of steps over the blocks split it
     # over the generation's gen_length / block blocks (a block-aligned canvas has one more, partly the prompt's: every
     # block gets the same budget)

@@ -33,8 +33,14 @@ CANVAS_PADDING = {"commit_call": -1, "commit_depth": -1, "commit_branch": -1}
 
 def _filled(record: Evaluation, other: Evaluation) -> Evaluation:
     """``record`` with zeros for the statistics only ``other`` computed (those rows are re-evaluated before use)."""
-    missing = {f.name: getattr(other, f.name) for f in attrs.fields(Evaluation) if getattr(record, f.name) is None and getattr(other, f.name) is not None}
-    return attrs.evolve(record, **{name: like.new_zeros(len(record.token), like.shape[1]) for name, like in missing.items()})
+    missing = {
+        f.name: getattr(other, f.name)
+        for f in attrs.fields(Evaluation)
+        if getattr(record, f.name) is None and getattr(other, f.name) is not None
+    }
+    return attrs.evolve(
+        record, **{name: like.new_zeros(len(record.token), like.shape[1]) for name, like in missing.items()}
+    )
 
 
 def _evaluations(first: Evaluation, second: Evaluation) -> Evaluation:
@@ -49,8 +55,8 @@ def join(state: DecodeState, other: DecodeState) -> DecodeState:
     gen_start = max(state.layout.gen_start, other.layout.gen_start)
     wider, narrower = gen_start - state.layout.gen_start, gen_start - other.layout.gen_start
     mask_id = state.plan.mask_id
-    pad = lambda canvas, columns: pad_columns(canvas, columns, {**CANVAS_PADDING, "tokens": mask_id})  # noqa: E731
-    pad_evaluation = lambda evaluation, columns: pad_columns(evaluation, columns, {"token": mask_id})  # noqa: E731  (as the engine reads a prompt column)
+    pad = lambda canvas, columns: pad_columns(canvas, columns, {**CANVAS_PADDING, "tokens": mask_id})
+    pad_evaluation = lambda evaluation, columns: pad_columns(evaluation, columns, {"token": mask_id})
     state.memory.admit(len(other.slots), widen=wider)
     population = state.plan.population
     return attrs.evolve(
@@ -131,15 +137,25 @@ class DecodeSession:
     decoder: SearchDecoder
     engine: RolloutEngine
     plan: DecodePlan
-    verifier: Verifier | None = None  # a population's task check, keyed by uid (a question-free rule, or one built so that index ``uid`` holds that sample's question)
+    verifier: Verifier | None = (
+        None  # a population's task check, keyed by uid (a question-free rule, or one built so that index ``uid`` holds that sample's question)
+    )
     deadline_s: float | None = None
     state: DecodeState | None = None
-    on_lookahead: Callable[[Lookahead, Slots], None] | None = None  # every lookahead level, with the slot table that names its slots' samples (traces)
+    on_lookahead: Callable[[Lookahead, Slots], None] | None = (
+        None  # every lookahead level, with the slot table that names its slots' samples (traces)
+    )
 
     @classmethod
     def open(
-        cls, decoder: SearchDecoder, engine: RolloutEngine, gen_length: int, block_length: int, verifier: Verifier | None = None, deadline_s: float | None = None,
-    ) -> "DecodeSession":
+        cls,
+        decoder: SearchDecoder,
+        engine: RolloutEngine,
+        gen_length: int,
+        block_length: int,
+        verifier: Verifier | None = None,
+        deadline_s: float | None = None,
+    ) -> DecodeSession:
         """A session whose plan is checked once, before any request is admitted."""
         return cls(decoder, engine, decoder.plan(engine, gen_length, block_length, verifier), verifier, deadline_s)
 
@@ -164,7 +180,10 @@ class DecodeSession:
         columns = torch.arange(state.canvas.tokens.shape[1])
         open_ = state.canvas.masked[rows] & (columns >= first[:, None]) & (columns < end[:, None])
         leading = torch.where(open_, columns, end[:, None]).min(dim=1).values - first
-        return {uid: (state.canvas.tokens[row, a:b], int(n)) for uid, row, a, b, n in zip(self.uids, rows.tolist(), first.tolist(), end.tolist(), leading)}
+        return {
+            uid: (state.canvas.tokens[row, a:b], int(n))
+            for uid, row, a, b, n in zip(self.uids, rows.tolist(), first.tolist(), end.tolist(), leading)
+        }
 
     def admit(self, requests: list[DecodeRequest]) -> None:
         """Join these requests to the decode; they start at their first round."""
@@ -173,8 +192,12 @@ class DecodeSession:
         running = set(self.uids)
         clash = sorted(running & {r.uid for r in requests})
         if clash or len({r.uid for r in requests}) != len(requests):
-            raise ValueError(f"sample uid(s) {clash or [r.uid for r in requests]} are already decoding: every sample of a session needs its own uid")
-        new = self.decoder.start(self.engine, requests, self.plan.block_length, self.verifier, self.plan)  # their deadlines count from now
+            raise ValueError(
+                f"sample uid(s) {clash or [r.uid for r in requests]} are already decoding: every sample of a session needs its own uid"
+            )
+        new = self.decoder.start(
+            self.engine, requests, self.plan.block_length, self.verifier, self.plan
+        )  # their deadlines count from now
         self.state = new if self.state is None else join(self.state, new)
 
     def evict(self, uids: list[int]) -> None:
@@ -191,7 +214,9 @@ class DecodeSession:
             return []
         before, hook = self.state, self.on_lookahead
         look = None if hook is None else lambda lookahead: hook(lookahead, before.slots)
-        self.state = self.decoder.step(self.engine, before, placed(self.verifier, before), self.deadline_s, on_lookahead=look)
+        self.state = self.decoder.step(
+            self.engine, before, placed(self.verifier, before), self.deadline_s, on_lookahead=look
+        )
         return self._take_finished()
 
     def clear(self) -> None:

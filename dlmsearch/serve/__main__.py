@@ -37,7 +37,9 @@ def serve(cfg: DictConfig, overrides: list[str], model_name: str) -> None:
 
     missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ValueError(f"the server needs {', '.join(missing)} (the serve extra): pip install -e '.[serve]' in a clone of dlmsearch, or pip install 'dlmsearch-<version>.whl[serve]' for the wheel")
+        raise ValueError(
+            f"the server needs {', '.join(missing)} (the serve extra): pip install -e '.[serve]' in a clone of dlmsearch, or pip install 'dlmsearch-<version>.whl[serve]' for the wheel"
+        )
     import uvicorn
 
     from dlmsearch.serve.app import Server, create_app
@@ -58,7 +60,10 @@ def serve(cfg: DictConfig, overrides: list[str], model_name: str) -> None:
                 return
             self.draining = True
             server.scheduler.drain()
-            print(f"dlmsearch.serve: draining (new requests get 503; up to {server.grace_s:g} s for the running ones, serve.grace_s)", flush=True)
+            print(
+                f"dlmsearch.serve: draining (new requests get 503; up to {server.grace_s:g} s for the running ones, serve.grace_s)",
+                flush=True,
+            )
             threading.Thread(target=self.finish, daemon=True).start()
 
         def finish(self) -> None:
@@ -74,7 +79,10 @@ def serve(cfg: DictConfig, overrides: list[str], model_name: str) -> None:
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, lifespan="on")
     runner = Draining(config)
     where = f"[{host}]" if ":" in host else host
-    print(f"dlmsearch.serve: {server.model_name} with {server.lanes.preset}; listening on http://{where}:{port}", flush=True)
+    print(
+        f"dlmsearch.serve: {server.model_name} with {server.lanes.preset}; listening on http://{where}:{port}",
+        flush=True,
+    )
     runner.run(sockets=[sock])
     print("dlmsearch.serve: stopped", flush=True)
 

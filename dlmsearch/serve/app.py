@@ -18,7 +18,8 @@ import json
 import sys
 import time
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import attrs
 import torch
@@ -32,7 +33,16 @@ from dlmsearch.config import build, decoder_presets
 from dlmsearch.search.driver import DecodeRequest, DecodeResult
 from dlmsearch.serve.lanes import Lanes
 from dlmsearch.serve.metrics import ServerMetrics
-from dlmsearch.serve.protocol import APIError, ChatRequest, CompletionRequest, Sampled, chunk_body, completion_body, parse, usage
+from dlmsearch.serve.protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    Sampled,
+    chunk_body,
+    completion_body,
+    parse,
+    usage,
+)
 from dlmsearch.serve.scheduler import Choice, Job, Scheduler
 from dlmsearch.tasks.text import TextTask
 from dlmsearch.validation import number
@@ -96,13 +106,33 @@ class Server:
         presets = decoder_presets() if serve.presets == "all" else list(serve.presets)
         unknown = sorted(set(presets) - set(decoder_presets()))
         if unknown:
-            raise ValueError(f"serve.presets names unknown preset(s) {', '.join(unknown)}; one of: {', '.join(decoder_presets())} (or all)")
-        self.lanes = Lanes(tuple(overrides), cfg, self.adapter, self.task, tuple(dict.fromkeys([decoder, *presets])), tuple(serve.request_options), limits.max_lanes)
+            raise ValueError(
+                f"serve.presets names unknown preset(s) {', '.join(unknown)}; one of: {', '.join(decoder_presets())} (or all)"
+            )
+        self.lanes = Lanes(
+            tuple(overrides),
+            cfg,
+            self.adapter,
+            self.task,
+            tuple(dict.fromkeys([decoder, *presets])),
+            tuple(serve.request_options),
+            limits.max_lanes,
+        )
         self.lane_lock = asyncio.Lock()
-        own = self.lanes.get(self.lanes.key(None, self.default_tokens, None, None, None, {}, None))  # the server's own settings are checked before it listens
+        own = self.lanes.get(
+            self.lanes.key(None, self.default_tokens, None, None, None, {}, None)
+        )  # the server's own settings are checked before it listens
         self.metrics = ServerMetrics()
         max_rows = limits.max_rows or own.engine.max_rows
-        self.scheduler = Scheduler(self.metrics, limits.max_batch, max_rows, limits.max_queue, self._result, self._progress, limits.batch_wait_ms / 1000)
+        self.scheduler = Scheduler(
+            self.metrics,
+            limits.max_batch,
+            max_rows,
+            limits.max_queue,
+            self._result,
+            self._progress,
+            limits.batch_wait_ms / 1000,
+        )
 
     # ------------------------------------------------------------------ requests into jobs
 
@@ -122,7 +152,12 @@ class Server:
     async def job(self, body: Sampled, post: Any) -> Job:
         """Check a request against the server and build its job (nothing is queued yet)."""
         if body.model != self.model_name:
-            raise APIError(404, f"the model {body.model!r} does not exist here; this server serves {self.model_name!r}", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"the model {body.model!r} does not exist here; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
         if body.n > self.max_n:
             raise APIError(400, f"n={body.n} is above this server's limit of {self.max_n} (serve.max_n)", param="n")
         prompts = self._prompts(body)
@@ -130,20 +165,39 @@ class Server:
         gen_length = -(-max_tokens // self.block_length) * self.block_length
         longest = max(len(p) for p in prompts)
         try:
-            self.adapter.capabilities.check_length(longest + gen_length, f"the prompt ({longest} tokens) with max_tokens={max_tokens} (a canvas of {gen_length})")
+            self.adapter.capabilities.check_length(
+                longest + gen_length,
+                f"the prompt ({longest} tokens) with max_tokens={max_tokens} (a canvas of {gen_length})",
+            )
         except ValueError as error:
             raise APIError(400, str(error), param="max_tokens", code="context_length_exceeded") from None
-        key = self.lanes.key(body.preset, gen_length, body.temperature, body.top_p, body.top_k, dict(body.decoder), body.deadline_s)
+        key = self.lanes.key(
+            body.preset, gen_length, body.temperature, body.top_p, body.top_k, dict(body.decoder), body.deadline_s
+        )
         async with self.lane_lock:  # Hydra's composition is not thread-safe: one lane is built at a time
             lane = await asyncio.to_thread(self.lanes.get, key)
         seed = int(self.cfg.seed) if body.seed is None else int(body.seed)
         mask = torch.full((gen_length,), self.adapter.mask_id, dtype=torch.long)
         choices = [
             # Item ``p * n + i`` of an offline task holding each prompt n times, with this seed.
-            Choice(uid, p * body.n + i, DecodeRequest(uid=uid, prompt=prompt, generation=mask.clone(), seed=seed, key=p * body.n + i))
-            for p, prompt in enumerate(prompts) for i in range(body.n) for uid in [self.scheduler.new_uid()]
+            Choice(
+                uid,
+                p * body.n + i,
+                DecodeRequest(uid=uid, prompt=prompt, generation=mask.clone(), seed=seed, key=p * body.n + i),
+            )
+            for p, prompt in enumerate(prompts)
+            for i in range(body.n)
+            for uid in [self.scheduler.new_uid()]
         ]
-        return Job(lane=lane, choices=choices, post=post, max_tokens=max_tokens, stops=list(body.stop or []), stream=body.stream, prompt_tokens=sum(len(p) for p in prompts))
+        return Job(
+            lane=lane,
+            choices=choices,
+            post=post,
+            max_tokens=max_tokens,
+            stops=list(body.stop or []),
+            stream=body.stream,
+            prompt_tokens=sum(len(p) for p in prompts),
+        )
 
     # ------------------------------------------------------------------ results into bodies (called on the loop's thread)
 
@@ -161,10 +215,17 @@ class Server:
 
     def _result(self, job: Job, choice: Choice, result: DecodeResult) -> dict[str, Any]:
         text, reason, count = self._text(job, result.tokens, final=True)
-        unsent = text[len(choice.sent):] if text.startswith(choice.sent) else text
+        unsent = text.removeprefix(choice.sent)
         self.metrics.tokens.inc(count)
         counters = {name: getattr(result, name) for name in COUNTERS} | {"deadline_hit": result.deadline_hit}
-        return {"index": choice.index, "text": text, "unsent": unsent, "finish_reason": reason, "completion_tokens": count, **counters}
+        return {
+            "index": choice.index,
+            "text": text,
+            "unsent": unsent,
+            "finish_reason": reason,
+            "completion_tokens": count,
+            **counters,
+        }
 
     def _progress(self, job: Job, choice: Choice, tokens: torch.Tensor, settled: int) -> None:
         block = job.lane.plan.block_length
@@ -174,7 +235,7 @@ class Server:
             return
         text, _, _ = self._text(job, tokens[:settled], final=False)
         if len(text) > len(choice.sent) and text.startswith(choice.sent):
-            delta, choice.sent = text[len(choice.sent):], text
+            delta, choice.sent = text[len(choice.sent) :], text
             job.post(("delta", choice.index, delta))
 
     # ------------------------------------------------------------------ shutting down
@@ -183,7 +244,11 @@ class Server:
         """The grace after SIGTERM is over: answer every request still queued or running with a 503
         ``server_shutdown`` (a client should retry it elsewhere: the same seed gives the same text),
         and log one line for each instead of the cancelled tasks' tracebacks. Returns how many."""
-        error = APIError(503, f"the server shut down before this request finished: serve.grace_s ({self.grace_s:g} s after SIGTERM) was over; retry it", code="server_shutdown")
+        error = APIError(
+            503,
+            f"the server shut down before this request finished: serve.grace_s ({self.grace_s:g} s after SIGTERM) was over; retry it",
+            code="server_shutdown",
+        )
         now = time.monotonic()
         jobs = self.scheduler.expire(error)
         for job in jobs:
@@ -193,19 +258,28 @@ class Server:
     def totals(self, job: Job, done: list[dict[str, Any]]) -> dict[str, Any]:
         """The response's usage: OpenAI's token counts, then the decode's counters summed over the choices."""
         counters = {name: sum(c[name] for c in done) for name in COUNTERS}
-        counters |= {"deadline_hit": any(c["deadline_hit"] for c in done), "gen_length": job.choices[0].request.generation.numel(), "preset": job.lane.key.preset}
+        counters |= {
+            "deadline_hit": any(c["deadline_hit"] for c in done),
+            "gen_length": job.choices[0].request.generation.numel(),
+            "preset": job.lane.key.preset,
+        }
         return usage(job.prompt_tokens, sum(c["completion_tokens"] for c in done), counters)
 
 
 def _cut_off_line(job: Job, now: float) -> str:
     """The log line for a request the shutdown cut off: which, how long it ran, how far it got."""
     state = "queued" if job.admitted is None else f"running {now - job.admitted:.1f} s"
-    answer = "its stream ended with a server_shutdown error event and [DONE]" if job.stream else "answered 503 server_shutdown"
+    answer = (
+        "its stream ended with a server_shutdown error event and [DONE]"
+        if job.stream
+        else "answered 503 server_shutdown"
+    )
     return f"dlmsearch.serve: {job.request_id} cut off by the shutdown ({state}, {job.finished} of {len(job.choices)} choices done): {answer}"
 
 
 def create_app(server: Server) -> FastAPI:
     """The FastAPI application over ``server`` (its decode loop starts with the app)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         server.scheduler.start()
@@ -221,21 +295,38 @@ def create_app(server: Server) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
-        return JSONResponse(APIError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", code="not_found" if error.status_code == 404 else None).body(), status_code=error.status_code)
+        return JSONResponse(
+            APIError(
+                error.status_code,
+                f"{request.method} {request.url.path}: {error.detail}",
+                code="not_found" if error.status_code == 404 else None,
+            ).body(),
+            status_code=error.status_code,
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> JSONResponse:
-        return JSONResponse(APIError(500, f"{type(error).__name__}: {error}", code="internal_error").body(), status_code=500)
+        return JSONResponse(
+            APIError(500, f"{type(error).__name__}: {error}", code="internal_error").body(), status_code=500
+        )
 
     async def read_body(request: Request) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > server.max_body:
-            raise APIError(413, f"the request body is {declared} bytes, above this server's limit of {server.max_body} (serve.max_body_bytes)", code="body_too_large")
+            raise APIError(
+                413,
+                f"the request body is {declared} bytes, above this server's limit of {server.max_body} (serve.max_body_bytes)",
+                code="body_too_large",
+            )
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > server.max_body:
-                raise APIError(413, f"the request body is above this server's limit of {server.max_body} bytes (serve.max_body_bytes)", code="body_too_large")
+                raise APIError(
+                    413,
+                    f"the request body is above this server's limit of {server.max_body} bytes (serve.max_body_bytes)",
+                    code="body_too_large",
+                )
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -248,7 +339,9 @@ def create_app(server: Server) -> FastAPI:
         server.scheduler.submit(job)
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage", False))
-            return StreamingResponse(_sse(server, job, events, request_id, chat, include_usage, request), media_type="text/event-stream")
+            return StreamingResponse(
+                _sse(server, job, events, request_id, chat, include_usage, request), media_type="text/event-stream"
+            )
         done: list[dict[str, Any]] = []
         try:
             while len(done) < len(job.choices):
@@ -279,7 +372,12 @@ def create_app(server: Server) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": int(time.time()), "owned_by": "dlmsearch"}]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": server.model_name, "object": "model", "created": int(time.time()), "owned_by": "dlmsearch"}
+            ],
+        }
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -294,12 +392,14 @@ def create_app(server: Server) -> FastAPI:
     return app
 
 
-async def _sse(server: Server, job: Job, events: asyncio.Queue, request_id: str, chat: bool, include_usage: bool, request: Request) -> AsyncIterator[str]:
+async def _sse(
+    server: Server, job: Job, events: asyncio.Queue, request_id: str, chat: bool, include_usage: bool, request: Request
+) -> AsyncIterator[str]:
     """Each choice's settled text as it comes, its finish chunk, the usage chunk if asked, then ``[DONE]``.
     Between events it asks whether the client is still there (a send to a closed connection
     alone would notice only at the next block), and frees the request's slots when it is not."""
     model = server.model_name
-    line = lambda data: f"data: {json.dumps(data)}\n\n"  # noqa: E731
+    line = lambda data: f"data: {json.dumps(data)}\n\n"
     done: list[dict[str, Any]] = []
     try:
         if chat:
@@ -324,10 +424,14 @@ async def _sse(server: Server, job: Job, events: asyncio.Queue, request_id: str,
                 done.append(result)
                 if result["unsent"]:
                     yield line(chunk_body(request_id, model, chat, result["index"], result["unsent"], None))
-                yield line(chunk_body(request_id, model, chat, result["index"], None if chat else "", result["finish_reason"]))
+                yield line(
+                    chunk_body(request_id, model, chat, result["index"], None if chat else "", result["finish_reason"])
+                )
         else:
             if include_usage:
-                body = chunk_body(request_id, model, chat, 0, None, None, server.totals(job, sorted(done, key=lambda c: c["index"])))
+                body = chunk_body(
+                    request_id, model, chat, 0, None, None, server.totals(job, sorted(done, key=lambda c: c["index"]))
+                )
                 body["choices"] = []
                 yield line(body)
         yield "data: [DONE]\n\n"

@@ -86,19 +86,40 @@ class Lanes:
         """The server's own decoder preset."""
         return self.allowed_presets[0]
 
-    def key(self, preset: str | None, gen_length: int, temperature: float | None, top_p: float | None, top_k: int | None, options: dict[str, Any], deadline_s: float | None) -> LaneKey:
+    def key(
+        self,
+        preset: str | None,
+        gen_length: int,
+        temperature: float | None,
+        top_p: float | None,
+        top_k: int | None,
+        options: dict[str, Any],
+        deadline_s: float | None,
+    ) -> LaneKey:
         """The lane a request asks for; an option or preset the server does not allow is a 400."""
         preset = preset or self.preset
         if preset not in self.allowed_presets:
             known = "" if preset in decoder_presets() else " (no such preset)"
-            raise APIError(400, f"preset {preset!r}{known} is not served here; this server allows: {', '.join(self.allowed_presets)}", param="preset", code="preset_not_allowed")
+            raise APIError(
+                400,
+                f"preset {preset!r}{known} is not served here; this server allows: {', '.join(self.allowed_presets)}",
+                param="preset",
+                code="preset_not_allowed",
+            )
         for name, value in options.items():
             key = f"decoder.{name}"
             if not any(fnmatch.fnmatchcase(key, pattern) for pattern in self.allowed_options):
                 allowed = ", ".join(self.allowed_options) or "none"
-                raise APIError(400, f"decoder option {name!r} may not be set by a request here (serve.request_options: {allowed})", param=f"decoder.{name}", code="option_not_allowed")
+                raise APIError(
+                    400,
+                    f"decoder option {name!r} may not be set by a request here (serve.request_options: {allowed})",
+                    param=f"decoder.{name}",
+                    code="option_not_allowed",
+                )
             if isinstance(value, (dict, list)):
-                raise APIError(400, f"decoder option {name!r} must be a number, string or boolean", param=f"decoder.{name}")
+                raise APIError(
+                    400, f"decoder option {name!r} must be a number, string or boolean", param=f"decoder.{name}"
+                )
         if deadline_s is None:
             deadline_s = self.base.get("deadline_s")
         return LaneKey(preset, gen_length, temperature, top_p, top_k, tuple(sorted(options.items())), deadline_s)
@@ -117,8 +138,17 @@ class Lanes:
     def config(self, key: LaneKey) -> DictConfig:
         """The config a lane decodes with: what ``python -m dlmsearch`` composes for the same settings."""
         overrides = [o for o in self.overrides if not o.lstrip("+").startswith("decoder=")] + [f"+decoder={key.preset}"]
-        engine = [(f"engine.{name}", getattr(key, name)) for name in ("temperature", "top_p", "top_k") if getattr(key, name) is not None]
-        settings = [("task.gen_length", key.gen_length), *engine, *((f"decoder.{k}", v) for k, v in key.options), ("deadline_s", key.deadline_s)]
+        engine = [
+            (f"engine.{name}", getattr(key, name))
+            for name in ("temperature", "top_p", "top_k")
+            if getattr(key, name) is not None
+        ]
+        settings = [
+            ("task.gen_length", key.gen_length),
+            *engine,
+            *((f"decoder.{k}", v) for k, v in key.options),
+            ("deadline_s", key.deadline_s),
+        ]
         return compose_settings(overrides, settings, "serve")
 
     def _build(self, key: LaneKey) -> Lane:
@@ -130,5 +160,7 @@ class Lanes:
             plan = decoder.plan(engine, key.gen_length, int(cfg.task.block_length), verifier)
         except (ConfigError, ValueError, TypeError) as error:
             param = "decoder" if key.options else "preset" if key.preset != self.preset else None
-            raise APIError(400, f"this decoder cannot serve the request: {error}", param=param, code="decoder_refused") from None
+            raise APIError(
+                400, f"this decoder cannot serve the request: {error}", param=param, code="decoder_refused"
+            ) from None
         return Lane(key, decoder, engine, plan, verifier, self.task, cfg.get("deadline_s"))

@@ -25,29 +25,56 @@ class ServerMetrics:
     """The server's instruments over one private registry."""
 
     registry: CollectorRegistry = attrs.field(factory=CollectorRegistry)
-    recent: collections.deque = attrs.field(factory=collections.deque)  # (time, steps, row-forwards, token-forwards) per step
+    recent: collections.deque = attrs.field(
+        factory=collections.deque
+    )  # (time, steps, row-forwards, token-forwards) per step
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def __attrs_post_init__(self) -> None:
         r = self.registry
         self.queue_depth = Gauge("dlmsearch_queue_depth", "Requests waiting for a slot", registry=r)
         self.running_samples = Gauge("dlmsearch_running_samples", "Samples (choices) decoding now", registry=r)
-        self.running_rows = Gauge("dlmsearch_running_rows", "Rows decoding now (particles and lookahead branches count)", registry=r)
+        self.running_rows = Gauge(
+            "dlmsearch_running_rows", "Rows decoding now (particles and lookahead branches count)", registry=r
+        )
         self.lanes = Gauge("dlmsearch_running_lanes", "Distinct decode settings decoding now", registry=r)
-        self.steps = Counter("dlmsearch_steps", "Decode steps (one round of every running sample of a lane)", registry=r)
+        self.steps = Counter(
+            "dlmsearch_steps", "Decode steps (one round of every running sample of a lane)", registry=r
+        )
         self.row_forwards = Counter("dlmsearch_row_forwards", "Rows forwarded by the model", registry=r)
         self.token_forwards = Counter("dlmsearch_token_forwards", "Positions the model computed", registry=r)
-        self.slot_steps = Counter("dlmsearch_slot_steps", "Rows decoding summed over steps (over dlmsearch_steps: the mean running rows per step)", registry=r)
+        self.slot_steps = Counter(
+            "dlmsearch_slot_steps",
+            "Rows decoding summed over steps (over dlmsearch_steps: the mean running rows per step)",
+            registry=r,
+        )
         self.tokens = Counter("dlmsearch_completion_tokens", "Completion tokens returned", registry=r)
         self.requests = Counter("dlmsearch_requests", "Requests answered, by outcome", ["outcome"], registry=r)
         for outcome in ("ok", "error"):  # exposed at 0 from the start
             self.requests.labels(outcome=outcome)
-        self.steps_per_s = Gauge("dlmsearch_steps_per_second", f"Steps per second over the last {WINDOW_S:.0f} s", registry=r)
-        self.row_forwards_per_s = Gauge("dlmsearch_row_forwards_per_second", f"Row-forwards per second over the last {WINDOW_S:.0f} s", registry=r)
-        self.token_forwards_per_s = Gauge("dlmsearch_token_forwards_per_second", f"Token-forwards per second over the last {WINDOW_S:.0f} s", registry=r)
-        self.latency = Histogram("dlmsearch_request_latency_seconds", "From arrival to the last choice finished", buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_wait = Histogram("dlmsearch_queue_wait_seconds", "From arrival to admission", buckets=LATENCY_BUCKETS, registry=r)
-        self.step_seconds = Histogram("dlmsearch_step_seconds", "Wall time of one step of one lane", buckets=LATENCY_BUCKETS, registry=r)
+        self.steps_per_s = Gauge(
+            "dlmsearch_steps_per_second", f"Steps per second over the last {WINDOW_S:.0f} s", registry=r
+        )
+        self.row_forwards_per_s = Gauge(
+            "dlmsearch_row_forwards_per_second", f"Row-forwards per second over the last {WINDOW_S:.0f} s", registry=r
+        )
+        self.token_forwards_per_s = Gauge(
+            "dlmsearch_token_forwards_per_second",
+            f"Token-forwards per second over the last {WINDOW_S:.0f} s",
+            registry=r,
+        )
+        self.latency = Histogram(
+            "dlmsearch_request_latency_seconds",
+            "From arrival to the last choice finished",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "dlmsearch_queue_wait_seconds", "From arrival to admission", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.step_seconds = Histogram(
+            "dlmsearch_step_seconds", "Wall time of one step of one lane", buckets=LATENCY_BUCKETS, registry=r
+        )
 
     def stepped(self, seconds: float, rows: int, row_forwards: int, token_forwards: int) -> None:
         """One lane's step: its time, the rows it held and what its samples' counters grew by."""

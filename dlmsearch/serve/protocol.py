@@ -18,10 +18,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 class APIError(Exception):
     """One request's failure: its HTTP status and OpenAI's error fields."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, kind: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, kind: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.kind = kind or {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}.get(status, "server_error")
+        self.kind = kind or {
+            400: "invalid_request_error",
+            404: "invalid_request_error",
+            413: "invalid_request_error",
+            429: "rate_limit_error",
+            503: "server_error",
+        }.get(status, "server_error")
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -48,8 +56,12 @@ class Sampled(BaseModel):
     user: str | None = None
     # dlmsearch's extras (OpenAI's clients send them through ``extra_body``)
     preset: str | None = None  # another decoder preset the server allows (serve.presets)
-    decoder: dict[str, Scalar] = Field(default_factory=dict)  # decoder options ("commit.threshold": 0.8) within serve.request_options
-    deadline_s: float | None = Field(default=None, gt=0.0)  # past it the sample stops exploring and finishes with the base rule
+    decoder: dict[str, Scalar] = Field(
+        default_factory=dict
+    )  # decoder options ("commit.threshold": 0.8) within serve.request_options
+    deadline_s: float | None = Field(
+        default=None, gt=0.0
+    )  # past it the sample stops exploring and finishes with the base rule
 
     @field_validator("stop")
     @classmethod
@@ -103,7 +115,11 @@ def parse(body: bytes, kind: type[Sampled]) -> Sampled:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
-        raise APIError(400, f"the request body is not JSON ({error.msg} at line {error.lineno}, column {error.colno})", code="invalid_json") from None
+        raise APIError(
+            400,
+            f"the request body is not JSON ({error.msg} at line {error.lineno}, column {error.colno})",
+            code="invalid_json",
+        ) from None
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
     try:
@@ -112,15 +128,27 @@ def parse(body: bytes, kind: type[Sampled]) -> Sampled:
         first = error.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
         message = "missing" if first["type"] == "missing" else first["msg"]
-        raise APIError(400, f"{param}: {message}" if param else message, param=param, code="invalid_value" if first["type"] != "missing" else "missing_field") from None
+        raise APIError(
+            400,
+            f"{param}: {message}" if param else message,
+            param=param,
+            code="invalid_value" if first["type"] != "missing" else "missing_field",
+        ) from None
 
 
 def usage(prompt_tokens: int, completion_tokens: int, counters: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's token counts, then what this decode cost (steps, row- and token-forwards, ...)."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens, **counters}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        **counters,
+    }
 
 
-def completion_body(request_id: str, model: str, chat: bool, choices: list[dict[str, Any]], usage_: dict[str, Any]) -> dict[str, Any]:
+def completion_body(
+    request_id: str, model: str, chat: bool, choices: list[dict[str, Any]], usage_: dict[str, Any]
+) -> dict[str, Any]:
     """A whole response: ``text_completion`` or ``chat.completion``."""
     return {
         "id": request_id,
@@ -128,15 +156,30 @@ def completion_body(request_id: str, model: str, chat: bool, choices: list[dict[
         "created": int(time.time()),
         "model": model,
         "choices": [
-            {"index": c["index"], "message": {"role": "assistant", "content": c["text"]}, "finish_reason": c["finish_reason"], "logprobs": None}
-            if chat else {"index": c["index"], "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
+            {
+                "index": c["index"],
+                "message": {"role": "assistant", "content": c["text"]},
+                "finish_reason": c["finish_reason"],
+                "logprobs": None,
+            }
+            if chat
+            else {"index": c["index"], "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
             for c in choices
         ],
         "usage": usage_,
     }
 
 
-def chunk_body(request_id: str, model: str, chat: bool, index: int, text: str | None, finish_reason: str | None, usage_: dict[str, Any] | None = None, role: bool = False) -> dict[str, Any]:
+def chunk_body(
+    request_id: str,
+    model: str,
+    chat: bool,
+    index: int,
+    text: str | None,
+    finish_reason: str | None,
+    usage_: dict[str, Any] | None = None,
+    role: bool = False,
+) -> dict[str, Any]:
     """One Server-Sent Event's data: ``text_completion`` chunks or ``chat.completion.chunk`` deltas."""
     if chat:
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
@@ -146,7 +189,11 @@ def chunk_body(request_id: str, model: str, chat: bool, index: int, text: str | 
     else:
         choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
     body: dict[str, Any] = {
-        "id": request_id, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()), "model": model, "choices": [choice],
+        "id": request_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
     }
     if usage_ is not None:
         body["usage"] = usage_

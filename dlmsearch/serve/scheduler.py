@@ -31,7 +31,8 @@ import collections
 import itertools
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import torch
@@ -82,7 +83,16 @@ class Job:
 class Scheduler:
     """The queue, the sessions and the thread that steps them."""
 
-    def __init__(self, metrics: ServerMetrics, max_batch: int, max_rows: int, max_queue: int, on_result: Callable[[Job, Choice, DecodeResult], dict[str, Any]], on_progress: Callable[[Job, Choice, torch.Tensor, int], None], batch_wait_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        metrics: ServerMetrics,
+        max_batch: int,
+        max_rows: int,
+        max_queue: int,
+        on_result: Callable[[Job, Choice, DecodeResult], dict[str, Any]],
+        on_progress: Callable[[Job, Choice, torch.Tensor, int], None],
+        batch_wait_s: float = 0.0,
+    ) -> None:
         self.metrics = metrics
         self.max_batch, self.max_rows, self.max_queue = max_batch, max_rows, max_queue
         self.batch_wait_s = batch_wait_s
@@ -114,7 +124,9 @@ class Scheduler:
         with self.cond:
             self.check_open()
             if len(self.waiting) >= self.max_queue:
-                raise APIError(429, f"the queue is full ({self.max_queue} requests waiting); retry later", code="queue_full")
+                raise APIError(
+                    429, f"the queue is full ({self.max_queue} requests waiting); retry later", code="queue_full"
+                )
             self.waiting.append(job)
             self.metrics.queue_depth.set(len(self.waiting))
             self.cond.notify()
@@ -218,13 +230,16 @@ class Scheduler:
         key = (job.lane.key, next(self.solo_ids) if job.solo else 0)
         if key not in self.sessions:
             lane = job.lane
-            self.sessions[key] = (lane, DecodeSession(lane.decoder, lane.engine, lane.plan, lane.verifier, lane.deadline_s))
+            self.sessions[key] = (
+                lane,
+                DecodeSession(lane.decoder, lane.engine, lane.plan, lane.verifier, lane.deadline_s),
+            )
         _, session = self.sessions[key]
         for choice in job.choices:
             self.owner[choice.uid] = (job, choice)
         try:
             session.admit([c.request for c in job.choices])
-        except Exception as error:  # what only the request shows (it was checked on arrival; this is a last guard)
+        except Exception as error:  # noqa: BLE001  what only the request shows (it was checked on arrival; this is a last guard)
             self._fail(job, APIError(400, f"{type(error).__name__}: {error}", code="decode_refused"))
 
     def _drop(self, job: Job) -> None:
@@ -260,8 +275,16 @@ class Scheduler:
             self._recover(key, session, error)
             return
         after = session.state.usage if session.state is not None else None
-        rows = sum(r.row_forwards for r in results) + (int(after.row_forwards.sum()) if after is not None else 0) - int(before.row_forwards.sum())
-        tokens = sum(r.token_forwards for r in results) + (int(after.token_forwards.sum()) if after is not None else 0) - int(before.token_forwards.sum())
+        rows = (
+            sum(r.row_forwards for r in results)
+            + (int(after.row_forwards.sum()) if after is not None else 0)
+            - int(before.row_forwards.sum())
+        )
+        tokens = (
+            sum(r.token_forwards for r in results)
+            + (int(after.token_forwards.sum()) if after is not None else 0)
+            - int(before.token_forwards.sum())
+        )
         self.metrics.stepped(time.perf_counter() - tick, held, rows, tokens)
         for result in results:
             self._finished(result)
@@ -295,7 +318,9 @@ class Scheduler:
             for choice in job.choices:
                 self.owner.pop(choice.uid, None)
         if len(jobs) == 1 and (jobs[0].solo or len(session.uids) == 1):
-            self._fail(jobs[0], APIError(500, f"decoding failed: {type(error).__name__}: {error}", code="decode_failed"))
+            self._fail(
+                jobs[0], APIError(500, f"decoding failed: {type(error).__name__}: {error}", code="decode_failed")
+            )
             return
         with self.cond:
             for job in jobs:
@@ -313,4 +338,8 @@ class Scheduler:
     def snapshot(self) -> dict[str, int]:
         """Queue and running counts (``/health``)."""
         with self.cond:
-            return {"waiting": len(self.waiting), "running": sum(len(j.choices) for j in self.running), "sessions": len(self.sessions)}
+            return {
+                "waiting": len(self.waiting),
+                "running": sum(len(j.choices) for j in self.running),
+                "sessions": len(self.sessions),
+            }

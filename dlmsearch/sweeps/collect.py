@@ -41,7 +41,10 @@ from dlmsearch import records as result_records
 from dlmsearch.stats import pareto_front, wilson_interval
 
 CONFIG_SECTIONS = ("decoder", "decoding", "task", "model", "engine", "seed", "batch_size", "deadline_s", "fallback")
-COSTS = {"mean_steps": "mean steps (sequential model calls)", "mean_row_forwards": "mean row-forwards (rows summed over calls)"}
+COSTS = {
+    "mean_steps": "mean steps (sequential model calls)",
+    "mean_row_forwards": "mean row-forwards (rows summed over calls)",
+}
 PLOTS = {"mean_steps": "accuracy_vs_steps.png", "mean_row_forwards": "accuracy_vs_row_forwards.png"}
 
 
@@ -124,15 +127,24 @@ def read_config(directory: Path) -> dict[str, Any]:
             config = None
     if config is None and (directory / ".hydra" / "config.yaml").exists():
         from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
 
         loaded = OmegaConf.load(directory / ".hydra" / "config.yaml")
         config = {}
         for section in CONFIG_SECTIONS:  # resolve what can be resolved outside the Hydra app
             if section in loaded:
                 try:
-                    config[section] = OmegaConf.to_container(loaded[section], resolve=True) if OmegaConf.is_config(loaded[section]) else loaded[section]
-                except Exception:
-                    config[section] = OmegaConf.to_container(loaded[section], resolve=False) if OmegaConf.is_config(loaded[section]) else loaded[section]
+                    config[section] = (
+                        OmegaConf.to_container(loaded[section], resolve=True)
+                        if OmegaConf.is_config(loaded[section])
+                        else loaded[section]
+                    )
+                except OmegaConfBaseException:  # e.g. ${hydra:...}, which only the Hydra app resolves
+                    config[section] = (
+                        OmegaConf.to_container(loaded[section], resolve=False)
+                        if OmegaConf.is_config(loaded[section])
+                        else loaded[section]
+                    )
     if not isinstance(config, dict):
         return {}
     return result_records.flatten({k: v for k, v in config.items() if k in CONFIG_SECTIONS})
@@ -148,13 +160,21 @@ def find_runs(sweep: Path) -> list[Run]:
     if not sweep.is_dir():
         raise SweepError(f"{sweep} is not a directory")
     # symbolic links are followed: a directory of links to runs of several sweeps compares them
-    directories = sorted({Path(root) for root, _, files in os.walk(sweep, followlinks=True) if any(fnmatch(f, "results*.jsonl") for f in files)})
+    directories = sorted(
+        {
+            Path(root)
+            for root, _, files in os.walk(sweep, followlinks=True)
+            if any(fnmatch(f, "results*.jsonl") for f in files)
+        }
+    )
     runs = []
     for directory in directories:
         overrides_path = directory / ".hydra" / "overrides.yaml"
         overrides = parse_overrides(yaml.safe_load(overrides_path.read_text()) or []) if overrides_path.exists() else {}
         name = str(directory.relative_to(sweep)) if directory != sweep else directory.name
-        runs.append(Run(directory, name, job_number(directory), overrides, read_config(directory), read_records(directory)))
+        runs.append(
+            Run(directory, name, job_number(directory), overrides, read_config(directory), read_records(directory))
+        )
     if not runs:
         raise SweepError(f"no runs under {sweep} (no results*.jsonl)")
     runs.sort(key=lambda r: (r.job is None, r.job if r.job is not None else 0, r.name))
@@ -300,7 +320,11 @@ def table(sweep: Sweep) -> list[str]:
         "|---:|---|---:|---:|---|---:|---:|---:|---:|:---:|",
     ]
     for row in sweep.rows:
-        accuracy = "–" if row["accuracy"] is None else f"{100 * row['accuracy']:.1f} % [{100 * row['wilson_low']:.1f}, {100 * row['wilson_high']:.1f}]"
+        accuracy = (
+            "–"
+            if row["accuracy"] is None
+            else f"{100 * row['accuracy']:.1f} % [{100 * row['wilson_low']:.1f}, {100 * row['wilson_high']:.1f}]"
+        )
         front = ("S" if row["pareto_steps"] else "") + ("R" if row["pareto_row_forwards"] else "")
         name = f"**{row['label']}** (baseline)" if row["baseline"] else row["label"]
         errors = f" ({row['errors']} errors)" if row["errors"] else ""
@@ -318,11 +342,13 @@ def write_markdown(sweep: Sweep, path: Path, plots: Sequence[str], note: str = "
     lines = [
         f"# {sweep.title}",
         "",
-        f"`{sweep.directory}`: {len(rows)} configurations, {'/'.join(map(str, sizes))} judged items each. "
-        "Accuracy: solved / judged with its Wilson 95 % interval. Steps: sequential model calls; "
-        "row-forwards: rows summed over calls; token-forwards: positions the model computed (means over "
-        "decoded items). Wall: the items' summed shares of their batches' time. Front: on the Pareto front "
-        "(max accuracy, min cost) over steps (S) and row-forwards (R).",
+        (
+            f"`{sweep.directory}`: {len(rows)} configurations, {'/'.join(map(str, sizes))} judged items each. "
+            "Accuracy: solved / judged with its Wilson 95 % interval. Steps: sequential model calls; "
+            "row-forwards: rows summed over calls; token-forwards: positions the model computed (means over "
+            "decoded items). Wall: the items' summed shares of their batches' time. Front: on the Pareto front "
+            "(max accuracy, min cost) over steps (S) and row-forwards (R)."
+        ),
         "",
     ]
     if sweep.override_keys:
@@ -337,9 +363,11 @@ def write_markdown(sweep: Sweep, path: Path, plots: Sequence[str], note: str = "
         lines += ["No baseline named (`--baseline`): no paired tests.", ""]
     else:
         lines += [
-            f"Every configuration against **{base.label}** (`{base.name}`) on the items both judged: solved by both, "
-            "by only one of the two, by neither, and the exact two-sided sign-test p-value over the items only one "
-            "solved (binomial, p = 1/2). Δ: accuracy difference on those items, in points.",
+            (
+                f"Every configuration against **{base.label}** (`{base.name}`) on the items both judged: solved by both, "
+                "by only one of the two, by neither, and the exact two-sided sign-test p-value over the items only one "
+                "solved (binomial, p = 1/2). Δ: accuracy difference on those items, in points."
+            ),
             "",
             "| # | config | items | both | only config | only baseline | neither | Δ points | sign-test p |",
             "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -377,27 +405,61 @@ def plot(sweep: Sweep, cost: str, path: Path, connect: bool = False) -> None:
         low = [y - 100 * r["wilson_low"] for y, (_, r) in zip(ys, members)]
         high = [100 * r["wilson_high"] - y for y, (_, r) in zip(ys, members)]
         colour = colours(g % colours.N)
-        ax.errorbar(xs, ys, yerr=[low, high], fmt=markers[g % len(markers)], color=colour, ms=6, alpha=0.85,
-                    elinewidth=0.8, capsize=2, label=group or None, linestyle="-" if connect else "none", lw=0.9)
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[low, high],
+            fmt=markers[g % len(markers)],
+            color=colour,
+            ms=6,
+            alpha=0.85,
+            elinewidth=0.8,
+            capsize=2,
+            label=group or None,
+            linestyle="-" if connect else "none",
+            lw=0.9,
+        )
     front = sweep.fronts[cost]
     if front:
         fx = [sweep.rows[i][cost] for i in front]
         fy = [100 * sweep.rows[i]["accuracy"] for i in front]
         right = max(r[cost] for _, r in rows)
-        ax.step(fx + [right * 1.02], fy + [fy[-1]], where="post", color="black", lw=1.4, alpha=0.7, zorder=1,
-                label="Pareto front (max accuracy, min cost)")
+        ax.step(
+            fx + [right * 1.02],
+            fy + [fy[-1]],
+            where="post",
+            color="black",
+            lw=1.4,
+            alpha=0.7,
+            zorder=1,
+            label="Pareto front (max accuracy, min cost)",
+        )
         for i in front:
             row = sweep.rows[i]
-            ax.annotate(row["label"], (row[cost], 100 * row["accuracy"]), xytext=(4, -10), textcoords="offset points", fontsize=7)
+            ax.annotate(
+                row["label"],
+                (row[cost], 100 * row["accuracy"]),
+                xytext=(4, -10),
+                textcoords="offset points",
+                fontsize=7,
+            )
     base = next((r for _, r in rows if r["baseline"]), None)
     if base is not None:
-        ax.scatter([base[cost]], [100 * base["accuracy"]], s=200, facecolors="none", edgecolors="red", lw=1.5,
-                   zorder=5, label=f"baseline: {base['label']}")
+        ax.scatter(
+            [base[cost]],
+            [100 * base["accuracy"]],
+            s=200,
+            facecolors="none",
+            edgecolors="red",
+            lw=1.5,
+            zorder=5,
+            label=f"baseline: {base['label']}",
+        )
     ax.set_xlabel(COSTS[cost])
     ax.set_ylabel("accuracy (%), Wilson 95 % interval")
     ax.set_title(f"{sweep.title}: accuracy vs {COSTS[cost].split(' (')[0].removeprefix('mean ')}")
     ax.grid(True, alpha=0.3)
-    handles, names = ax.get_legend_handles_labels()
+    handles, _names = ax.get_legend_handles_labels()
     if handles:
         ax.legend(fontsize=8, loc="best", framealpha=0.85)
     fig.tight_layout()
@@ -415,7 +477,7 @@ def write_all(sweep: Sweep, out: Path | None = None, connect: bool = False) -> l
     try:
         import matplotlib  # noqa: F401  (the plot extra: pip install -e ".[plot]")
     except ImportError:
-        note = "Plots need matplotlib: `pip install -e \".[plot]\"`, then `python -m dlmsearch.sweeps.collect` again."
+        note = 'Plots need matplotlib: `pip install -e ".[plot]"`, then `python -m dlmsearch.sweeps.collect` again.'
     else:
         note = ""
         for cost, name in PLOTS.items():
@@ -447,9 +509,15 @@ def callback_settings(sweep_dir: Path) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlmsearch.sweeps.collect", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun directory (or any directory of runs)")
-    parser.add_argument("--baseline", help="label, directory name, or overrides of the run to pair every config against")
-    parser.add_argument("--group-by", help="comma-separated override or config keys that colour the plots (e.g. decoder.name)")
-    parser.add_argument("--connect", action="store_true", default=None, help="join each group's points by cost (curves)")
+    parser.add_argument(
+        "--baseline", help="label, directory name, or overrides of the run to pair every config against"
+    )
+    parser.add_argument(
+        "--group-by", help="comma-separated override or config keys that colour the plots (e.g. decoder.name)"
+    )
+    parser.add_argument(
+        "--connect", action="store_true", default=None, help="join each group's points by cost (curves)"
+    )
     parser.add_argument("--out", type=Path, help="where to write (default: the sweep directory)")
     args = parser.parse_args(argv)
     saved = callback_settings(args.sweep_dir)

@@ -20,9 +20,27 @@ MAX_LITERAL_DIGITS = 12
 
 _OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 # Unicode and LaTeX spellings of the four operations, mapped to Python's.
-_SPELLINGS = [("\\times", "*"), ("\\cdot", "*"), ("\\div", "/"), ("\u00d7", "*"), ("\u22c5", "*"), ("\u00b7", "*"), ("\u2217", "*"),
-              ("\u00f7", "/"), ("\u2212", "-"), ("\u2013", "-"), ("\\left", ""), ("\\right", ""), ("\\(", ""), ("\\)", ""),
-              ("\\[", ""), ("\\]", ""), ("$", ""), ("{", "("), ("}", ")")]
+_SPELLINGS = [
+    ("\\times", "*"),
+    ("\\cdot", "*"),
+    ("\\div", "/"),
+    ("\u00d7", "*"),
+    ("\u22c5", "*"),
+    ("\u00b7", "*"),
+    ("\u2217", "*"),
+    ("\u00f7", "/"),
+    ("\u2212", "-"),
+    ("\u2013", "-"),
+    ("\\left", ""),
+    ("\\right", ""),
+    ("\\(", ""),
+    ("\\)", ""),
+    ("\\[", ""),
+    ("\\]", ""),
+    ("$", ""),
+    ("{", "("),
+    ("}", ")"),
+]
 _ARITHMETIC_RUN = re.compile(r"[\d\s+\-*/().]+")
 
 
@@ -98,9 +116,9 @@ def _expression_in(text: str) -> str | None:
     for side in _normalise(text).split("="):
         for run in _ARITHMETIC_RUN.findall(side):
             run = run.strip().rstrip(".").strip()
-            if re.search(r"\d", run) and re.search(r"\d\s*[+\-*/]|[+\-*/]\s*[\d(]", run):
-                if best is None or len(re.findall(r"\d+", run)) > len(re.findall(r"\d+", best)):
-                    best = run
+            is_arithmetic = re.search(r"\d", run) and re.search(r"\d\s*[+\-*/]|[+\-*/]\s*[\d(]", run)
+            if is_arithmetic and (best is None or len(re.findall(r"\d+", run)) > len(re.findall(r"\d+", best))):
+                best = run
     return best
 
 

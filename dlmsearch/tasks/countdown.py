@@ -19,11 +19,18 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from dlmsearch.tasks.arithmetic import InvalidExpression, evaluate, extract_equation, format_value, uses_exactly, wrong_steps
+from dlmsearch.shipped import package_data
+from dlmsearch.tasks.arithmetic import (
+    InvalidExpression,
+    evaluate,
+    extract_equation,
+    format_value,
+    uses_exactly,
+    wrong_steps,
+)
 from dlmsearch.tasks.base import TaskItem
 from dlmsearch.tasks.countdown_problems import CountdownProblem
 from dlmsearch.tasks.text import TaskFileError, TextTask, read_jsonl
-from dlmsearch.shipped import package_data
 from dlmsearch.validation import check_choice, check_type
 
 # Our wording, in the spirit of d1's Countdown prompt: the rules, then the answer format.
@@ -74,7 +81,9 @@ def load_countdown(path: str | Path) -> list[tuple[str, CountdownProblem]]:
             numbers = tuple(int(str(n).strip()) for n in str(record["input"]).split(","))
             target = int(str(record["output"]).strip())
         except ValueError:
-            raise TaskFileError(f"{file}:{line}: 'input' must be whole numbers separated by commas and 'output' a whole number") from None
+            raise TaskFileError(
+                f"{file}:{line}: 'input' must be whole numbers separated by commas and 'output' a whole number"
+            ) from None
         problems.append((f"{file.stem}:{line}", CountdownProblem(numbers=numbers, target=target)))
     return problems
 
@@ -90,7 +99,11 @@ def check_equation(equation: str | None, problem: CountdownProblem) -> Countdown
     value = format_value(evaluation.value)
     if not uses_exactly(evaluation.numbers, problem.numbers):
         used = ", ".join(map(str, evaluation.numbers))
-        return CountdownCheck(equation=equation, value=value, error=f"uses {used}, not each of {', '.join(map(str, problem.numbers))} once")
+        return CountdownCheck(
+            equation=equation,
+            value=value,
+            error=f"uses {used}, not each of {', '.join(map(str, problem.numbers))} once",
+        )
     if evaluation.value != problem.target:
         return CountdownCheck(equation=equation, value=value, error=f"equals {value}, not {problem.target}")
     return CountdownCheck(equation=equation, value=value, error=None)
@@ -108,7 +121,13 @@ class CountdownVerifier:
         return torch.ones(len(tokens), dtype=torch.bool)
 
     def accepts(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return torch.tensor([check_equation(extract_equation(self.decode(row)), self.problems[int(s)]).correct for s, row in zip(sample, tokens)], dtype=torch.bool)
+        return torch.tensor(
+            [
+                check_equation(extract_equation(self.decode(row)), self.problems[int(s)]).correct
+                for s, row in zip(sample, tokens)
+            ],
+            dtype=torch.bool,
+        )
 
     def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
         """The value each equation reaches (equations that reach the same value vote together)."""
@@ -119,18 +138,24 @@ class CountdownVerifier:
         return values
 
 
-def _check_template(instance: Any, attribute: "attrs.Attribute[Any]", value: str) -> None:
+def _check_template(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
     names = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
     unknown, missing = names - set(PLACEHOLDERS), set(PLACEHOLDERS) - names
     if unknown or missing:
-        raise ValueError(f"{attribute.name} must contain {{numbers}} and {{target}} and no other placeholders; got {value!r}")
+        raise ValueError(
+            f"{attribute.name} must contain {{numbers}} and {{target}} and no other placeholders; got {value!r}"
+        )
 
 
 @attrs.define(kw_only=True)
 class CountdownTask(TextTask):
     """Countdown problems (the shipped split, or ``path``); the prompt is ``template`` filled in."""
 
-    template: str = attrs.field(default=DEFAULT_TEMPLATE, converter=lambda t: DEFAULT_TEMPLATE if t is None else t, validator=[check_type(str), _check_template])
+    template: str = attrs.field(
+        default=DEFAULT_TEMPLATE,
+        converter=lambda t: DEFAULT_TEMPLATE if t is None else t,
+        validator=[check_type(str), _check_template],
+    )
     tier: str = attrs.field(default="d1", validator=[check_type(str), check_choice(*TIERS)])
     strict_steps: bool = attrs.field(default=False, validator=check_type(bool))  # also every written step must be right
     name: ClassVar[str] = "countdown"
@@ -150,7 +175,7 @@ class CountdownTask(TextTask):
         """The numbers and the target are the question itself."""
         return reference
 
-    def verifier(self, questions: list[Any]) -> "CountdownVerifier":
+    def verifier(self, questions: list[Any]) -> CountdownVerifier:
         return CountdownVerifier(self.decode, tuple(questions))
 
     def check(self, item: TaskItem, text: str) -> CountdownCheck:
@@ -168,14 +193,20 @@ class CountdownTask(TextTask):
 
     def details(self, item: TaskItem, tokens: torch.Tensor) -> dict[str, Any]:
         found = self.check(item, self.decode(tokens))
-        return {"equation": found.equation, "value": found.value, "why_wrong": found.error}  # not "error": that marks a failed decode
+        return {
+            "equation": found.equation,
+            "value": found.value,
+            "why_wrong": found.error,
+        }  # not "error": that marks a failed decode
 
     def render(self, item: TaskItem, output: str) -> str:
         problem, found = item.reference, self.check(item, output)
         verdict = "correct" if found.correct else f"WRONG ({found.error})"
-        return "\n".join([
-            f"[{item.id}] numbers {', '.join(map(str, problem.numbers))} -> {problem.target}",
-            "--- output:",
-            output.strip(),
-            f"--- equation: {found.equation} = {found.value}: {verdict}",
-        ])
+        return "\n".join(
+            [
+                f"[{item.id}] numbers {', '.join(map(str, problem.numbers))} -> {problem.target}",
+                "--- output:",
+                output.strip(),
+                f"--- equation: {found.equation} = {found.value}: {verdict}",
+            ]
+        )

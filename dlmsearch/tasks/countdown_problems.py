@@ -86,7 +86,9 @@ def draw_problem(rng: np.random.Generator, low: int, high: int) -> CountdownProb
     return draw_worked(rng, low, high)[0]
 
 
-def draw_tier(seed: int, count: int, low: int, high: int, excluded: set[tuple[int, ...]] = frozenset()) -> list[CountdownProblem]:
+def draw_tier(
+    seed: int, count: int, low: int, high: int, excluded: set[tuple[int, ...]] = frozenset()
+) -> list[CountdownProblem]:
     """``count`` problems with distinct number triples, none of them in ``excluded``."""
     rng = np.random.default_rng(seed)
     problems: list[CountdownProblem] = []

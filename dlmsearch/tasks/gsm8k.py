@@ -50,7 +50,9 @@ def load_gsm8k(path: str | Path) -> list[tuple[str, GSM8KProblem]]:
         reference = gsm8k_reference(solution)
         if reference is None:
             raise TaskFileError(f"{file}:{line}: the answer does not end in '#### N' with a number N")
-        problems.append((f"{file.stem}:{line}", GSM8KProblem(question=question, solution=solution, reference=reference)))
+        problems.append(
+            (f"{file.stem}:{line}", GSM8KProblem(question=question, solution=solution, reference=reference))
+        )
     return problems
 
 
@@ -87,9 +89,11 @@ class GSM8KTask(TextTask):
     def render(self, item: TaskItem, output: str) -> str:
         answer = extract_answer(output)
         verdict = "correct" if numbers_equal(answer, item.reference.reference) else "WRONG"
-        return "\n".join([
-            f"[{item.id}] question: {shorten(item.reference.question)}",
-            "--- output:",
-            output.strip(),
-            f"--- answer: {answer} (reference {item.reference.reference}): {verdict}",
-        ])
+        return "\n".join(
+            [
+                f"[{item.id}] question: {shorten(item.reference.question)}",
+                "--- output:",
+                output.strip(),
+                f"--- answer: {answer} (reference {item.reference.reference}): {verdict}",
+            ]
+        )

@@ -49,7 +49,9 @@ class PromptsTask(TextTask):
 
     def __attrs_post_init__(self) -> None:
         if (self.path is None) == (self.prompt is None):
-            raise ValueError('task=prompts needs exactly one of task.path=FILE (.jsonl or one prompt per line) and task.prompt="..."')
+            raise ValueError(
+                'task=prompts needs exactly one of task.path=FILE (.jsonl or one prompt per line) and task.prompt="..."'
+            )
         if self.prompt is not None and not self.prompt.strip():
             raise ValueError("task.prompt is empty")
         super().__attrs_post_init__()

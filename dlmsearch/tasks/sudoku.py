@@ -38,7 +38,13 @@ def tokens_to_grids(tokens: torch.Tensor) -> np.ndarray:
 def puzzle_item(puzzle: SudokuPuzzle) -> TaskItem:
     """A puzzle as a canvas: no prompt, clues as fixed tokens, blanks masked."""
     generation = grids_to_tokens(puzzle.puzzle[None])[0]
-    return TaskItem(id=puzzle.id, prompt=torch.zeros(0, dtype=torch.long), generation=generation, reference=puzzle, question=generation.clone())
+    return TaskItem(
+        id=puzzle.id,
+        prompt=torch.zeros(0, dtype=torch.long),
+        generation=generation,
+        reference=puzzle,
+        question=generation.clone(),
+    )
 
 
 def _units() -> torch.Tensor:
@@ -88,7 +94,9 @@ class SudokuTask:
 
     def __attrs_post_init__(self) -> None:
         if self.gen_length != CELLS or self.block_length != CELLS:
-            raise ValueError(f"a Sudoku canvas is one block of {CELLS} cells; got gen_length={self.gen_length}, block_length={self.block_length}")
+            raise ValueError(
+                f"a Sudoku canvas is one block of {CELLS} cells; got gen_length={self.gen_length}, block_length={self.block_length}"
+            )
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"task.limit must be at least 1, got {self.limit}")
 

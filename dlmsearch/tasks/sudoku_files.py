@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import attrs
 import numpy as np
@@ -50,7 +50,9 @@ def _decode(data: bytes, path: Path) -> str:
         raise PuzzleFileError(f"{path}: not a puzzle file: it is UTF-16 text; save it as UTF-8")
     nul = data.find(b"\0")
     if nul >= 0:
-        raise PuzzleFileError(f"{path}: not a puzzle file: binary content (NUL byte at offset {nul}); expected UTF-8 text")
+        raise PuzzleFileError(
+            f"{path}: not a puzzle file: binary content (NUL byte at offset {nul}); expected UTF-8 text"
+        )
     try:
         return data.decode("utf-8-sig")  # a byte-order mark, as spreadsheet programs write, is dropped
     except UnicodeDecodeError as error:
@@ -88,7 +90,9 @@ def load_puzzles(path: str | Path) -> list[SudokuPuzzle]:
         if first_content and not any(c.isdigit() or c == "." for c in fields[0]):
             continue  # header line such as "puzzle,solution"
         if len(fields) > 2:
-            raise PuzzleFileError(f"{path}:{line_number}: expected 'puzzle' or 'puzzle,solution', got {len(fields)} fields")
+            raise PuzzleFileError(
+                f"{path}:{line_number}: expected 'puzzle' or 'puzzle,solution', got {len(fields)} fields"
+            )
         puzzle = _parse_grid(fields[0], path, line_number, "puzzle")
         conflict = clue_conflict(puzzle)
         if conflict:

@@ -37,7 +37,9 @@ def clue_conflict(grid: np.ndarray) -> str | None:
     return None
 
 
-def count_solutions(grid: np.ndarray, limit: int = 2, rng: np.random.Generator | None = None) -> tuple[int, np.ndarray | None]:
+def count_solutions(
+    grid: np.ndarray, limit: int = 2, rng: np.random.Generator | None = None
+) -> tuple[int, np.ndarray | None]:
     """Count solutions up to ``limit`` (depth-first, fewest-candidates cell first).
 
     Returns the count and the first solution found. With ``rng`` the digit order is shuffled,
@@ -67,7 +69,7 @@ def count_solutions(grid: np.ndarray, limit: int = 2, rng: np.random.Generator |
             if cells[i]:
                 continue
             options = ALL_DIGITS & ~(rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]])
-            n = bin(options).count("1")
+            n = (options).bit_count()
             if n < best_n:
                 best, best_options, best_n = i, options, n
                 if n <= 1:

@@ -40,7 +40,13 @@ def _as_ids(value: Any) -> tuple[int, ...] | None:
     """``stop_ids`` from YAML (a list, a ListConfig, one int) or None as a tuple of ints."""
     if value is None:
         return None
-    values = [value] if isinstance(value, int) else list(value) if isinstance(value, Iterable) and not isinstance(value, str) else None
+    values = (
+        [value]
+        if isinstance(value, int)
+        else list(value)
+        if isinstance(value, Iterable) and not isinstance(value, str)
+        else None
+    )
     if values is None or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
         raise TypeError(f"stop_ids must be a list of token ids, got {value!r}")
     return tuple(values)
@@ -49,10 +55,14 @@ def _as_ids(value: Any) -> tuple[int, ...] | None:
 def load_tokenizer(path: str | None, trust_remote_code: bool = False) -> Any:
     """The tokenizer in a local model directory; never contacts the Hub."""
     if path in (None, "", "???"):
-        raise ValueError("text tasks need the model's tokenizer: choose model=llada|dream model.path=DIR (a local model directory)")
+        raise ValueError(
+            "text tasks need the model's tokenizer: choose model=llada|dream model.path=DIR (a local model directory)"
+        )
     directory = Path(path).expanduser()
     if not directory.is_dir():
-        raise FileNotFoundError(f"model directory {directory} does not exist (text tasks read the tokenizer from model.path)")
+        raise FileNotFoundError(
+            f"model directory {directory} does not exist (text tasks read the tokenizer from model.path)"
+        )
     if not any((directory / name).is_file() for name in TOKENIZER_FILES):
         raise FileNotFoundError(f"{directory} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     from transformers import AutoTokenizer
@@ -64,7 +74,11 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False) -> Any:
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=trust_remote_code)
     except Exception as error:  # transformers' errors are long; one line naming the directory
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        hint = " (its tokenizer is code in that directory: task.trust_remote_code=true)" if "trust_remote_code" in str(error) else ""
+        hint = (
+            " (its tokenizer is code in that directory: task.trust_remote_code=true)"
+            if "trust_remote_code" in str(error)
+            else ""
+        )
         raise ValueError(f"cannot load the tokenizer in {directory}: {type(error).__name__}: {first}{hint}") from error
     finally:
         transformers_logging.set_verbosity(verbosity)
@@ -102,7 +116,9 @@ def read_jsonl(path: str | Path, fields: tuple[str, ...]) -> list[tuple[int, dic
             raise TaskFileError(f"{file}:{number_}: expected a JSON object, got {type(record).__name__}")
         missing = [f for f in fields if f not in record]
         if missing:
-            raise TaskFileError(f"{file}:{number_}: no field {', '.join(repr(f) for f in missing)} (fields: {', '.join(record) or 'none'})")
+            raise TaskFileError(
+                f"{file}:{number_}: no field {', '.join(repr(f) for f in missing)} (fields: {', '.join(record) or 'none'})"
+            )
         records.append((number_, record))
     return records
 
@@ -147,27 +163,35 @@ class TextTask:
     trust_remote_code: bool = attrs.field(default=False, validator=check_type(bool))
     gen_length: int = attrs.field(default=256, validator=[check_type(int), check_range(1)])
     block_length: int = attrs.field(default=32, validator=[check_type(int), check_range(1)])
-    limit: int | None = attrs.field(default=None, validator=[check_type(int, optional=True), check_range(1, optional=True)])
+    limit: int | None = attrs.field(
+        default=None, validator=[check_type(int, optional=True), check_range(1, optional=True)]
+    )
     path: str | None = attrs.field(default=None, validator=check_type(str, optional=True))
     name: ClassVar[str] = "text"
     _tokenizer: Any = attrs.field(init=False, default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.gen_length % self.block_length:
-            raise ValueError(f"task.gen_length={self.gen_length} must be a multiple of task.block_length={self.block_length}")
+            raise ValueError(
+                f"task.gen_length={self.gen_length} must be a multiple of task.block_length={self.block_length}"
+            )
         if self.mask_id >= self.vocab_size:
             raise ValueError(f"mask_id={self.mask_id} is outside the model's vocabulary of {self.vocab_size}")
         self._tokenizer = tokenizer = load_tokenizer(self.tokenizer, self.trust_remote_code)
         largest = max(tokenizer.get_vocab().values())
         if largest >= self.vocab_size:
-            raise ValueError(f"tokenizer in {self.tokenizer} has ids up to {largest}, beyond the model's vocabulary of {self.vocab_size}")
+            raise ValueError(
+                f"tokenizer in {self.tokenizer} has ids up to {largest}, beyond the model's vocabulary of {self.vocab_size}"
+            )
         if self.chat and not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 f"tokenizer in {self.tokenizer} has no chat template; an Instruct model needs one, or set task.chat=false for a Base model"
             )
         if self.stop_ids is None:
             if tokenizer.eos_token_id is None:
-                raise ValueError(f"tokenizer in {self.tokenizer} has no EOS token: give the stop tokens as task.stop_ids=[...]")
+                raise ValueError(
+                    f"tokenizer in {self.tokenizer} has no EOS token: give the stop tokens as task.stop_ids=[...]"
+                )
             self.stop_ids = (int(tokenizer.eos_token_id),)
         outside = [i for i in self.stop_ids if not 0 <= i < self.vocab_size]
         if outside:
@@ -184,7 +208,7 @@ class TextTask:
         answer, such as Countdown's numbers and target, may give more)."""
         return text
 
-    def verifier(self, questions: list[Any]) -> "AnswerVerifier":
+    def verifier(self, questions: list[Any]) -> AnswerVerifier:
         """Votes over the answers the texts state; a text task cannot accept an output alone."""
         return AnswerVerifier(self.decode)
 
@@ -224,7 +248,13 @@ class TextTask:
             sources = sources[: self.limit]
         generation = torch.full((self.gen_length,), self.mask_id, dtype=torch.long)
         return [
-            TaskItem(id=id_, prompt=self.encode(text), generation=generation.clone(), reference=ref, question=self.question(text, ref))
+            TaskItem(
+                id=id_,
+                prompt=self.encode(text),
+                generation=generation.clone(),
+                reference=ref,
+                question=self.question(text, ref),
+            )
             for id_, text, ref in sources
         ]
 

@@ -7,8 +7,9 @@ import json
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -23,12 +24,34 @@ def make_plan(size: str, quick: bool) -> dict[str, dict[str, Any]]:
     if size in BLOCK_SIZES:  # block diffusion: sections 2 (lookahead), 3 (none / block / fused block cache) and 4
         quick_block = quick or size.endswith("tiny")
         return {
-            "lookahead": dict(prompt=32 if quick_block else 64, gen=32 if quick_block else 128, block=SIZES[size]["block_size"], ks=[1, 4], calls=2),
-            "cache": dict(prompt=64 if quick_block else 200, gen=32 if quick_block else 256, block=SIZES[size]["block_size"], batches=[1] if quick_block else [1, 8],
-                          modes=("none", "block", "block_fused"), presets=("sdar_greedy", "fixed_depth")),
-            "overhead": dict(prompt=32, gen=32 if quick_block else 128, block=SIZES[size]["block_size"], batches=[1, 32]),
+            "lookahead": dict(
+                prompt=32 if quick_block else 64,
+                gen=32 if quick_block else 128,
+                block=SIZES[size]["block_size"],
+                ks=[1, 4],
+                calls=2,
+            ),
+            "cache": dict(
+                prompt=64 if quick_block else 200,
+                gen=32 if quick_block else 256,
+                block=SIZES[size]["block_size"],
+                batches=[1] if quick_block else [1, 8],
+                modes=("none", "block", "block_fused"),
+                presets=("sdar_greedy", "fixed_depth"),
+            ),
+            "overhead": dict(
+                prompt=32, gen=32 if quick_block else 128, block=SIZES[size]["block_size"], batches=[1, 32]
+            ),
         }
-    caches = ("none", "prefix", "dual", "dllm_cache", "d2cache", "elastic", "dkv")  # Fast-dLLM's and the adaptive KV caches
+    caches = (
+        "none",
+        "prefix",
+        "dual",
+        "dllm_cache",
+        "d2cache",
+        "elastic",
+        "dkv",
+    )  # Fast-dLLM's and the adaptive KV caches
     if size in DREAM_SIZES:  # a Dream-shaped model: the caches alone (the reference loop of section 1 is LLaDA's)
         return {"cache": dict(prompt=200, gen=64 if quick else 256, block=32, batches=[1], modes=caches)}
     if quick:
@@ -153,7 +176,9 @@ def make_decoder(preset: str, gen_length: int, *overrides: str) -> SearchDecoder
 
 
 def requests_for(prompts: list[torch.Tensor], gen_length: int) -> list[DecodeRequest]:
-    return [DecodeRequest(uid=i, prompt=p, generation=torch.full((gen_length,), MASK_ID)) for i, p in enumerate(prompts)]
+    return [
+        DecodeRequest(uid=i, prompt=p, generation=torch.full((gen_length,), MASK_ID)) for i, p in enumerate(prompts)
+    ]
 
 
 def decode_stats(results: list[DecodeResult]) -> dict[str, float]:

@@ -31,14 +31,54 @@ SIZES = {
     "8b": dict(hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=12288),  # LLaDA-8B
     # Dream-shaped (Qwen2: GQA, q/k/v bias, rotation in the model dtype, logits shifted right by one)
     "dream_tiny": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=768, dream=True),
-    "dream_7b": dict(hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944, dream=True),  # Dream-v0-7B
+    "dream_7b": dict(
+        hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944, dream=True
+    ),  # Dream-v0-7B
     # block diffusion (flat settings; model_config builds the rest)
-    "sdar_tiny": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, intermediate_size=768, block_size=4),
-    "sdar_4b": dict(hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=9728, block_size=4),
-    "llada2_tiny": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, intermediate_size=768, block_size=8,
-                        experts=16, top_k=4, groups=4, top_groups=2, expert_size=128, shared_experts=1, dense_layers=1),
-    "llada2_mini": dict(hidden_size=2048, num_layers=20, num_heads=16, num_kv_heads=4, head_dim=128, intermediate_size=5120, block_size=32,
-                        experts=256, top_k=8, groups=8, top_groups=4, expert_size=512, shared_experts=1, dense_layers=1),
+    "sdar_tiny": dict(
+        hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, intermediate_size=768, block_size=4
+    ),
+    "sdar_4b": dict(
+        hidden_size=2560,
+        num_layers=36,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=9728,
+        block_size=4,
+    ),
+    "llada2_tiny": dict(
+        hidden_size=256,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        intermediate_size=768,
+        block_size=8,
+        experts=16,
+        top_k=4,
+        groups=4,
+        top_groups=2,
+        expert_size=128,
+        shared_experts=1,
+        dense_layers=1,
+    ),
+    "llada2_mini": dict(
+        hidden_size=2048,
+        num_layers=20,
+        num_heads=16,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=5120,
+        block_size=32,
+        experts=256,
+        top_k=8,
+        groups=8,
+        top_groups=4,
+        expert_size=512,
+        shared_experts=1,
+        dense_layers=1,
+    ),
 }
 BLOCK_SIZES = tuple(name for name, shape in SIZES.items() if "block_size" in shape)
 DREAM_SIZES = tuple(name for name, shape in SIZES.items() if shape.get("dream"))
@@ -55,9 +95,16 @@ def model_config(size: str) -> TransformerConfig:
     shape = dict(SIZES[size])
     moe = None
     if "experts" in shape:
-        moe = MixtureOfExperts(num_experts=shape.pop("experts"), top_k=shape.pop("top_k"), groups=shape.pop("groups"), top_groups=shape.pop("top_groups"),
-                               scaling=2.5, intermediate_size=shape.pop("expert_size"), shared_experts=shape.pop("shared_experts"),
-                               dense_layers=shape.pop("dense_layers"))
+        moe = MixtureOfExperts(
+            num_experts=shape.pop("experts"),
+            top_k=shape.pop("top_k"),
+            groups=shape.pop("groups"),
+            top_groups=shape.pop("top_groups"),
+            scaling=2.5,
+            intermediate_size=shape.pop("expert_size"),
+            shared_experts=shape.pop("shared_experts"),
+            dense_layers=shape.pop("dense_layers"),
+        )
     block = "block_size" in shape
     dream = shape.pop("dream", False)
     return TransformerConfig(
@@ -154,10 +201,14 @@ class ReferenceView(nn.Module):
         return types.SimpleNamespace(logits=self.inner(input_ids))
 
 
-def confidence_profile(module: BidirectionalTransformer, device: str, prompt: int = 64, masks: int = 64) -> dict[str, float]:
+def confidence_profile(
+    module: BidirectionalTransformer, device: str, prompt: int = 64, masks: int = 64
+) -> dict[str, float]:
     """Top-1 probabilities at the masked positions of one random prompt (does the model behave?)."""
     generator = torch.Generator().manual_seed(123)
-    x = torch.cat([torch.randint(0, PROMPT_ID_LIMIT, (prompt,), generator=generator), torch.full((masks,), MASK_ID)])[None].to(device)
+    x = torch.cat([torch.randint(0, PROMPT_ID_LIMIT, (prompt,), generator=generator), torch.full((masks,), MASK_ID)])[
+        None
+    ].to(device)
     with torch.no_grad():
         logits = module(x, logits_from=prompt)[0].float()
     top = torch.softmax(logits, dim=-1).max(dim=-1).values

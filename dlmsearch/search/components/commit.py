@@ -39,7 +39,9 @@ def ordering_scores(evaluation: Evaluation, ordering: str) -> torch.Tensor:
     return scores if evaluation.order_noise is None else scores + evaluation.order_noise
 
 
-def sampled_order(scores: torch.Tensor, eligible: torch.Tensor, uniform: torch.Tensor, temperature: float) -> torch.Tensor:
+def sampled_order(
+    scores: torch.Tensor, eligible: torch.Tensor, uniform: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """Keys whose top k draw k eligible positions without replacement with probabilities
     ``softmax(scores / temperature)`` (Dream's ``alg_temp``): ``log softmax + Gumbel(uniform)``,
     the Gumbel-top-k trick (Kool et al., 2019); -inf where not eligible."""
@@ -77,7 +79,7 @@ class CommitRule(BlockRule, Protocol):
 
     statistics: frozenset[str]
 
-    def bind(self, layout: Layout) -> "CommitRule":
+    def bind(self, layout: Layout) -> CommitRule:
         """The rule for this canvas layout (checked; a bound copy where it counts steps per block): the decode plan's, never written."""
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
@@ -101,9 +103,11 @@ class _FixedSteps:
     def statistics(self) -> frozenset[str]:
         return statistics_for(self.ordering) | ({"uniform"} if self.alg_temp > 0 else set())
 
-    def bind(self, layout: Layout) -> "_FixedSteps":
+    def bind(self, layout: Layout) -> _FixedSteps:
         if self.steps % layout.num_blocks:
-            raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
+            raise ValueError(
+                f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})"
+            )
         return with_layout(self, block_budget=self.steps // layout.num_blocks)
 
     def ranking(self, canvas: Canvas, evaluation: Evaluation, eligible: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -142,7 +146,7 @@ class _UntilBlockFull:
     holds_block: ClassVar[bool] = False
     whole_prefix: ClassVar[bool] = False
 
-    def bind(self, layout: Layout) -> "_UntilBlockFull":
+    def bind(self, layout: Layout) -> _UntilBlockFull:
         return self
 
 
@@ -192,7 +196,7 @@ class FastBlockRule:
     def block_budget(self) -> int:
         return self.budget
 
-    def bind(self, layout: Layout) -> "FastBlockRule":
+    def bind(self, layout: Layout) -> FastBlockRule:
         return self
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
@@ -244,7 +248,9 @@ class EntropyBudget(_UntilBlockFull):
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         assert evaluation.entropy is not None
         eligible = canvas.masked & canvas.in_current_block(layout)
-        scores = {"entropy": -evaluation.entropy, "confidence": evaluation.confidence, "margin": evaluation.margin}[self.error_proxy]
+        scores = {"entropy": -evaluation.entropy, "confidence": evaluation.confidence, "margin": evaluation.margin}[
+            self.error_proxy
+        ]
         assert scores is not None
         order = torch.sort(torch.where(eligible, scores, -math.inf), dim=1, descending=True, stable=True).indices
         entropy = torch.where(eligible, evaluation.entropy, 0.0).gather(1, order)
@@ -266,7 +272,7 @@ class FillBlock:
     whole_prefix: ClassVar[bool] = False
     block_budget: int | None = attrs.field(init=False, default=None)
 
-    def bind(self, layout: Layout) -> "FillBlock":
+    def bind(self, layout: Layout) -> FillBlock:
         return with_layout(self, block_budget=max(1, self.steps // layout.num_blocks))
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
@@ -338,9 +344,11 @@ class ReMDMSchedule:
     block_budget: int | None = attrs.field(init=False, default=None)
     plain: int = attrs.field(init=False, default=1)
 
-    def bind(self, layout: Layout) -> "ReMDMSchedule":
+    def bind(self, layout: Layout) -> ReMDMSchedule:
         if self.steps % layout.num_blocks:
-            raise ValueError(f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})")
+            raise ValueError(
+                f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})"
+            )
         plain = self.steps // layout.num_blocks
         return with_layout(self, plain=plain, block_budget=plain + (self.loop_steps or plain))
 
@@ -372,7 +380,9 @@ class MeanConfidenceRule(_UntilBlockFull):
     whole_prefix: ClassVar[bool] = True
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
-        ever = ((canvas.commit_call >= 0) | (canvas.revisions > 0)) & (torch.arange(canvas.tokens.shape[1]) >= layout.gen_start)[None, :]
+        ever = ((canvas.commit_call >= 0) | (canvas.revisions > 0)) & (
+            torch.arange(canvas.tokens.shape[1]) >= layout.gen_start
+        )[None, :]
         total = torch.where(ever, canvas.commit_confidence, 0.0).sum(dim=1)
         count = ever.sum(dim=1)
         threshold = torch.where(count > 0, total / count.clamp(min=1), 1.0)
@@ -391,12 +401,16 @@ def load_token_frequencies(path: str | None) -> tuple[torch.Tensor, float]:
         return torch.zeros(0), math.exp(-1.0)
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(f"decoder.commit.frequencies={path}: no such file (a token-frequency table in PC-Sampler's format)")
+        raise FileNotFoundError(
+            f"decoder.commit.frequencies={path}: no such file (a token-frequency table in PC-Sampler's format)"
+        )
     data = json.loads(file.read_text())
     try:
         total, counts = float(data["num_token"]), {int(k): float(v) for k, v in data["p_baseline_dict"].items()}
     except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"decoder.commit.frequencies={path}: expected {{'num_token': N, 'p_baseline_dict': {{id: count}}}} ({error})") from error
+        raise ValueError(
+            f"decoder.commit.frequencies={path}: expected {{'num_token': N, 'p_baseline_dict': {{id: count}}}} ({error})"
+        ) from error
     table = torch.full((max(counts, default=-1) + 1,), 1.0 / total)
     if counts:
         table[torch.tensor(list(counts))] = torch.tensor(list(counts.values())) / total
@@ -450,8 +464,15 @@ class StableConfidenceRule(_FixedSteps):
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         assert self.block_budget is not None and evaluation.kl is not None, "bind() the rule to a layout first"
         eligible = canvas.masked & canvas.in_current_block(layout)
-        ready = eligible & (evaluation.confidence > self.confidence) & (evaluation.kl < self.kl) & (canvas.block_step >= 1)[:, None]
-        positions = block_positions(canvas, layout)  # the split is fixed at the block's start, as upstream precomputes it
+        ready = (
+            eligible
+            & (evaluation.confidence > self.confidence)
+            & (evaluation.kl < self.kl)
+            & (canvas.block_step >= 1)[:, None]
+        )
+        positions = block_positions(
+            canvas, layout
+        )  # the split is fixed at the block's start, as upstream precomputes it
         step = canvas.block_step
         k = llada_split(positions, self.block_budget, step)
         scheduled = top_k_mask(self.ranking(canvas, evaluation, eligible, layout), eligible, k)
@@ -512,7 +533,7 @@ class BlockDiffusionSchedule:
     holds_block: ClassVar[bool] = False
     whole_prefix: ClassVar[bool] = False
 
-    def bind(self, layout: Layout) -> "BlockDiffusionSchedule":
+    def bind(self, layout: Layout) -> BlockDiffusionSchedule:
         return self
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:

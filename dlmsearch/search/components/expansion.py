@@ -16,7 +16,7 @@ class ExpansionPolicy(Protocol):
     max_depth: int
     accumulate: bool  # branch score = sum over depths (True) or the last depth's (False)
 
-    def plan(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> "ExpansionPolicy":
+    def plan(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> ExpansionPolicy:
         """The policy for one lookahead from these roots (the rows of ``root``): a policy that
         decides from the root evaluation binds it here; one that decides from scores returns itself."""
 
@@ -27,7 +27,7 @@ class ExpansionPolicy(Protocol):
 class DecidesFromScores:
     """For policies that need nothing from the root: ``plan`` is the policy itself."""
 
-    def plan(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> "DecidesFromScores":
+    def plan(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> DecidesFromScores:
         return self
 
 
@@ -108,7 +108,7 @@ class ConfidenceDepth:
         deepest = torch.full_like(top, self.max_depth, dtype=torch.long)
         return torch.where(top > self.high, 1, torch.where(top > self.mid, middle, deepest))
 
-    def plan(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> "ConfidenceDepth":
+    def plan(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> ConfidenceDepth:
         """A copy bound to the lookahead's samples (the rows of ``root``)."""
         return attrs.evolve(self, depths=self.depth_for(self.top_confidence(root, evaluation, layout)))
 
@@ -118,5 +118,7 @@ class ConfidenceDepth:
                 "ConfidenceDepth decides each sample's depth from the root evaluation: call its plan() at the start of a lookahead"
             )
         if self.depths.shape[0] != scores.shape[0]:
-            raise RuntimeError(f"ConfidenceDepth was planned for {self.depths.shape[0]} samples but asked about {scores.shape[0]}")
+            raise RuntimeError(
+                f"ConfidenceDepth was planned for {self.depths.shape[0]} samples but asked about {scores.shape[0]}"
+            )
         return depth < self.depths

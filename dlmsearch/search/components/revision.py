@@ -31,8 +31,8 @@ from typing import ClassVar, Protocol
 import attrs
 import torch
 
-from dlmsearch.search.components.commit import block_positions, on_grid, remdm_loop_start, top_k_mask
 from dlmsearch.search.components.bound import with_layout
+from dlmsearch.search.components.commit import block_positions, on_grid, remdm_loop_start, top_k_mask
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, number
 
@@ -41,13 +41,15 @@ class Revision(Protocol):
     revises: bool  # False: commits are final (the loop then skips nothing and checks nothing)
     rewrites: bool  # True: it also writes tokens over committed ones (``rewrite``), beside what it re-masks
 
-    def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
+    def bind(self, layout: Layout, block_budget: int | None) -> Revision:
         """The revision for this layout and the commit rule's steps per block (checked; a bound copy where it counts steps): the decode plan's, never written."""
 
     def extra_rounds(self, layout: Layout) -> int:
         """Rounds the revision may add to the driver's bound (0: it never costs net progress)."""
 
-    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
+    def revise(
+        self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
+    ) -> torch.Tensor | None:
         """``[R, T]`` committed positions to return to the mask (None: none). ``evaluation`` is the
         round's evaluation of ``before``, ``previous`` the slot's evaluation from the round before."""
 
@@ -59,13 +61,15 @@ class NoRevision:
     revises: ClassVar[bool] = False
     rewrites: ClassVar[bool] = False
 
-    def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
+    def bind(self, layout: Layout, block_budget: int | None) -> Revision:
         return self
 
     def extra_rounds(self, layout: Layout) -> int:
         return 0
 
-    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> None:
+    def revise(
+        self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
+    ) -> None:
         return None
 
 
@@ -76,7 +80,9 @@ def lowest(scores: torch.Tensor, eligible: torch.Tensor, count: torch.Tensor) ->
 
 def _needs_steps(name: str, block_budget: int | None) -> int:
     if block_budget is None:
-        raise ValueError(f"decoder.revision ({name}) needs a commit rule with a fixed number of steps per block (decoder/commit=fill_block or remdm)")
+        raise ValueError(
+            f"decoder.revision ({name}) needs a commit rule with a fixed number of steps per block (decoder/commit=fill_block or remdm)"
+        )
     return block_budget
 
 
@@ -114,7 +120,7 @@ class RunningConfidence:
     revises: ClassVar[bool] = True
     rewrites: ClassVar[bool] = False
 
-    def bind(self, layout: Layout, block_budget: int | None) -> "RunningConfidence":
+    def bind(self, layout: Layout, block_budget: int | None) -> RunningConfidence:
         return with_layout(self, steps=_needs_steps("RunningConfidence", block_budget))
 
     def remaining(self, progress: torch.Tensor) -> torch.Tensor:
@@ -132,7 +138,9 @@ class RunningConfidence:
     def extra_rounds(self, layout: Layout) -> int:
         return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
 
-    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
+    def revise(
+        self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
+    ) -> torch.Tensor | None:
         done = before.block_step + 1  # the block's steps so far, this one included
         revising = done < self.steps  # the last step of a block re-masks nothing
         n = block_positions(before, layout)
@@ -163,17 +171,21 @@ class LoopRemask:
     revises: ClassVar[bool] = True
     rewrites: ClassVar[bool] = False
 
-    def bind(self, layout: Layout, block_budget: int | None) -> "LoopRemask":
+    def bind(self, layout: Layout, block_budget: int | None) -> LoopRemask:
         total = _needs_steps("LoopRemask", block_budget)
         loop = self.loop_steps or total // 2
         if total - loop < 1:
-            raise ValueError(f"decoder.revision.loop_steps={self.loop_steps} leaves no plain steps in the block's {total}")
+            raise ValueError(
+                f"decoder.revision.loop_steps={self.loop_steps} leaves no plain steps in the block's {total}"
+            )
         return with_layout(self, loop=loop, plain=total - loop)
 
     def extra_rounds(self, layout: Layout) -> int:
         return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
 
-    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
+    def revise(
+        self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
+    ) -> torch.Tensor | None:
         start = remdm_loop_start(block_positions(before, layout), self.plain, self.loop_start_frac)
         step = after.block_step  # the next step's index in the block
         revising = (step >= start) & (step < start + self.loop)
@@ -205,20 +217,26 @@ class ConfidenceDrop:
     revises: ClassVar[bool] = True
     rewrites: ClassVar[bool] = False
 
-    def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
+    def bind(self, layout: Layout, block_budget: int | None) -> Revision:
         return self
 
     def extra_rounds(self, layout: Layout) -> int:
         return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
 
-    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
+    def revise(
+        self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
+    ) -> torch.Tensor | None:
         committed_now = (before.masked & ~after.masked).sum(dim=1)
         prefix_full = after.masks_left(layout, before.block, whole_prefix=True) == 0
-        count = torch.minimum(torch.maximum(torch.full_like(committed_now, self.n // 2), (committed_now + 7) // 8), committed_now - 1)
+        count = torch.minimum(
+            torch.maximum(torch.full_like(committed_now, self.n // 2), (committed_now + 7) // 8), committed_now - 1
+        )
         count = torch.where(prefix_full, 0, count.clamp(min=0))
         if not bool((count > 0).any()):
             return None
-        first_step = ~((before.commit_call >= 0) | (before.revisions > 0)).any(dim=1)  # c_prev is still the record's initial 0
+        first_step = ~((before.commit_call >= 0) | (before.revisions > 0)).any(
+            dim=1
+        )  # c_prev is still the record's initial 0
         scored_before = before.block_step[:, None] > 0  # the previous step decoded this block too
         seen = before.unlocked(layout) & (scored_before | ~before.in_current_block(layout) | first_step[:, None])
         prior = torch.where(first_step[:, None], 0.0, previous.confidence)
@@ -244,18 +262,24 @@ class NarrowOut:
     revises: ClassVar[bool] = True
     rewrites: ClassVar[bool] = False
 
-    def bind(self, layout: Layout, block_budget: int | None) -> "Revision":
+    def bind(self, layout: Layout, block_budget: int | None) -> Revision:
         return self
 
     def extra_rounds(self, layout: Layout) -> int:
         return self.max_revising_steps * layout.num_blocks
 
-    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
+    def revise(
+        self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
+    ) -> torch.Tensor | None:
         assert evaluation.verify is not None, "NarrowOut needs the verify statistic (WideInRule asks for it)"
         in_block = before.in_current_block(layout)
         accepted = (before.masked & ~after.masked & in_block).sum(dim=1)
         call = torch.where(after.commit_call >= 0, after.commit_call, -1).max(dim=1).values  # this step's call
-        last_accept = torch.where(before.block_step > 0, ((before.commit_call == (call - 1)[:, None]) & in_block).sum(dim=1), self.first_accept)
+        last_accept = torch.where(
+            before.block_step > 0,
+            ((before.commit_call == (call - 1)[:, None]) & in_block).sum(dim=1),
+            self.first_accept,
+        )
         earlier = in_block & ~before.masked & (before.commit_call >= 0)  # U: committed in the block before this step
         failing = earlier & (evaluation.verify < self.tau2)
         count = failing.sum(dim=1)
@@ -282,16 +306,20 @@ class TokenEditing:
     revises: ClassVar[bool] = True
     rewrites: ClassVar[bool] = True
 
-    def bind(self, layout: Layout, block_budget: int | None) -> "TokenEditing":
+    def bind(self, layout: Layout, block_budget: int | None) -> TokenEditing:
         return self
 
     def extra_rounds(self, layout: Layout) -> int:
         return self.max_post_steps * layout.num_blocks
 
-    def revise(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation) -> torch.Tensor | None:
+    def revise(
+        self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
+    ) -> torch.Tensor | None:
         return None
 
-    def rewrite(self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, call: torch.Tensor) -> Canvas:
+    def rewrite(
+        self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, call: torch.Tensor
+    ) -> Canvas:
         """``after`` (the round's commits made) with the edits of ``before``'s committed tokens, and its block hold."""
         block = before.in_current_block(layout)
         editable = block & ~before.masked & (before.commit_call >= 0)

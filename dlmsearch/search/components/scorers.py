@@ -12,7 +12,9 @@ from dlmsearch.validation import check_type, number
 
 
 class Scorer(Protocol):
-    def score(self, canvas: Canvas, evaluation: Evaluation, layout: Layout, committed_log_confidence: torch.Tensor) -> torch.Tensor:
+    def score(
+        self, canvas: Canvas, evaluation: Evaluation, layout: Layout, committed_log_confidence: torch.Tensor
+    ) -> torch.Tensor:
         """``[R]`` scores of states ``canvas`` evaluated as ``evaluation``.
 
         ``committed_log_confidence`` is the mean log-confidence of the tokens committed in the
@@ -33,7 +35,9 @@ class UnlockGainScorer:
     alpha: float = attrs.field(default=1.0, validator=check_type(float))
     empty_floor: float = number(float, 1e-30, 1.0, default=1e-6)
 
-    def score(self, canvas: Canvas, evaluation: Evaluation, layout: Layout, committed_log_confidence: torch.Tensor) -> torch.Tensor:
+    def score(
+        self, canvas: Canvas, evaluation: Evaluation, layout: Layout, committed_log_confidence: torch.Tensor
+    ) -> torch.Tensor:
         pool = canvas.masked & canvas.unlocked(layout) & (evaluation.confidence >= self.threshold)
         mass = torch.where(pool, evaluation.confidence, 0.0).sum(dim=1)
         return self.alpha * committed_log_confidence + torch.log(mass.clamp(min=self.empty_floor))
@@ -45,7 +49,9 @@ class MeanLogConfidenceScorer:
 
     alpha: float = attrs.field(default=0.0, validator=check_type(float))
 
-    def score(self, canvas: Canvas, evaluation: Evaluation, layout: Layout, committed_log_confidence: torch.Tensor) -> torch.Tensor:
+    def score(
+        self, canvas: Canvas, evaluation: Evaluation, layout: Layout, committed_log_confidence: torch.Tensor
+    ) -> torch.Tensor:
         pool = canvas.masked & canvas.unlocked(layout)
         logs = torch.where(pool, torch.log(evaluation.confidence.clamp(min=1e-30)), 0.0).sum(dim=1)
         return self.alpha * committed_log_confidence + logs / pool.sum(dim=1).clamp(min=1)

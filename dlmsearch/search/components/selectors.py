@@ -12,7 +12,9 @@ import torch
 class Selector(Protocol):
     reevaluates: bool  # True: the driver runs the trigger on every branch after each rollout step
 
-    def prune(self, live: torch.Tensor, branch_fires: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prune(
+        self, live: torch.Tensor, branch_fires: torch.Tensor, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Before a further rollout step: new ``live [S, K]`` and ``restart [S]`` (stop and adopt the best)."""
 
     def best(self, scores: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
@@ -30,7 +32,9 @@ class BestScoreSelector:
 
     reevaluates: ClassVar[bool] = False
 
-    def prune(self, live: torch.Tensor, branch_fires: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prune(
+        self, live: torch.Tensor, branch_fires: torch.Tensor, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return live, torch.zeros(live.shape[0], dtype=torch.bool)
 
     def best(self, scores: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
@@ -48,7 +52,9 @@ class SettledFirstSelector:
 
     reevaluates: ClassVar[bool] = True
 
-    def prune(self, live: torch.Tensor, branch_fires: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prune(
+        self, live: torch.Tensor, branch_fires: torch.Tensor, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         settled = live & ~branch_fires
         all_fire = live.any(dim=1) & ~settled.any(dim=1)
         return torch.where(all_fire[:, None], live, settled), all_fire

@@ -17,7 +17,13 @@ import torch
 from dlmsearch.search.records.state import Canvas, Layout
 
 
-def answer_ended(canvas: Canvas, layout: Layout, stop_ids: torch.Tensor, output_start: torch.Tensor | None = None, whole_block: bool = False) -> torch.Tensor:
+def answer_ended(
+    canvas: Canvas,
+    layout: Layout,
+    stop_ids: torch.Tensor,
+    output_start: torch.Tensor | None = None,
+    whole_block: bool = False,
+) -> torch.Tensor:
     """``[R]`` rows whose generation holds a committed (or given) stop token with nothing masked
     before it (``whole_block``: nor in its block). Columns before ``output_start [R]`` (generation
     columns that hold the prompt's tokens) are not searched."""
@@ -34,7 +40,13 @@ def answer_ended(canvas: Canvas, layout: Layout, stop_ids: torch.Tensor, output_
     return stop.any(dim=1) & ~open_before & masked.any(dim=1)
 
 
-def fill_after_end(canvas: Canvas, layout: Layout, stop_ids: torch.Tensor, output_start: torch.Tensor | None = None, whole_block: bool = False) -> Canvas:
+def fill_after_end(
+    canvas: Canvas,
+    layout: Layout,
+    stop_ids: torch.Tensor,
+    output_start: torch.Tensor | None = None,
+    whole_block: bool = False,
+) -> Canvas:
     """Rows whose answer has ended, with their masked tail filled with ``stop_ids[0]`` (not counted as commits)."""
     ended = answer_ended(canvas, layout, stop_ids, output_start, whole_block)
     if not bool(ended.any()):

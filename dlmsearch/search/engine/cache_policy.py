@@ -35,7 +35,15 @@ class CachePolicy(Protocol):
     stores: ClassVar[bool]  # whether it keeps keys and values at all (False: every forward is full)
     exact: ClassVar[bool]  # its store holds exact keys and values: only refreshing rows write into it, never a branch
 
-    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
+    def columns(
+        self,
+        start: torch.Tensor,
+        end: torch.Tensor,
+        width: int,
+        first: torch.Tensor,
+        storage: KVStorage,
+        slot: torch.Tensor,
+    ) -> torch.Tensor:
         """``[rows, 2]`` first and end column a cached row computes, for windows ``start:end``
         (``first``: each row's first real column; ``slot``: its slot in ``storage``)."""
 
@@ -57,7 +65,15 @@ class NoCache:
     stores: ClassVar[bool] = False
     exact: ClassVar[bool] = False
 
-    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
+    def columns(
+        self,
+        start: torch.Tensor,
+        end: torch.Tensor,
+        width: int,
+        first: torch.Tensor,
+        storage: KVStorage,
+        slot: torch.Tensor,
+    ) -> torch.Tensor:
         return torch.zeros(len(start), 2, dtype=torch.long)
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
@@ -94,7 +110,15 @@ class PrefixCache(_WindowRefresh):
     name: ClassVar[str] = "prefix"
     stores: ClassVar[bool] = True
 
-    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
+    def columns(
+        self,
+        start: torch.Tensor,
+        end: torch.Tensor,
+        width: int,
+        first: torch.Tensor,
+        storage: KVStorage,
+        slot: torch.Tensor,
+    ) -> torch.Tensor:
         return torch.stack([start, torch.full_like(end, width)], dim=1)
 
 
@@ -106,7 +130,15 @@ class DualCache(_WindowRefresh):
     name: ClassVar[str] = "dual"
     stores: ClassVar[bool] = True
 
-    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
+    def columns(
+        self,
+        start: torch.Tensor,
+        end: torch.Tensor,
+        width: int,
+        first: torch.Tensor,
+        storage: KVStorage,
+        slot: torch.Tensor,
+    ) -> torch.Tensor:
         return torch.stack([start, end], dim=1)
 
 
@@ -141,7 +173,15 @@ class BlockCache:
         end = storage.window_of[slot, 1]
         return torch.where(end >= 0, end, first)
 
-    def columns(self, start: torch.Tensor, end: torch.Tensor, width: int, first: torch.Tensor, storage: KVStorage, slot: torch.Tensor) -> torch.Tensor:
+    def columns(
+        self,
+        start: torch.Tensor,
+        end: torch.Tensor,
+        width: int,
+        first: torch.Tensor,
+        storage: KVStorage,
+        slot: torch.Tensor,
+    ) -> torch.Tensor:
         return torch.stack([torch.minimum(self.stored_end(storage, slot, first), start), end], dim=1)
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
@@ -153,7 +193,9 @@ class BlockCache:
     def settled(self, start: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         return torch.minimum(start, columns[:, 1])
 
-    def pending_writes(self, storage: KVStorage, slot: torch.Tensor, first: torch.Tensor, start: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+    def pending_writes(
+        self, storage: KVStorage, slot: torch.Tensor, first: torch.Tensor, start: torch.Tensor, root: torch.Tensor
+    ) -> torch.Tensor:
         """``[rows]`` root rows with finished columns their slot has not stored yet, which a
         separate write forward stores first (``fuse_write=false``)."""
         return root & ~torch.tensor(self.fuse_write) & (self.stored_end(storage, slot, first) < start)
@@ -172,9 +214,13 @@ def cache_policy(value: object) -> CachePolicy:
     """A policy, or the name of one (``engine.cache=prefix``, the older spelling of ``cache=prefix``)."""
     if isinstance(value, str):
         if value not in POLICIES:
-            raise ValueError(f"unknown cache policy {value!r}; available: {', '.join(POLICIES)} (choose one with cache=NAME)")
+            raise ValueError(
+                f"unknown cache policy {value!r}; available: {', '.join(POLICIES)} (choose one with cache=NAME)"
+            )
         chosen = POLICIES[value]
         return chosen.for_family() if hasattr(chosen, "for_family") else chosen()
     if not all(hasattr(value, name) for name in ("name", "stores", "exact", "columns", "hits", "refreshes", "settled")):
-        raise TypeError(f"cache must be a cache policy (cache={'|'.join(POLICIES)}) or its name; got {type(value).__name__}")
+        raise TypeError(
+            f"cache must be a cache policy (cache={'|'.join(POLICIES)}) or its name; got {type(value).__name__}"
+        )
     return value  # type: ignore[return-value]

@@ -25,7 +25,10 @@ def keep_freed_memory() -> bool:
     if _applied is None:
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _applied = bool(libc.mallopt(M_TRIM_THRESHOLD, ctypes.c_int(2**31 - 1)) and libc.mallopt(M_TOP_PAD, ctypes.c_int(TOP_PAD_BYTES)))
+            _applied = bool(
+                libc.mallopt(M_TRIM_THRESHOLD, ctypes.c_int(2**31 - 1))
+                and libc.mallopt(M_TOP_PAD, ctypes.c_int(TOP_PAD_BYTES))
+            )
         except (OSError, AttributeError):
             _applied = False
     return _applied

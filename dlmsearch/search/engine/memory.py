@@ -30,19 +30,27 @@ def model_shape(module: torch.nn.Module) -> dict[str, int]:
     """The shape numbers of a native transformer or the Sudoku denoiser (``config`` attributes)."""
     config = getattr(module, "config", None)
     if config is None or not (hasattr(config, "hidden_size") or hasattr(config, "d_model")):
-        raise ValueError(f"engine.row_budget=auto needs a model whose shape dlmsearch knows (the native models, the denoiser); "
-                         f"{type(module).__name__} is not one: give engine.row_budget=N")
+        raise ValueError(
+            f"engine.row_budget=auto needs a model whose shape dlmsearch knows (the native models, the denoiser); "
+            f"{type(module).__name__} is not one: give engine.row_budget=N"
+        )
+
     def get(*names: str) -> int:
         for name in names:
             if getattr(config, name, None) is not None:
                 return int(getattr(config, name))
-        raise ValueError(f"engine.row_budget=auto: the model's config has none of {', '.join(names)}; give engine.row_budget=N")
+        raise ValueError(
+            f"engine.row_budget=auto: the model's config has none of {', '.join(names)}; give engine.row_budget=N"
+        )
 
     hidden, heads = get("hidden_size", "d_model"), get("num_heads", "n_heads", "num_attention_heads")
     return {
-        "hidden": hidden, "layers": get("num_layers", "n_layers", "num_hidden_layers"), "heads": heads,
+        "hidden": hidden,
+        "layers": get("num_layers", "n_layers", "num_hidden_layers"),
+        "heads": heads,
         "kv_heads": int(getattr(config, "num_kv_heads", None) or getattr(config, "num_key_value_heads", None) or heads),
-        "intermediate": get("intermediate_size", "d_ff", "mlp_hidden_size"), "vocab": get("vocab_size", "embedding_size"),
+        "intermediate": get("intermediate_size", "d_ff", "mlp_hidden_size"),
+        "vocab": get("vocab_size", "embedding_size"),
     }
 
 
@@ -68,7 +76,9 @@ def free_bytes(device: str) -> int:
     return 8 * 2**30  # unknown: assume 8 GiB
 
 
-def auto_row_budget(module: torch.nn.Module, device: str, dtype: torch.dtype, width: int, columns: int, cached: bool) -> int:
+def auto_row_budget(
+    module: torch.nn.Module, device: str, dtype: torch.dtype, width: int, columns: int, cached: bool
+) -> int:
     """Rows per forward that fit ``MARGIN`` of the free memory (at least one, at most ``MAX_ROWS``)."""
     element = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
     per_row = row_bytes(model_shape(module), width, columns, element, cached)

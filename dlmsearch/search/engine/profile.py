@@ -10,8 +10,8 @@ timed and nothing synchronises.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import attrs
 import torch

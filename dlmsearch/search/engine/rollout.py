@@ -16,8 +16,8 @@ memory is split and retried (see ``RolloutEngine._forward``).
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
-from typing import Callable, ContextManager, Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 
 import attrs
 import torch
@@ -26,20 +26,19 @@ from dlmsearch.core.capabilities import ModelCapabilities
 from dlmsearch.core.sampling import CONFIDENCE_SOURCES, Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.kv_storage import KVStorage
+from dlmsearch.search.engine import statistics as statistics_registry
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall
 from dlmsearch.search.engine.cache_policy import BlockCache, CachePolicy, NoCache, cache_policy
 from dlmsearch.search.engine.guidance import combine, unconditional
 from dlmsearch.search.engine.host_memory import keep_freed_memory
 from dlmsearch.search.engine.memory import auto_row_budget
 from dlmsearch.search.engine.profile import ForwardProfile
-from dlmsearch.search.engine import statistics as statistics_registry
 from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.engine.summaries import summarise_logits
 from dlmsearch.search.records.randomness import Stream, hashed_uniform, is_root
 from dlmsearch.search.records.state import Evaluation
 from dlmsearch.search.records.usage import CallCost
 from dlmsearch.validation import check_choice, check_type, number
-
 
 
 @attrs.frozen
@@ -55,8 +54,12 @@ class Forward:
     refresh: torch.Tensor
     query: torch.Tensor
     distinct: int | None = None  # rows to compute, where some rows repeat others (None: all of them)
-    settled: torch.Tensor | None = None  # [rows] a cached forward's refreshing rows: where their slot's exact store ends afterwards
-    logits_from: torch.Tensor | None = None  # [rows] an exact store's cached forward: the first column whose logits are read (its window)
+    settled: torch.Tensor | None = (
+        None  # [rows] a cached forward's refreshing rows: where their slot's exact store ends afterwards
+    )
+    logits_from: torch.Tensor | None = (
+        None  # [rows] an exact store's cached forward: the first column whose logits are read (its window)
+    )
     layerwise: bool = False  # a layerwise policy's forward (adaptive KV caches): the whole canvas, each layer recomputing what the policy selects
 
 
@@ -85,7 +88,9 @@ def _merged(tokens: torch.Tensor, group: torch.Tensor) -> torch.Tensor | None:
     if rows < 2:
         return None
     _, inverse = torch.unique(torch.cat([group[:, None], tokens], dim=1), dim=0, return_inverse=True)
-    first = torch.full((int(inverse.max()) + 1,), rows, dtype=torch.long).scatter_reduce(0, inverse, torch.arange(rows), "amin")
+    first = torch.full((int(inverse.max()) + 1,), rows, dtype=torch.long).scatter_reduce(
+        0, inverse, torch.arange(rows), "amin"
+    )
     copy_of = first[inverse]
     return None if bool((copy_of == torch.arange(rows)).all()) else copy_of
 
@@ -113,25 +118,39 @@ class RolloutEngine:
     """Batched, chunked model evaluation with a cache policy; the model and the call machinery only."""
 
     adapter: ModelAdapter
-    row_budget: int | str = attrs.field(default=64, validator=lambda _, a, v: _check_budget(v))  # rows per forward, or "auto"
+    row_budget: int | str = attrs.field(
+        default=64, validator=lambda _, a, v: _check_budget(v)
+    )  # rows per forward, or "auto"
     # Sampling as the user sets it (None: not set, so the checkpoint's generation_config.json, else the decoder's own)
     temperature: float | None = number(float, 0.0, optional=True, default=None)
     top_p: float | None = number(float, 0.0, 1.0, optional=True, open_low=True, default=None)
     top_k: int | None = number(int, 1, optional=True, default=None)
     confidence: str | None = attrs.field(default=None, validator=check_choice(*CONFIDENCE_SOURCES, optional=True))
     seed: int = attrs.field(default=0, validator=check_type(int))
-    cache: CachePolicy = attrs.field(factory=NoCache, converter=cache_policy)  # cache=none|prefix|dual (engine.cache=NAME: the same)
-    compile: bool = attrs.field(default=False, validator=check_type(bool))  # the model's per-token work under torch.compile, bucketed
+    cache: CachePolicy = attrs.field(
+        factory=NoCache, converter=cache_policy
+    )  # cache=none|prefix|dual (engine.cache=NAME: the same)
+    compile: bool = attrs.field(
+        default=False, validator=check_type(bool)
+    )  # the model's per-token work under torch.compile, bucketed
     profile: ForwardProfile | None = attrs.field(default=None, eq=False)  # set: every forward is timed (benchmarks)
-    budget: int | None = attrs.field(init=False, default=None)  # row budget lowered after running out of memory; None: row_budget
-    auto_budget: int | None = attrs.field(init=False, default=None)  # row_budget=auto: what fits the device for this canvas
-    auto_key: tuple[int, int] | None = attrs.field(init=False, default=None)  # the canvas shape auto_budget was estimated for
+    budget: int | None = attrs.field(
+        init=False, default=None
+    )  # row budget lowered after running out of memory; None: row_budget
+    auto_budget: int | None = attrs.field(
+        init=False, default=None
+    )  # row_budget=auto: what fits the device for this canvas
+    auto_key: tuple[int, int] | None = attrs.field(
+        init=False, default=None
+    )  # the canvas shape auto_budget was estimated for
     regrow_after: int = attrs.field(init=False, default=20)  # successful forwards before a lowered budget doubles again
     successes: int = attrs.field(init=False, default=0)  # successful forwards since the budget last changed
     # A layerwise policy's cost beyond the counters: columns recomputed per layer, and the most its store held (bytes)
     layer_forwards: torch.Tensor | None = attrs.field(init=False, default=None, eq=False)
     store_peak_bytes: int = attrs.field(init=False, default=0)
-    layer_columns: int = attrs.field(init=False, default=0)  # real columns of the canvases the layerwise forwards carried (a full forward's work per layer)
+    layer_columns: int = attrs.field(
+        init=False, default=0
+    )  # real columns of the canvases the layerwise forwards carried (a full forward's work per layer)
 
     @property
     def layerwise(self) -> bool:
@@ -145,7 +164,10 @@ class RolloutEngine:
         if self.layer_forwards is None:
             return {}
         share = (self.layer_forwards.double() / max(self.layer_columns, 1)).tolist()
-        return {"layer_recompute_share": [round(s, 4) for s in share], "cache_store_peak_mb": round(self.store_peak_bytes / 2**20, 2)}
+        return {
+            "layer_recompute_share": [round(s, 4) for s in share],
+            "cache_store_peak_mb": round(self.store_peak_bytes / 2**20, 2),
+        }
 
     def __attrs_post_init__(self) -> None:
         able = self.capabilities
@@ -156,7 +178,9 @@ class RolloutEngine:
                         f"cache={self.cache.name} recomputes stale keys and values of a full-attention model; this block-diffusion model "
                         f"(blocks of {able.attention_block}) has an exact cache instead, which needs no refresh: use cache=block (or cache=none)"
                     )
-                raise ValueError(f"cache={self.cache.name} runs the layerwise forward of the native LLaDA and Dream models; {able.name} cannot: use cache=none")
+                raise ValueError(
+                    f"cache={self.cache.name} runs the layerwise forward of the native LLaDA and Dream models; {able.name} cannot: use cache=none"
+                )
             self.layer_forwards = torch.zeros(self.adapter.module.config.num_layers, dtype=torch.long)
         elif self.cache.name not in able.cache_policies:
             if able.attention_block is not None:
@@ -165,7 +189,9 @@ class RolloutEngine:
                     f"{able.attention_block}) has an exact one: use cache=block (or cache=none)"
                 )
             if self.cache.name == "block":
-                raise ValueError(f"cache=block is the exact cache of block-diffusion models (model=sdar); {able.name} attends to the whole canvas: use cache=none, prefix or dual")
+                raise ValueError(
+                    f"cache=block is the exact cache of block-diffusion models (model=sdar); {able.name} attends to the whole canvas: use cache=none, prefix or dual"
+                )
             raise ValueError(
                 f"cache={self.cache.name} needs a model that can cache keys and values (the native LLaDA and Dream "
                 f"models); {able.name} cannot: use cache=none"
@@ -174,7 +200,9 @@ class RolloutEngine:
             keep_freed_memory()  # vocabulary-sized tensors are reused instead of page-faulted in every forward
         if self.compile:
             if not able.compiles:
-                raise ValueError(f"engine.compile=true compiles the native LLaDA and Dream models' blocks; {able.name} has none: use engine.compile=false")
+                raise ValueError(
+                    f"engine.compile=true compiles the native LLaDA and Dream models' blocks; {able.name} has none: use engine.compile=false"
+                )
             self.adapter.compile()
 
     @property
@@ -262,23 +290,58 @@ class RolloutEngine:
         """
         statistics_registry.check(statistics)
         if isinstance(self.cache, BlockCache) and window is not None and not write_only:
-            writes = self.cache.pending_writes(memory.kv, sample, attention.long().argmax(dim=1), window[0], is_root(row_key))
-            if bool(writes.any()):  # the reference loops' separate forward that writes a finished block (or the prompt's whole blocks)
+            writes = self.cache.pending_writes(
+                memory.kv, sample, attention.long().argmax(dim=1), window[0], is_root(row_key)
+            )
+            if bool(
+                writes.any()
+            ):  # the reference loops' separate forward that writes a finished block (or the prompt's whole blocks)
                 at = writes.nonzero().squeeze(1)
                 start = window[0][at]
                 _, written = self.evaluate(
-                    tokens[at], attention[at], sample[at], sample_uid[at], row_key[at], call[at], memory, sampling, frozenset(), from_column,
-                    (start, start), None if temperature is None else temperature[at], None, 0.0, write_only=True, seed=None if seed is None else seed[at],
+                    tokens[at],
+                    attention[at],
+                    sample[at],
+                    sample_uid[at],
+                    row_key[at],
+                    call[at],
+                    memory,
+                    sampling,
+                    frozenset(),
+                    from_column,
+                    (start, start),
+                    None if temperature is None else temperature[at],
+                    None,
+                    0.0,
+                    write_only=True,
+                    seed=None if seed is None else seed[at],
                 )
                 evaluation, cost = self.evaluate(
-                    tokens, attention, sample, sample_uid, row_key, call + writes.long(), memory, sampling, statistics, from_column, window, temperature, group, guidance,
+                    tokens,
+                    attention,
+                    sample,
+                    sample_uid,
+                    row_key,
+                    call + writes.long(),
+                    memory,
+                    sampling,
+                    statistics,
+                    from_column,
+                    window,
+                    temperature,
+                    group,
+                    guidance,
                     seed=seed,
                 )
                 return evaluation, CallCost(
-                    rows=cost.rows.index_add(0, at, written.rows), tokens=cost.tokens.index_add(0, at, written.tokens), calls=cost.calls + writes.long(),
+                    rows=cost.rows.index_add(0, at, written.rows),
+                    tokens=cost.tokens.index_add(0, at, written.tokens),
+                    calls=cost.calls + writes.long(),
                 )
         shadow_length = 0
-        if "verify" in statistics:  # WINO: a shadow of the block being decoded, in the same forward (the plan checked the rest)
+        if (
+            "verify" in statistics
+        ):  # WINO: a shadow of the block being decoded, in the same forward (the plan checked the rest)
             assert window is not None, "the verify statistic needs the rows' windows"
             lengths = torch.unique(window[1] - window[0])
             if len(lengths) != 1:
@@ -292,17 +355,30 @@ class RolloutEngine:
         uniform = draw = None
         if sampled or "uniform" in statistics:
             position = attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
-            keys = [torch.tensor(self.seed) if seed is None else seed[:, None], sample_uid[:, None], call[:, None], row_key[:, None], position]
+            keys = [
+                torch.tensor(self.seed) if seed is None else seed[:, None],
+                sample_uid[:, None],
+                call[:, None],
+                row_key[:, None],
+                position,
+            ]
             uniform = hashed_uniform(keys) if "uniform" in statistics else None
             draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else None
-        out = {"token": torch.full((rows, width), self.mask_id, dtype=torch.long), "confidence": torch.zeros(rows, width)}
+        out = {
+            "token": torch.full((rows, width), self.mask_id, dtype=torch.long),
+            "confidence": torch.zeros(rows, width),
+        }
         out.update({name: torch.zeros(rows, width) for name in statistics - {"uniform"}})
         row_cost, token_cost = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long)
 
-        def run(forward: Forward) -> tuple[dict[str, torch.Tensor], list | None, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        def run(
+            forward: Forward,
+        ) -> tuple[dict[str, torch.Tensor], list | None, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
             index, first = forward.rows, forward.first
             span, real = self._span(forward, attention[index])
-            source = _within(index, None if forward.cached or shadow_length else copy_of)  # shadow rows are all computed
+            source = _within(
+                index, None if forward.cached or shadow_length else copy_of
+            )  # shadow rows are all computed
             computed = source == torch.arange(len(index))
             low, high = (forward.query[:, 0], forward.query[:, 1]) if forward.cached else forward.columns
             if forward.layerwise:
@@ -338,7 +414,13 @@ class RolloutEngine:
             key = (width - int(attention.long().argmax(dim=1).min()), width - from_column)
             if self.auto_key != key:  # estimated once per canvas shape
                 self.auto_key = key
-                self.auto_budget = auto_row_budget(self.adapter.module, self.adapter.device, getattr(torch, self.adapter.dtype), *key, self.cache.stores)
+                self.auto_budget = auto_row_budget(
+                    self.adapter.module,
+                    self.adapter.device,
+                    getattr(torch, self.adapter.dtype),
+                    *key,
+                    self.cache.stores,
+                )
         copy_of = None if group is None else _merged(tokens, group)
         shifted = self.capabilities.shift_logits
         for planned in self._plan(attention, sample, row_key, from_column, window, memory.kv, copy_of):
@@ -351,7 +433,9 @@ class RolloutEngine:
                 counted = index[computed]
                 copies = 2 if guidance > 0 else 1  # a guided row is forwarded with its unconditional copy
                 row_cost[counted] += copies
-                if forward.layerwise:  # the columns recomputed, summed over layers, in whole-canvas forwards' units (rounded up)
+                if (
+                    forward.layerwise
+                ):  # the columns recomputed, summed over layers, in whole-canvas forwards' units (rounded up)
                     recomputed = kv[1][computed]
                     layers = recomputed.shape[1]
                     token_cost[counted] += (recomputed.sum(dim=1) + layers - 1) // layers
@@ -364,12 +448,22 @@ class RolloutEngine:
                     token_cost[counted] += copies * attention[counted].sum(dim=1) + shadow_length
                 if forward.layerwise:
                     pass  # the policy's store was written by the forward itself
-                elif forward.cached and forward.settled is not None:  # the exact block cache: written in place by the forward itself
+                elif (
+                    forward.cached and forward.settled is not None
+                ):  # the exact block cache: written in place by the forward itself
                     memory.kv.window_of[sample[index][forward.refresh], 1] = forward.settled[forward.refresh]
                 elif forward.refresh.any():
                     keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
-                    memory.kv.store(sample[index][forward.refresh], forward.first, [(k[keep], v[keep]) for k, v in kv], forward.query[forward.refresh], width)
-        return Evaluation(uniform=uniform, **out), CallCost(rows=row_cost, tokens=token_cost, calls=torch.ones(rows, dtype=torch.long))
+                    memory.kv.store(
+                        sample[index][forward.refresh],
+                        forward.first,
+                        [(k[keep], v[keep]) for k, v in kv],
+                        forward.query[forward.refresh],
+                        width,
+                    )
+        return Evaluation(uniform=uniform, **out), CallCost(
+            rows=row_cost, tokens=token_cost, calls=torch.ones(rows, dtype=torch.long)
+        )
 
     def _forward(
         self,
@@ -425,8 +519,15 @@ class RolloutEngine:
         """Some of a forward's rows, with their cache refreshes and windows; same first column and columns."""
         settled = None if forward.settled is None else forward.settled[part]
         logits_from = None if forward.logits_from is None else forward.logits_from[part]
-        return attrs.evolve(forward, rows=forward.rows[part], refresh=forward.refresh[part], query=forward.query[part], distinct=None, settled=settled,
-                            logits_from=logits_from)
+        return attrs.evolve(
+            forward,
+            rows=forward.rows[part],
+            refresh=forward.refresh[part],
+            query=forward.query[part],
+            distinct=None,
+            settled=settled,
+            logits_from=logits_from,
+        )
 
     @staticmethod
     def _span(forward: Forward, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -474,7 +575,7 @@ class RolloutEngine:
         window: tuple[torch.Tensor, torch.Tensor] | None,
         storage: KVStorage,
         copy_of: torch.Tensor | None = None,
-    ) -> list["Forward"]:
+    ) -> list[Forward]:
         """The forwards of one step: row chunks of at most ``current_budget`` rows.
 
         Columns that are padding in every row of a chunk are dropped, so a row costs the same
@@ -487,14 +588,23 @@ class RolloutEngine:
         """
         rows, width = attention.shape
         first = attention.long().argmax(dim=1)  # first real column of each row
-        if self.layerwise and window is not None:  # one forward of every row, each layer recomputing what the policy selects per row
+        if (
+            self.layerwise and window is not None
+        ):  # one forward of every row, each layer recomputing what the policy selects per row
             query = torch.stack(window, dim=1)
             no_refresh = torch.zeros(rows, dtype=torch.bool)
-            return [Forward(part, 0, (from_column, width), True, no_refresh[part], query[part], layerwise=True) for part in self._chunks(torch.arange(rows), None)]
+            return [
+                Forward(part, 0, (from_column, width), True, no_refresh[part], query[part], layerwise=True)
+                for part in self._chunks(torch.arange(rows), None)
+            ]
         policy = self.cache if window is not None else NoCache()
         if isinstance(policy, BlockCache) and not storage.layers:  # filled by cached forwards alone
             storage.allocate(self.adapter.empty_kv(len(storage.window_of), width))
-        query = policy.columns(window[0], window[1], width, first, storage, sample) if window is not None else torch.zeros(rows, 2, dtype=torch.long)
+        query = (
+            policy.columns(window[0], window[1], width, first, storage, sample)
+            if window is not None
+            else torch.zeros(rows, 2, dtype=torch.long)
+        )
         hit = policy.hits(storage, sample, query)
         refreshes = policy.refreshes(hit, is_root(row_key))
         groups: list[tuple[torch.Tensor, bool]] = []
@@ -513,8 +623,16 @@ class RolloutEngine:
                 start = 0 if cached else int(first[part].min())  # a cached row reads its whole canvas from the cache
                 settled = policy.settled(window[0][part], query[part]) if cached and bool(refresh.any()) else None
                 # an exact store: the columns before the window are forwarded only to be written (no logits)
-                logits_from = torch.minimum(torch.maximum(query[part, 0], window[0][part]), query[part, 1]) if cached and policy.exact else None
-                plan.append(Forward(part, start, (from_column, width), cached, refresh, query[part], distinct, settled, logits_from))
+                logits_from = (
+                    torch.minimum(torch.maximum(query[part, 0], window[0][part]), query[part, 1])
+                    if cached and policy.exact
+                    else None
+                )
+                plan.append(
+                    Forward(
+                        part, start, (from_column, width), cached, refresh, query[part], distinct, settled, logits_from
+                    )
+                )
         return plan
 
     def _summarise(
@@ -541,11 +659,17 @@ class RolloutEngine:
             if shadow is not None:  # WINO: the block's shadow in the same forward (every row computed: no merging)
                 with self._timed("model"):
                     starts = low if cache is not None else torch.full((len(tokens),), low)
-                    logits, shadow_logits, kv = self.adapter.shadow_logits(tokens, attention, starts, high, shadow[0], shadow[1], cache)
+                    logits, shadow_logits, kv = self.adapter.shadow_logits(
+                        tokens, attention, starts, high, shadow[0], shadow[1], cache
+                    )
                 mirror = shadow[0][:, None] + torch.arange(shadow[1])[None, :]
                 current = tokens.gather(1, mirror).to(logits.device)
-                verified = torch.softmax(shadow_logits.double(), dim=-1).gather(-1, current[..., None]).squeeze(-1).float()
-                verify = torch.zeros(logits.shape[:2], device=logits.device).scatter(1, (mirror - starts[:, None]).to(logits.device), verified)
+                verified = (
+                    torch.softmax(shadow_logits.double(), dim=-1).gather(-1, current[..., None]).squeeze(-1).float()
+                )
+                verify = torch.zeros(logits.shape[:2], device=logits.device).scatter(
+                    1, (mirror - starts[:, None]).to(logits.device), verified
+                )
             elif copy_of is None:
                 logits, kv = self._model(tokens, attention, low, high, cache, prompt_end, guidance)
             else:  # rows that repeat an earlier row of their group: forward the distinct rows, then copy
@@ -555,10 +679,14 @@ class RolloutEngine:
                 logits = logits[where]
                 kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
             logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
-            summaries = summarise_logits(logits, sampling, temperature, draw, statistics_registry.of_distribution(statistics))
+            summaries = summarise_logits(
+                logits, sampling, temperature, draw, statistics_registry.of_distribution(statistics)
+            )
             if verify is not None:
                 summaries["verify"] = verify
-            if history is not None:  # (the slots' memory, the rows' slots, which rows are roots); the columns start at the generation region
+            if (
+                history is not None
+            ):  # (the slots' memory, the rows' slots, which rows are roots); the columns start at the generation region
                 summaries["kl"] = history[0].history.step(logits, history[1], low - prompt_end, history[2])
             token, confidence = summaries.pop("token"), summaries["confidence"]
             if self.adapter.deferred_ids:
@@ -569,17 +697,25 @@ class RolloutEngine:
             host = dict(zip(["token", *summaries], torch.stack([token.float(), *summaries.values()]).cpu().unbind(0)))
             bad = (host.pop("nan").bool() & real).any(dim=1)
             if bool(bad.any()):
-                raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad].tolist()))}")
+                raise FloatingPointError(
+                    f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad].tolist()))}"
+                )
             host["token"] = host["token"].long()
             return host, kv
 
-    def _timed(self, part: str) -> ContextManager[None]:
+    def _timed(self, part: str) -> AbstractContextManager[None]:
         """The profile's timer for ``part`` (``model`` or ``summary``), or nothing without a profile."""
         return nullcontext() if self.profile is None else self.profile.timing(part, self.adapter.device)
 
     def _model(
-        self, tokens: torch.Tensor, attention: torch.Tensor, low: int | torch.Tensor, high: int | torch.Tensor,
-        cache: tuple | None, prompt_end: int, guidance: float,
+        self,
+        tokens: torch.Tensor,
+        attention: torch.Tensor,
+        low: int | torch.Tensor,
+        high: int | torch.Tensor,
+        cache: tuple | None,
+        prompt_end: int,
+        guidance: float,
     ) -> tuple[torch.Tensor, list | None]:
         """The rows' logits: against the cache (each row its own window), or of the columns
         ``low:high`` (guided: each row beside its unconditional copy in the same call, combined;
@@ -597,11 +733,27 @@ class RolloutEngine:
                 return self.adapter.cached_logits(tokens, attention, low, high, *cache), None
             return self.adapter.window_logits(tokens, attention, low, high)
 
-    def _layerwise(self, tokens: torch.Tensor, attention: torch.Tensor, low: torch.Tensor, high: torch.Tensor, forward: LayerwiseForward) -> tuple[torch.Tensor, tuple]:
+    def _layerwise(
+        self,
+        tokens: torch.Tensor,
+        attention: torch.Tensor,
+        low: torch.Tensor,
+        high: torch.Tensor,
+        forward: LayerwiseForward,
+    ) -> tuple[torch.Tensor, tuple]:
         """The rows' logits under a layerwise policy: each row computes on a copy of its slot's
         store; a slot's own canvas writes its copy back (a branch never does)."""
         module, store = self.adapter.module, forward.memory.layers
-        call = LayerCall(tokens, attention.bool(), low, high, forward.gen_start, self.mask_id, self.capabilities.shift_logits, module.config)
+        call = LayerCall(
+            tokens,
+            attention.bool(),
+            low,
+            high,
+            forward.gen_start,
+            self.mask_id,
+            self.capabilities.shift_logits,
+            module.config,
+        )
         self.cache.prepare(store, call, getattr(torch, self.adapter.dtype), self.adapter.device)
         fields = store.take(forward.slot)
         rule = self.cache.rule(fields, call)

@@ -27,7 +27,7 @@ class SlotMemory:
     layers: LayerStore = attrs.field(factory=LayerStore)
 
     @classmethod
-    def for_slots(cls, slots: int) -> "SlotMemory":
+    def for_slots(cls, slots: int) -> SlotMemory:
         memory = cls()
         memory.kv.reset(slots)
         memory.history.reset(slots)
@@ -48,7 +48,7 @@ class SlotMemory:
         self.layers.widen(widen)
         self.layers.admit(slots)
 
-    def split(self, slots: torch.Tensor) -> "SlotMemory":
+    def split(self, slots: torch.Tensor) -> SlotMemory:
         """A copy holding only these slots' stores (finished samples taken out of a decode); this one is unchanged."""
         part = SlotMemory(attrs.evolve(self.kv), attrs.evolve(self.history), attrs.evolve(self.layers))
         part.reorder(slots)

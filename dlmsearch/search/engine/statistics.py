@@ -15,7 +15,7 @@ A new statistic of the distribution is one function and one line in ``REGISTRY``
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -36,7 +36,9 @@ def entropy(read: torch.Tensor) -> torch.Tensor:
 class Statistic:
     name: str
     source: str = attrs.field(validator=attrs.validators.in_(("distribution", "draws", "history", "shadow")))
-    compute: Callable[[torch.Tensor], torch.Tensor] | None = None  # a distribution statistic: ``[R, T, V]`` probabilities to ``[R, T]``
+    compute: Callable[[torch.Tensor], torch.Tensor] | None = (
+        None  # a distribution statistic: ``[R, T, V]`` probabilities to ``[R, T]``
+    )
 
 
 REGISTRY: dict[str, Statistic] = {

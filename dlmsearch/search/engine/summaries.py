@@ -84,7 +84,11 @@ def summarise_logits(
         token = torch.where(hot[:, None], inverse_cdf(probs, draw), token)
     read = probs if sampling.confidence == "sampling" else model_probs
     confidence = best if (read is probs and hot is None) else read.gather(-1, token[..., None]).squeeze(-1)
-    out = {"token": token, "confidence": confidence, "nan": torch.isnan(model_probs[..., 0]).float()}  # NaN logits make the whole softmax NaN
+    out = {
+        "token": token,
+        "confidence": confidence,
+        "nan": torch.isnan(model_probs[..., 0]).float(),
+    }  # NaN logits make the whole softmax NaN
     for statistic in statistics:  # the distribution's own statistics (margin, entropy: :mod:`statistics`)
         out[statistic.name] = statistic.compute(read)
     return out

@@ -21,7 +21,9 @@ class Stream(IntEnum):
     RESAMPLING = 3  # a population's systematic resampling offset
 
 
-BRANCH_KEYS = 1 << 16  # a row's key: particle * BRANCH_KEYS + (0 for the particle's own canvas, 1 + branch for a lookahead branch)
+BRANCH_KEYS = (
+    1 << 16
+)  # a row's key: particle * BRANCH_KEYS + (0 for the particle's own canvas, 1 + branch for a lookahead branch)
 
 
 def is_root(row_key: torch.Tensor) -> torch.Tensor:

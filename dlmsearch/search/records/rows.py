@@ -6,7 +6,8 @@ for statistics nobody asked for); these functions return new records and never w
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
 import torch
@@ -16,7 +17,9 @@ Record = TypeVar("Record")
 
 def map_rows(record: Record, transform: Callable[[torch.Tensor], torch.Tensor]) -> Record:
     """A record with ``transform`` applied to every present field."""
-    return type(record)(**{f.name: None if (v := getattr(record, f.name)) is None else transform(v) for f in attrs.fields(type(record))})
+    return type(record)(
+        **{f.name: None if (v := getattr(record, f.name)) is None else transform(v) for f in attrs.fields(type(record))}
+    )
 
 
 def take_rows(record: Record, index: torch.Tensor) -> Record:
@@ -72,6 +75,9 @@ def pad_columns(record: Record, columns: int, fill: dict[str, float] | None = No
     for f in attrs.fields(type(record)):
         value = getattr(record, f.name)
         if value is not None and value.dim() == 2:
-            value = torch.cat([torch.full((len(value), columns), fill.get(f.name, 0), dtype=value.dtype, device=value.device), value], dim=1)
+            value = torch.cat(
+                [torch.full((len(value), columns), fill.get(f.name, 0), dtype=value.dtype, device=value.device), value],
+                dim=1,
+            )
         values[f.name] = value
     return type(record)(**values)

@@ -33,10 +33,12 @@ class Slots:
     region: torch.Tensor  # [slots, 2] first and end generation column of the sample's output
 
     @classmethod
-    def start(cls, uid: torch.Tensor, size: int, seed: torch.Tensor, region: torch.Tensor, key: torch.Tensor | None = None) -> "Slots":
+    def start(
+        cls, uid: torch.Tensor, size: int, seed: torch.Tensor, region: torch.Tensor, key: torch.Tensor | None = None
+    ) -> Slots:
         """Per sample: ``seed``, ``key`` (None: the uid) and ``region [samples, 2]``, its output columns within the generation region."""
         samples = len(uid)
-        per_slot = lambda values: values.repeat_interleave(size, dim=0)  # noqa: E731
+        per_slot = lambda values: values.repeat_interleave(size, dim=0)
         return cls(
             size=size,
             seed=per_slot(torch.broadcast_to(torch.as_tensor(seed, dtype=torch.long), (samples,))),
@@ -47,21 +49,28 @@ class Slots:
             region=region.repeat_interleave(size, dim=0),
         )
 
-    def joined(self, other: "Slots") -> "Slots":
+    def joined(self, other: Slots) -> Slots:
         """``other``'s slots after these, its samples numbered after these (samples joining a decode)."""
         if other.size != self.size:
             raise ValueError(f"cannot join slot tables of {self.size} and {other.size} particles per sample")
-        cat = lambda a, b: torch.cat([a, b])  # noqa: E731
+        cat = lambda a, b: torch.cat([a, b])
         return Slots(
-            self.size, cat(self.seed, other.seed), cat(self.key, other.key), cat(self.uid, other.uid), cat(self.owner, other.owner + self.samples),
-            cat(self.particle, other.particle), cat(self.region, other.region),
+            self.size,
+            cat(self.seed, other.seed),
+            cat(self.key, other.key),
+            cat(self.uid, other.uid),
+            cat(self.owner, other.owner + self.samples),
+            cat(self.particle, other.particle),
+            cat(self.region, other.region),
         )
 
-    def kept(self, samples: torch.Tensor) -> tuple["Slots", torch.Tensor]:
+    def kept(self, samples: torch.Tensor) -> tuple[Slots, torch.Tensor]:
         """The table of only these samples (renumbered in order), and the slots they keep."""
         slot = (samples[:, None] * self.size + torch.arange(self.size)[None, :]).flatten()
         owner = torch.arange(len(samples)).repeat_interleave(self.size)
-        return Slots(self.size, self.seed[slot], self.key[slot], self.uid[slot], owner, self.particle[slot], self.region[slot]), slot
+        return Slots(
+            self.size, self.seed[slot], self.key[slot], self.uid[slot], owner, self.particle[slot], self.region[slot]
+        ), slot
 
     @property
     def samples(self) -> int:
@@ -74,5 +83,12 @@ class Slots:
         """``[R, width]`` seeded uniforms keyed by (seed, sample, call, particle, generation
         position, stream) for the slots ``rows``: the same whatever the batch's padding."""
         position = torch.arange(layout.width) - layout.gen_start
-        keys = [self.seed[rows, None], self.key[rows, None], call[:, None], self.particle[rows, None], position[None, :], torch.tensor(stream)]
+        keys = [
+            self.seed[rows, None],
+            self.key[rows, None],
+            call[:, None],
+            self.particle[rows, None],
+            position[None, :],
+            torch.tensor(stream),
+        ]
         return hashed_uniform(keys)

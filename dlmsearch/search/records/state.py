@@ -28,22 +28,30 @@ class Evaluation:
 
     token: torch.Tensor  # [R, T] long: argmax (or a sample) with the mask id excluded
     confidence: torch.Tensor  # [R, T] float: probability of ``token`` at temperature 1
-    uniform: torch.Tensor | None = None  # [R, T] float: a seeded uniform draw, for random orderings (drawn only when read)
+    uniform: torch.Tensor | None = (
+        None  # [R, T] float: a seeded uniform draw, for random orderings (drawn only when read)
+    )
     margin: torch.Tensor | None = None  # [R, T] top-1 minus top-2 probability
     entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution
-    kl: torch.Tensor | None = None  # [R, T] the larger of this and the previous step's KL between successive distributions (KLASS)
-    verify: torch.Tensor | None = None  # [R, T] WINO's check: the probability of the token there, from everything else (the shadow block)
-    order_noise: torch.Tensor | None = None  # [R, T] added to the commit order's scores (a population's particles diverge)
+    kl: torch.Tensor | None = (
+        None  # [R, T] the larger of this and the previous step's KL between successive distributions (KLASS)
+    )
+    verify: torch.Tensor | None = (
+        None  # [R, T] WINO's check: the probability of the token there, from everything else (the shadow block)
+    )
+    order_noise: torch.Tensor | None = (
+        None  # [R, T] added to the commit order's scores (a population's particles diverge)
+    )
 
-    def take(self, index: torch.Tensor) -> "Evaluation":
+    def take(self, index: torch.Tensor) -> Evaluation:
         return take_rows(self, index)
 
-    def put(self, index: torch.Tensor, other: "Evaluation") -> "Evaluation":
+    def put(self, index: torch.Tensor, other: Evaluation) -> Evaluation:
         """A copy with the rows at ``index`` replaced by ``other``."""
         return put_rows(self, index, other)
 
     @staticmethod
-    def empty(rows: int, width: int, statistics: frozenset[str]) -> "Evaluation":
+    def empty(rows: int, width: int, statistics: frozenset[str]) -> Evaluation:
         zeros = torch.zeros(rows, width)
         return Evaluation(
             token=torch.zeros(rows, width, dtype=torch.long),
@@ -128,7 +136,9 @@ class Canvas:
     commit_depth: torch.Tensor  # [R, T] long
     commit_branch: torch.Tensor  # [R, T] long
     revisions: torch.Tensor  # [R, T] long: times the position was returned to the mask (or rewritten) by a revision
-    review: torch.Tensor  # [R] bool: the current block has no mask left but is held for another look (LLaDA2.1's editing)
+    review: (
+        torch.Tensor
+    )  # [R] bool: the current block has no mask left but is held for another look (LLaDA2.1's editing)
     post_steps: torch.Tensor  # [R] long: rounds the current block has had without a mask (its editing rounds)
 
     @property
@@ -140,15 +150,15 @@ class Canvas:
         """``[R]`` rows with work left: a mask, or a block held for another look."""
         return self.masked.any(dim=1) | self.review
 
-    def take(self, index: torch.Tensor) -> "Canvas":
+    def take(self, index: torch.Tensor) -> Canvas:
         """The rows at ``index`` (a long index or a bool mask)."""
         return take_rows(self, index)
 
-    def put(self, index: torch.Tensor, other: "Canvas") -> "Canvas":
+    def put(self, index: torch.Tensor, other: Canvas) -> Canvas:
         """A copy with the rows at ``index`` replaced by ``other``."""
         return put_rows(self, index, other)
 
-    def repeat(self, times: int) -> "Canvas":
+    def repeat(self, times: int) -> Canvas:
         """Each row repeated ``times`` times, consecutively (row-major ``[rows, times]``)."""
         return map_rows(self, lambda tensor: tensor.repeat_interleave(times, dim=0))
 
@@ -187,7 +197,7 @@ class Canvas:
         layout: Layout,
         rule: BlockRule = FULL_BLOCKS,
         advance: bool = True,
-    ) -> "Canvas":
+    ) -> Canvas:
         """Write ``proposal`` where ``chosen`` (masked positions only), then advance blocks by
         ``rule`` (:meth:`advance_blocks`). ``advance=False`` leaves the blocks for the caller (a
         revision acts first)."""
@@ -210,7 +220,7 @@ class Canvas:
         )
         return canvas.advance_blocks(layout, rule) if advance else canvas
 
-    def remask(self, positions: torch.Tensor, mask_id: int) -> "Canvas":
+    def remask(self, positions: torch.Tensor, mask_id: int) -> Canvas:
         """Return committed ``positions`` to the mask (a revision), counting it; blocks never move
         back. ``commit_confidence`` keeps the confidence of the last commit (Saber's ψ is never cleared)."""
         positions = positions & ~self.masked & (self.commit_call >= 0)  # given tokens are never revised
@@ -224,7 +234,15 @@ class Canvas:
             revisions=self.revisions + positions.long(),
         )
 
-    def rewrite(self, positions: torch.Tensor, proposal: torch.Tensor, confidence: torch.Tensor, call: torch.Tensor, review: torch.Tensor, post_steps: torch.Tensor) -> "Canvas":
+    def rewrite(
+        self,
+        positions: torch.Tensor,
+        proposal: torch.Tensor,
+        confidence: torch.Tensor,
+        call: torch.Tensor,
+        review: torch.Tensor,
+        post_steps: torch.Tensor,
+    ) -> Canvas:
         """Replace committed ``positions`` by ``proposal`` (a revision that writes a token, not a mask:
         LLaDA2.1's editing), counted as revisions and recorded as commits of ``call [R]``; given
         tokens are never rewritten. ``review``, ``post_steps``: the rows' new block hold (:attr:`review`)."""
@@ -239,7 +257,7 @@ class Canvas:
             post_steps=post_steps,
         )
 
-    def advance_blocks(self, layout: Layout, rule: BlockRule = FULL_BLOCKS) -> "Canvas":
+    def advance_blocks(self, layout: Layout, rule: BlockRule = FULL_BLOCKS) -> Canvas:
         """Move rows to their next block when the current one is full (no mask left; with
         ``rule.whole_prefix``, none before its end: Saber), or when they have used
         ``rule.block_budget`` commits there (fast block diffusion); with ``rule.holds_block`` (rules
@@ -269,7 +287,9 @@ def aligned_generation_length(gen_length: int, block: int) -> int:
     return -(-(block - 1 + gen_length) // block) * block
 
 
-def block_aligned(prompt: torch.Tensor, generation: torch.Tensor, block: int, mask_id: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+def block_aligned(
+    prompt: torch.Tensor, generation: torch.Tensor, block: int, mask_id: int
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
     """A request laid out on block-diffusion blocks: the prompt's whole blocks; the generation
     template (the partial last block's prompt tokens, then ``generation``, then masks to the end of
     the last block, then :data:`ABSENT` up to :func:`aligned_generation_length`); and the columns of
@@ -277,14 +297,20 @@ def block_aligned(prompt: torch.Tensor, generation: torch.Tensor, block: int, ma
     tail = len(prompt) % block
     region = -(-(tail + len(generation)) // block) * block
     width = aligned_generation_length(len(generation), block)
-    template = torch.cat([
-        prompt[len(prompt) - tail :], generation,
-        torch.full((region - tail - len(generation),), mask_id, dtype=torch.long), torch.full((width - region,), ABSENT, dtype=torch.long),
-    ])
+    template = torch.cat(
+        [
+            prompt[len(prompt) - tail :],
+            generation,
+            torch.full((region - tail - len(generation),), mask_id, dtype=torch.long),
+            torch.full((width - region,), ABSENT, dtype=torch.long),
+        ]
+    )
     return prompt[: len(prompt) - tail], template, (tail, region)
 
 
-def initial_canvas(prompts: list[torch.Tensor], generation: list[torch.Tensor], layout: Layout, mask_id: int, pad_id: int) -> Canvas:
+def initial_canvas(
+    prompts: list[torch.Tensor], generation: list[torch.Tensor], layout: Layout, mask_id: int, pad_id: int
+) -> Canvas:
     """Left-pad prompts to ``layout.gen_start`` and append each row's generation region.
 
     ``generation`` rows hold ``mask_id`` where the decoder must fill in and fixed tokens

@@ -21,7 +21,9 @@ class CallCost:
 
     rows: torch.Tensor  # [R] long
     tokens: torch.Tensor  # [R] long
-    calls: torch.Tensor | None = None  # [R] long: sequential model calls the row took (None: one; the block cache's separate write: two)
+    calls: torch.Tensor | None = (
+        None  # [R] long: sequential model calls the row took (None: one; the block cache's separate write: two)
+    )
 
 
 @attrs.frozen(eq=False)
@@ -33,18 +35,22 @@ class Usage:
     token_forwards: torch.Tensor
 
     @classmethod
-    def zeros(cls, samples: int) -> "Usage":
+    def zeros(cls, samples: int) -> Usage:
         return cls(*(torch.zeros(samples, dtype=torch.long) for _ in range(3)))
 
-    def charge(self, owner: torch.Tensor, cost: CallCost) -> "Usage":
+    def charge(self, owner: torch.Tensor, cost: CallCost) -> Usage:
         """After one engine call of rows owned by samples ``owner [R]``: one more step for each of them
         (more where a row took several sequential model calls: the most of its rows), and the rows' cost."""
         calls = torch.ones_like(owner) if cost.calls is None else cost.calls
         steps = self.steps.scatter_reduce(0, owner, self.steps.index_select(0, owner) + calls, "amax")
-        return Usage(steps, self.row_forwards.index_add(0, owner, cost.rows), self.token_forwards.index_add(0, owner, cost.tokens))
+        return Usage(
+            steps,
+            self.row_forwards.index_add(0, owner, cost.rows),
+            self.token_forwards.index_add(0, owner, cost.tokens),
+        )
 
-    def take(self, index: torch.Tensor) -> "Usage":
+    def take(self, index: torch.Tensor) -> Usage:
         return take_rows(self, index)
 
-    def joined(self, other: "Usage") -> "Usage":
+    def joined(self, other: Usage) -> Usage:
         return cat_rows(self, other)

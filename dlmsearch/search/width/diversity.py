@@ -14,10 +14,10 @@ from typing import Protocol
 import attrs
 import torch
 
-from dlmsearch.search.width.particle_state import ParticleState
 from dlmsearch.search.records.randomness import Stream
 from dlmsearch.search.records.slots import Slots
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
+from dlmsearch.search.width.particle_state import ParticleState
 from dlmsearch.validation import check_type, number
 
 
@@ -25,7 +25,16 @@ class Diversity(Protocol):
     def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         """``[R]`` token temperature for the rows of slots ``rows``, or None: the engine's own."""
 
-    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: ParticleState, call: torch.Tensor, layout: Layout) -> Evaluation:
+    def perturb(
+        self,
+        evaluation: Evaluation,
+        canvas: Canvas,
+        rows: torch.Tensor,
+        slots: Slots,
+        state: ParticleState,
+        call: torch.Tensor,
+        layout: Layout,
+    ) -> Evaluation:
         """The evaluation the base rule commits from (order noise added where the particle diverges)."""
 
 
@@ -36,7 +45,16 @@ class NoDiversity:
     def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         return None
 
-    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: ParticleState, call: torch.Tensor, layout: Layout) -> Evaluation:
+    def perturb(
+        self,
+        evaluation: Evaluation,
+        canvas: Canvas,
+        rows: torch.Tensor,
+        slots: Slots,
+        state: ParticleState,
+        call: torch.Tensor,
+        layout: Layout,
+    ) -> Evaluation:
         return evaluation
 
 
@@ -49,7 +67,16 @@ class OrderTemperature(NoDiversity):
     temperature: float = number(float, 0.0, default=0.1)
     keep_greedy: bool = attrs.field(default=True, validator=check_type(bool))
 
-    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: ParticleState, call: torch.Tensor, layout: Layout) -> Evaluation:
+    def perturb(
+        self,
+        evaluation: Evaluation,
+        canvas: Canvas,
+        rows: torch.Tensor,
+        slots: Slots,
+        state: ParticleState,
+        call: torch.Tensor,
+        layout: Layout,
+    ) -> Evaluation:
         noisy = slots.particle[rows] > 0 if self.keep_greedy else torch.ones(len(rows), dtype=torch.bool)
         if self.temperature == 0 or not bool(noisy.any()):
             return evaluation
@@ -80,7 +107,16 @@ class DistinctFirst(NoDiversity):
 
     uncertain_below: float = number(float, 0.0, 1.0, default=0.9)
 
-    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: ParticleState, call: torch.Tensor, layout: Layout) -> Evaluation:
+    def perturb(
+        self,
+        evaluation: Evaluation,
+        canvas: Canvas,
+        rows: torch.Tensor,
+        slots: Slots,
+        state: ParticleState,
+        call: torch.Tensor,
+        layout: Layout,
+    ) -> Evaluation:
         waiting = ~state.diverged[rows]
         if not bool(waiting.any()):
             return evaluation

@@ -20,7 +20,14 @@ from dlmsearch.search.records.verifier import Verifier
 class FinalChoice(Protocol):
     needs_verifier: bool
 
-    def choose(self, scores: torch.Tensor, candidates: torch.Tensor, accepted: torch.Tensor, tokens: torch.Tensor, verifier: Verifier | None) -> torch.Tensor:
+    def choose(
+        self,
+        scores: torch.Tensor,
+        candidates: torch.Tensor,
+        accepted: torch.Tensor,
+        tokens: torch.Tensor,
+        verifier: Verifier | None,
+    ) -> torch.Tensor:
         """``[S]`` particle per sample, from ``scores [S, P]``, ``candidates [S, P]``, the
         verifier's ``accepted [S, P]`` and the particles' generation regions ``[S, P, n]``."""
 
@@ -34,7 +41,14 @@ def best_of(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
 class BestScore:
     needs_verifier: bool = attrs.field(default=False, init=False)
 
-    def choose(self, scores: torch.Tensor, candidates: torch.Tensor, accepted: torch.Tensor, tokens: torch.Tensor, verifier: Verifier | None) -> torch.Tensor:
+    def choose(
+        self,
+        scores: torch.Tensor,
+        candidates: torch.Tensor,
+        accepted: torch.Tensor,
+        tokens: torch.Tensor,
+        verifier: Verifier | None,
+    ) -> torch.Tensor:
         return best_of(scores, candidates)
 
 
@@ -44,7 +58,14 @@ class Verified:
 
     needs_verifier: bool = attrs.field(default=True, init=False)
 
-    def choose(self, scores: torch.Tensor, candidates: torch.Tensor, accepted: torch.Tensor, tokens: torch.Tensor, verifier: Verifier | None) -> torch.Tensor:
+    def choose(
+        self,
+        scores: torch.Tensor,
+        candidates: torch.Tensor,
+        accepted: torch.Tensor,
+        tokens: torch.Tensor,
+        verifier: Verifier | None,
+    ) -> torch.Tensor:
         good = candidates & accepted
         return best_of(scores, torch.where(good.any(dim=1, keepdim=True), good, candidates))
 
@@ -55,7 +76,14 @@ class MajorityVote:
 
     needs_verifier: bool = attrs.field(default=True, init=False)
 
-    def choose(self, scores: torch.Tensor, candidates: torch.Tensor, accepted: torch.Tensor, tokens: torch.Tensor, verifier: Verifier | None) -> torch.Tensor:
+    def choose(
+        self,
+        scores: torch.Tensor,
+        candidates: torch.Tensor,
+        accepted: torch.Tensor,
+        tokens: torch.Tensor,
+        verifier: Verifier | None,
+    ) -> torch.Tensor:
         assert verifier is not None
         samples, size = scores.shape
         chosen = best_of(scores, candidates)

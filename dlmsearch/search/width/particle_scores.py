@@ -26,7 +26,9 @@ class ParticleView:
     committed: torch.Tensor  # [R, n] committed by the decoder (not given)
     log_confidence: torch.Tensor  # [R, n] log-probability of each committed token when committed (0 elsewhere)
     verifier: Verifier | None
-    remask: torch.Tensor | None = None  # [R] the model's re-check of complete particles (see RemaskAgreement), where run
+    remask: torch.Tensor | None = (
+        None  # [R] the model's re-check of complete particles (see RemaskAgreement), where run
+    )
 
 
 class ParticleScore(Protocol):
@@ -62,7 +64,11 @@ class RepetitionPenalty:
     def __call__(self, view: ParticleView) -> torch.Tensor:
         penalties = []
         for tokens, masked in zip(view.tokens.tolist(), view.masked.tolist()):
-            grams = [tuple(tokens[i : i + self.n]) for i in range(len(tokens) - self.n + 1) if not any(masked[i : i + self.n])]
+            grams = [
+                tuple(tokens[i : i + self.n])
+                for i in range(len(tokens) - self.n + 1)
+                if not any(masked[i : i + self.n])
+            ]
             penalties.append(-(len(grams) - len(set(grams))) / len(grams) if grams else 0.0)
         return torch.tensor(penalties)
 

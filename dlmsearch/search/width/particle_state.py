@@ -29,7 +29,7 @@ class ParticleState:
     rounds: torch.Tensor  # [samples] rounds in which the sample decoded
 
     @classmethod
-    def start(cls, slots: Slots) -> "ParticleState":
+    def start(cls, slots: Slots) -> ParticleState:
         count, samples = len(slots), slots.samples
         return cls(
             rank=slots.particle.clone(),
@@ -46,7 +46,7 @@ class ParticleState:
         """``[slots]`` particles that may still decode."""
         return self.alive & ~self.stopped[slots.owner]
 
-    def adopt(self, source: torch.Tensor, resampled: torch.Tensor) -> "ParticleState":
+    def adopt(self, source: torch.Tensor, resampled: torch.Tensor) -> ParticleState:
         """Slot ``i`` continues from slot ``source[i]``; in the ``resampled`` samples, copies of
         one state form a family that splits again (ranks 0, 1, ... with the state's own slot first)."""
         moved = source != torch.arange(len(source))
@@ -70,11 +70,18 @@ class ParticleState:
             diverged=torch.where(resampled, self.diverged[source] & (family[source] == 1), self.diverged),
         )
 
-    def joined(self, other: "ParticleState") -> "ParticleState":
+    def joined(self, other: ParticleState) -> ParticleState:
         """``other``'s slots and samples after these (samples joining a decode)."""
-        return ParticleState(**{f.name: torch.cat([getattr(self, f.name), getattr(other, f.name)]) for f in attrs.fields(ParticleState)})
+        return ParticleState(
+            **{f.name: torch.cat([getattr(self, f.name), getattr(other, f.name)]) for f in attrs.fields(ParticleState)}
+        )
 
-    def kept(self, slots: torch.Tensor, samples: torch.Tensor) -> "ParticleState":
+    def kept(self, slots: torch.Tensor, samples: torch.Tensor) -> ParticleState:
         """Only these slots and samples (the others left the decode)."""
         per_sample = {"stopped", "live_total", "rounds"}
-        return ParticleState(**{f.name: getattr(self, f.name)[samples if f.name in per_sample else slots] for f in attrs.fields(ParticleState)})
+        return ParticleState(
+            **{
+                f.name: getattr(self, f.name)[samples if f.name in per_sample else slots]
+                for f in attrs.fields(ParticleState)
+            }
+        )

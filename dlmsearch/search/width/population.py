@@ -17,16 +17,16 @@ from __future__ import annotations
 import attrs
 import torch
 
-from dlmsearch.search.width.diversity import Diversity, NoDiversity
 from dlmsearch.search.records.randomness import Stream, hashed_uniform
+from dlmsearch.search.records.slots import Slots
+from dlmsearch.search.records.state import Canvas, Evaluation, Layout
+from dlmsearch.search.records.verifier import Verifier
+from dlmsearch.search.width.diversity import Diversity, NoDiversity
 from dlmsearch.search.width.final_choice import BestScore, FinalChoice
 from dlmsearch.search.width.particle_scores import ParticleView, WeightedSum
 from dlmsearch.search.width.particle_state import ParticleState
 from dlmsearch.search.width.population_hook import Evaluate, PopulationOutcome
 from dlmsearch.search.width.resampling import NoResampling, Resampling
-from dlmsearch.search.records.slots import Slots
-from dlmsearch.search.records.state import Canvas, Evaluation, Layout
-from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.validation import check_type, number
 
 
@@ -44,14 +44,21 @@ class Population:
     resampling: Resampling = attrs.field(factory=NoResampling)
     choice: FinalChoice = attrs.field(factory=BestScore)
     score: WeightedSum = attrs.field(factory=WeightedSum)
-    prune_conflicts: bool | str = attrs.field(default=False, validator=lambda _, a, v: _check_prune(v))  # true | false | auto (where the verifier checks partial outputs)
+    prune_conflicts: bool | str = attrs.field(
+        default=False, validator=lambda _, a, v: _check_prune(v)
+    )  # true | false | auto (where the verifier checks partial outputs)
     stop_when_accepted: bool = attrs.field(default=False, validator=check_type(bool))
 
     @property
     def needs_verifier(self) -> bool:
-        return self.prune_conflicts is True or self.stop_when_accepted or self.choice.needs_verifier or self.score.needs_verifier
+        return (
+            self.prune_conflicts is True
+            or self.stop_when_accepted
+            or self.choice.needs_verifier
+            or self.score.needs_verifier
+        )
 
-    def for_verifier(self, verifier: Verifier | None) -> "Population":
+    def for_verifier(self, verifier: Verifier | None) -> Population:
         """The population as the task's verifier allows (the decode plan's; this one is not written):
         ``prune_conflicts=auto`` prunes on partial outputs where the verifier checks them and
         keeps only the final check where it does not; ``true`` needs such a verifier. Fails
@@ -61,7 +68,9 @@ class Population:
             prune = verifier is not None and verifier.checks_partial
         resolved = attrs.evolve(self, prune_conflicts=prune)
         if resolved.needs_verifier and verifier is None:
-            raise ValueError("this decoder's population needs a task verifier (prune_conflicts, stop_when_accepted, a verified or voted choice, or a consistency score); the task gives none")
+            raise ValueError(
+                "this decoder's population needs a task verifier (prune_conflicts, stop_when_accepted, a verified or voted choice, or a consistency score); the task gives none"
+            )
         if prune and verifier is not None and not verifier.checks_partial:
             raise ValueError(
                 f"population.prune_conflicts needs a verifier that checks partial outputs; this task's ({type(verifier).__name__}) "
@@ -85,7 +94,14 @@ class Population:
         return None if self.size == 1 else self.diversity.token_temperature(slots, rows)
 
     def perturb(
-        self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: ParticleState, call: torch.Tensor, layout: Layout,
+        self,
+        evaluation: Evaluation,
+        canvas: Canvas,
+        rows: torch.Tensor,
+        slots: Slots,
+        state: ParticleState,
+        call: torch.Tensor,
+        layout: Layout,
     ) -> tuple[Evaluation, ParticleState]:
         """The diversity's proposals (components only read the particles); slots whose commit
         order it changed are marked diverged here, in the population's own state."""
@@ -98,13 +114,24 @@ class Population:
         diverged[rows] |= (perturbed.order_noise != 0).any(dim=1)
         return perturbed, attrs.evolve(state, diverged=diverged)
 
-    def view(self, canvas: Canvas, slots: Slots, layout: Layout, verifier: Verifier | None, remask: torch.Tensor | None = None) -> ParticleView:
+    def view(
+        self,
+        canvas: Canvas,
+        slots: Slots,
+        layout: Layout,
+        verifier: Verifier | None,
+        remask: torch.Tensor | None = None,
+    ) -> ParticleView:
         gen = slice(layout.gen_start, layout.width)
         committed = canvas.commit_call[:, gen] >= 0
         log_confidence = torch.where(committed, torch.log(canvas.commit_confidence[:, gen].clamp(min=1e-30)), 0.0)
-        return ParticleView(slots.owner, canvas.tokens[:, gen], canvas.masked[:, gen], committed, log_confidence, verifier, remask)
+        return ParticleView(
+            slots.owner, canvas.tokens[:, gen], canvas.masked[:, gen], committed, log_confidence, verifier, remask
+        )
 
-    def recheck(self, canvas: Canvas, slots: Slots, state: ParticleState, mask_id: int, evaluate: Evaluate) -> torch.Tensor | None:
+    def recheck(
+        self, canvas: Canvas, slots: Slots, state: ParticleState, mask_id: int, evaluate: Evaluate
+    ) -> torch.Tensor | None:
         """The model's re-check of complete particles (:class:`RemaskAgreement`), in one step
         over every sample that still has a choice to make; None where no score asks for it."""
         groups = self.score.remask_groups
@@ -121,18 +148,28 @@ class Population:
         group = torch.arange(groups).repeat(len(chosen))
         committed = canvas.commit_call[rows] >= 0
         remasked = committed & ((committed.long().cumsum(dim=1) - 1) % groups == group[:, None])
-        probe = attrs.evolve(canvas.take(rows), tokens=torch.where(remasked, mask_id, canvas.tokens[rows]), masked=remasked)
+        probe = attrs.evolve(
+            canvas.take(rows), tokens=torch.where(remasked, mask_id, canvas.tokens[rows]), masked=remasked
+        )
         evaluation = evaluate(probe, rows)
         agree = evaluation.token == canvas.tokens[rows]
         confidence = evaluation.confidence.clamp(1e-30, 1 - 1e-7)
-        log_p = torch.where(remasked, torch.where(agree, torch.log(confidence), torch.log1p(-confidence)), 0.0).sum(dim=1)
+        log_p = torch.where(remasked, torch.where(agree, torch.log(confidence), torch.log1p(-confidence)), 0.0).sum(
+            dim=1
+        )
         total = torch.zeros(len(complete)).index_add_(0, rows, log_p)
         count = torch.zeros(len(complete)).index_add_(0, rows, remasked.sum(dim=1).float())
         scores[chosen] = total[chosen] / count[chosen].clamp(min=1)
         return scores
 
     def after_round(
-        self, canvas: Canvas, slots: Slots, state: ParticleState, layout: Layout, round_index: torch.Tensor, verifier: Verifier | None,
+        self,
+        canvas: Canvas,
+        slots: Slots,
+        state: ParticleState,
+        layout: Layout,
+        round_index: torch.Tensor,
+        verifier: Verifier | None,
     ) -> tuple[ParticleState, torch.Tensor | None]:
         """End conflicting particles, judge finished ones, stop accepted samples, and resample
         at the policy's rounds (``round_index [samples]``: each sample's own round, so a sample
@@ -160,7 +197,9 @@ class Population:
             verdict[rows] = verifier.accepts(slots.owner[rows], tokens[rows]).long()
             state = attrs.evolve(state, verdict=verdict)
         if self.stop_when_accepted:
-            state = attrs.evolve(state, stopped=state.stopped | (state.alive & (state.verdict == 1)).view(samples, size).any(dim=1))
+            state = attrs.evolve(
+                state, stopped=state.stopped | (state.alive & (state.verdict == 1)).view(samples, size).any(dim=1)
+            )
         every = self.resampling.every
         due = (round_index + 1) % every == 0 if every else torch.zeros(samples, dtype=torch.bool)
         if size == 1 or not bool(due.any()):
@@ -168,10 +207,20 @@ class Population:
         scores = self.score(self.view(canvas, slots, layout, verifier))
         candidates = state.alive & ~state.stopped[slots.owner]
         busy = (candidates & open_).view(samples, size).any(dim=1) & due  # resample only where something still decodes
-        uniform = hashed_uniform([slots.seed.view(samples, size)[:, 0], slots.key.view(samples, size)[:, 0], round_index, torch.tensor(Stream.RESAMPLING)])
+        uniform = hashed_uniform(
+            [
+                slots.seed.view(samples, size)[:, 0],
+                slots.key.view(samples, size)[:, 0],
+                round_index,
+                torch.tensor(Stream.RESAMPLING),
+            ]
+        )
         source = self.resampling.sources(
-            scores.view(samples, size), state.base_score.view(samples, size), (candidates.view(samples, size) & busy[:, None]),
-            tokens.view(samples, size, -1), uniform,
+            scores.view(samples, size),
+            state.base_score.view(samples, size),
+            (candidates.view(samples, size) & busy[:, None]),
+            tokens.view(samples, size, -1),
+            uniform,
         )
         if source is None:
             return state, None
@@ -184,7 +233,14 @@ class Population:
         return state.adopt(moved_from, moved), moved_from
 
     def choose(
-        self, canvas: Canvas, slots: Slots, state: ParticleState, layout: Layout, verifier: Verifier | None, evaluate: Evaluate, mask_id: int,
+        self,
+        canvas: Canvas,
+        slots: Slots,
+        state: ParticleState,
+        layout: Layout,
+        verifier: Verifier | None,
+        evaluate: Evaluate,
+        mask_id: int,
     ) -> torch.Tensor:
         """``[samples]`` the slot whose canvas is each sample's output. Where a score asks for the
         model's re-check, it is computed here through ``evaluate`` (one engine step for probe
@@ -195,9 +251,13 @@ class Population:
         view = self.view(canvas, slots, layout, verifier, self.recheck(canvas, slots, state, mask_id, evaluate))
         scores = self.score(view).view(samples, size)
         complete = (state.alive & ~canvas.masked.any(dim=1)).view(samples, size)
-        candidates = torch.where(complete.any(dim=1, keepdim=True), complete, ~canvas.masked.any(dim=1).view(samples, size))
+        candidates = torch.where(
+            complete.any(dim=1, keepdim=True), complete, ~canvas.masked.any(dim=1).view(samples, size)
+        )
         accepted = (state.verdict == 1).view(samples, size)
-        candidates = torch.where(state.stopped[:, None], candidates & accepted, candidates)  # a stopped sample's output is what stopped it
+        candidates = torch.where(
+            state.stopped[:, None], candidates & accepted, candidates
+        )  # a stopped sample's output is what stopped it
         particle = self.choice.choose(scores, candidates, accepted, view.tokens.view(samples, size, -1), verifier)
         return torch.arange(samples) * size + particle
 

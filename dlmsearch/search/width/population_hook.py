@@ -11,7 +11,8 @@ implements the hook for width search.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -36,7 +37,7 @@ class PopulationOutcome:
 class PopulationHook(Protocol):
     size: int  # particles per sample
 
-    def for_verifier(self, verifier: Verifier | None) -> "PopulationHook":
+    def for_verifier(self, verifier: Verifier | None) -> PopulationHook:
         """The population as this task's verifier allows (the decode plan's); fails when it needs what the task does not give."""
 
     def start(self, slots: Slots) -> Any:
@@ -54,13 +55,39 @@ class PopulationHook(Protocol):
     def token_temperature(self, state: Any, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         """``[R]`` token temperature for rows of these slots, or None: the engine's own."""
 
-    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: Any, call: torch.Tensor, layout: Layout) -> tuple[Evaluation, Any]:
+    def perturb(
+        self,
+        evaluation: Evaluation,
+        canvas: Canvas,
+        rows: torch.Tensor,
+        slots: Slots,
+        state: Any,
+        call: torch.Tensor,
+        layout: Layout,
+    ) -> tuple[Evaluation, Any]:
         """The evaluation the base rule commits from at these slots, and the state after it."""
 
-    def after_round(self, canvas: Canvas, slots: Slots, state: Any, layout: Layout, round_index: torch.Tensor, verifier: Verifier | None) -> tuple[Any, torch.Tensor | None]:
+    def after_round(
+        self,
+        canvas: Canvas,
+        slots: Slots,
+        state: Any,
+        layout: Layout,
+        round_index: torch.Tensor,
+        verifier: Verifier | None,
+    ) -> tuple[Any, torch.Tensor | None]:
         """The state after a round (``round_index [samples]``: each sample's own) and the slot each slot continues from (None: its own)."""
 
-    def choose(self, canvas: Canvas, slots: Slots, state: Any, layout: Layout, verifier: Verifier | None, evaluate: Evaluate, mask_id: int) -> torch.Tensor:
+    def choose(
+        self,
+        canvas: Canvas,
+        slots: Slots,
+        state: Any,
+        layout: Layout,
+        verifier: Verifier | None,
+        evaluate: Evaluate,
+        mask_id: int,
+    ) -> torch.Tensor:
         """``[samples]`` the slot whose canvas is each sample's output."""
 
     def outcome(self, state: Any, slot: int, sample: int) -> PopulationOutcome:
@@ -75,7 +102,7 @@ class SinglePath:
     def size(self) -> int:
         return 1
 
-    def for_verifier(self, verifier: Verifier | None) -> "SinglePath":
+    def for_verifier(self, verifier: Verifier | None) -> SinglePath:
         return self
 
     def start(self, slots: Slots) -> None:
@@ -93,13 +120,39 @@ class SinglePath:
     def token_temperature(self, state: None, slots: Slots, rows: torch.Tensor) -> None:
         return None
 
-    def perturb(self, evaluation: Evaluation, canvas: Canvas, rows: torch.Tensor, slots: Slots, state: None, call: torch.Tensor, layout: Layout) -> tuple[Evaluation, None]:
+    def perturb(
+        self,
+        evaluation: Evaluation,
+        canvas: Canvas,
+        rows: torch.Tensor,
+        slots: Slots,
+        state: None,
+        call: torch.Tensor,
+        layout: Layout,
+    ) -> tuple[Evaluation, None]:
         return evaluation, None
 
-    def after_round(self, canvas: Canvas, slots: Slots, state: None, layout: Layout, round_index: torch.Tensor, verifier: Verifier | None) -> tuple[None, None]:
+    def after_round(
+        self,
+        canvas: Canvas,
+        slots: Slots,
+        state: None,
+        layout: Layout,
+        round_index: torch.Tensor,
+        verifier: Verifier | None,
+    ) -> tuple[None, None]:
         return None, None
 
-    def choose(self, canvas: Canvas, slots: Slots, state: None, layout: Layout, verifier: Verifier | None, evaluate: Evaluate, mask_id: int) -> torch.Tensor:
+    def choose(
+        self,
+        canvas: Canvas,
+        slots: Slots,
+        state: None,
+        layout: Layout,
+        verifier: Verifier | None,
+        evaluate: Evaluate,
+        mask_id: int,
+    ) -> torch.Tensor:
         return torch.arange(slots.samples)
 
     def outcome(self, state: None, slot: int, sample: int) -> PopulationOutcome:

@@ -14,13 +14,20 @@ from typing import Protocol
 import attrs
 import torch
 
-from dlmsearch.validation import check_type, number
+from dlmsearch.validation import number
 
 
 class Resampling(Protocol):
     every: int  # rounds between resampling points (0: never)
 
-    def sources(self, scores: torch.Tensor, base: torch.Tensor, candidates: torch.Tensor, tokens: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor | None:
+    def sources(
+        self,
+        scores: torch.Tensor,
+        base: torch.Tensor,
+        candidates: torch.Tensor,
+        tokens: torch.Tensor,
+        uniform: torch.Tensor,
+    ) -> torch.Tensor | None:
         """``[S, P]`` source particle per slot. ``base`` is each particle's score at the last
         resampling point; ``uniform [S]`` a seeded draw per sample."""
 
@@ -44,7 +51,14 @@ class NoResampling:
 
     every: int = 0
 
-    def sources(self, scores: torch.Tensor, base: torch.Tensor, candidates: torch.Tensor, tokens: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor | None:
+    def sources(
+        self,
+        scores: torch.Tensor,
+        base: torch.Tensor,
+        candidates: torch.Tensor,
+        tokens: torch.Tensor,
+        uniform: torch.Tensor,
+    ) -> torch.Tensor | None:
         return None
 
 
@@ -56,7 +70,14 @@ class KeepBest:
     keep: int = number(int, 1, default=2)
     every: int = number(int, 1, default=1)
 
-    def sources(self, scores: torch.Tensor, base: torch.Tensor, candidates: torch.Tensor, tokens: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor | None:
+    def sources(
+        self,
+        scores: torch.Tensor,
+        base: torch.Tensor,
+        candidates: torch.Tensor,
+        tokens: torch.Tensor,
+        uniform: torch.Tensor,
+    ) -> torch.Tensor | None:
         size = scores.shape[1]
         same = (tokens[:, :, None] == tokens[:, None, :]).all(dim=3) & candidates[:, None, :]
         earlier = torch.ones(size, size, dtype=torch.bool).tril(-1)  # [p, q]: q < p
@@ -79,7 +100,14 @@ class SMCResampling:
     every: int = number(int, 1, default=1)
     ess_fraction: float = number(float, 0.0, 1.0, default=0.5)
 
-    def sources(self, scores: torch.Tensor, base: torch.Tensor, candidates: torch.Tensor, tokens: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor | None:
+    def sources(
+        self,
+        scores: torch.Tensor,
+        base: torch.Tensor,
+        candidates: torch.Tensor,
+        tokens: torch.Tensor,
+        uniform: torch.Tensor,
+    ) -> torch.Tensor | None:
         samples, size = scores.shape
         log_weight = torch.where(candidates, (scores - base) / self.temperature, -math.inf)
         weight = torch.softmax(log_weight.double(), dim=1)

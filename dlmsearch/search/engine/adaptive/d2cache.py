@@ -48,9 +48,20 @@ def certainty_density(decoded: torch.Tensor, sigma: float) -> torch.Tensor:
     by FFT over a period of ``6n``: its normaliser is that constant, not each column's own extent)."""
     rows, n = decoded.shape
     device = decoded.device
-    extended = torch.cat([torch.ones(rows, n, dtype=torch.float64, device=device), decoded.double(), decoded[:, -1:].double().expand(rows, n)], dim=1)
-    gaussian = lambda d: torch.exp(-(d**2) / (2 * sigma**2))  # noqa: E731
-    offset = torch.arange(n, device=device, dtype=torch.float64)[:, None] + n - torch.arange(3 * n, device=device, dtype=torch.float64)[None, :]
+    extended = torch.cat(
+        [
+            torch.ones(rows, n, dtype=torch.float64, device=device),
+            decoded.double(),
+            decoded[:, -1:].double().expand(rows, n),
+        ],
+        dim=1,
+    )
+    gaussian = lambda d: torch.exp(-(d**2) / (2 * sigma**2))
+    offset = (
+        torch.arange(n, device=device, dtype=torch.float64)[:, None]
+        + n
+        - torch.arange(3 * n, device=device, dtype=torch.float64)[None, :]
+    )
     normaliser = gaussian(torch.arange(-3 * n, 3 * n, device=device, dtype=torch.float64)).sum().clamp_min(1e-8)
     return (extended @ gaussian(offset).T) / normaliser
 
@@ -77,7 +88,7 @@ def inflate(chosen: torch.Tensor, width: int) -> torch.Tensor:
 
 @attrs.define(eq=False)
 class _Rule(RecomputeRule):
-    policy: "D2Cache" = attrs.field(kw_only=True)
+    policy: D2Cache = attrs.field(kw_only=True)
     needs_weights: ClassVar[bool] = True
     first: torch.Tensor = attrs.field(init=False)  # [rows] the slot's first forward: every column
     chosen: torch.Tensor = attrs.field(init=False)
@@ -103,7 +114,9 @@ class _Rule(RecomputeRule):
         scores = fields["confidence"][:, g:] * certainty_density(~remaining, policy.sigma)
         in_window = call.window[:, g:]
         scores = scores + torch.where(in_window, scores.max(dim=1, keepdim=True).values, 0.0)
-        order = torch.sort(torch.where(candidates, scores, -torch.inf), dim=1, descending=True, stable=True).indices[:, : min(policy.current_k, n)]
+        order = torch.sort(torch.where(candidates, scores, -torch.inf), dim=1, descending=True, stable=True).indices[
+            :, : min(policy.current_k, n)
+        ]
         picked = torch.zeros_like(remaining).scatter_(1, order, True) & candidates
         masked = torch.cat([torch.zeros_like(call.masked[:, :g]), picked], dim=1)
         chosen = call.queries_of(masked) | committed_since(fields, call)
@@ -113,8 +126,17 @@ class _Rule(RecomputeRule):
     def select(self, layer: int, probed: torch.Tensor | None) -> torch.Tensor:
         return self.chosen
 
-    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, queries: torch.Tensor, attended: torch.Tensor,
-                     mlp: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    def layer_output(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        index: torch.Tensor,
+        valid: torch.Tensor,
+        queries: torch.Tensor,
+        attended: torch.Tensor,
+        mlp: torch.Tensor,
+        weights: torch.Tensor | None,
+    ) -> torch.Tensor:
         out = super().layer_output(layer, x, index, valid, queries, attended, mlp, weights)
         assert weights is not None
         rows, width = self.call.real.shape

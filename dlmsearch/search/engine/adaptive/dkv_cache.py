@@ -33,13 +33,15 @@ from dlmsearch.validation import number
 
 @attrs.define(eq=False)
 class _Rule(RecomputeRule):
-    policy: "DKVCache" = attrs.field(kw_only=True)
+    policy: DKVCache = attrs.field(kw_only=True)
     index: torch.Tensor = attrs.field(init=False)  # [rows] i: this forward's index within its block
     chosen: torch.Tensor = attrs.field(init=False)  # [rows, columns] forwarded at every layer
 
     def __attrs_post_init__(self) -> None:
         call, fields = self.call, self.fields
-        same_block = fields["block"] == call.start - call.gen_start + 1  # from the generation's start (left padding may grow), + 1: 0 means never
+        same_block = (
+            fields["block"] == call.start - call.gen_start + 1
+        )  # from the generation's start (left padding may grow), + 1: 0 means never
         self.index = torch.where(same_block, fields["step"], 0)
         full = (self.index <= 1) | (self.index % self.policy.refresh_interval == 0)
         partial = ~fields["kept"] | call.queries_of(call.masked & call.window)
@@ -61,7 +63,10 @@ class DKVCache(LayerwisePolicy):
 
     name: ClassVar[str] = "dkv"
     # The README's settings (there are no GSM8K scripts): LLaDA-8B-Instruct cache_reloading_step=8, Dream-v0-Instruct-7B cache_steps=16
-    family_defaults: ClassVar[dict[str, dict[str, object]]] = {"llada": {"refresh_interval": 8}, "dream": {"refresh_interval": 16}}
+    family_defaults: ClassVar[dict[str, dict[str, object]]] = {
+        "llada": {"refresh_interval": 8},
+        "dream": {"refresh_interval": 16},
+    }
     refresh_interval: int = number(int, 2, default=8)
 
     def prepare(self, store: LayerStore, call: LayerCall, dtype: torch.dtype, device: torch.device | str) -> None:

@@ -34,7 +34,7 @@ from dlmsearch.validation import number
 
 @attrs.define(eq=False)
 class _Rule(RecomputeRule):
-    policy: "DLLMCache" = attrs.field(kw_only=True)
+    policy: DLLMCache = attrs.field(kw_only=True)
     step: torch.Tensor = attrs.field(init=False)  # [rows] this forward's clock s
 
     def __attrs_post_init__(self) -> None:
@@ -63,12 +63,23 @@ class _Rule(RecomputeRule):
         similarity = F.cosine_similarity(probed.flatten(2), stored.flatten(2), dim=-1)
         n = call.width - call.gen_start
         count = int(n * self.policy.ratio)
-        order = torch.sort(torch.where(call.response, similarity.float(), torch.inf), dim=1, stable=True).indices[:, :count]
+        order = torch.sort(torch.where(call.response, similarity.float(), torch.inf), dim=1, stable=True).indices[
+            :, :count
+        ]
         drifted = torch.zeros_like(chosen).scatter_(1, order, True) & self._adaptive(layer)[:, None]
         return chosen | drifted
 
-    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, queries: torch.Tensor, attended: torch.Tensor,
-                     mlp: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    def layer_output(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        index: torch.Tensor,
+        valid: torch.Tensor,
+        queries: torch.Tensor,
+        attended: torch.Tensor,
+        mlp: torch.Tensor,
+        weights: torch.Tensor | None,
+    ) -> torch.Tensor:
         at = cells(index, valid)
         attention, feed = self.fields["attention"][:, layer], self.fields["mlp"][:, layer]
         attention[at] = attended[valid].to(attention.dtype)

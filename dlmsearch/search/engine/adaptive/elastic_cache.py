@@ -42,22 +42,28 @@ from dlmsearch.validation import number
 
 @attrs.define(eq=False)
 class _Rule(RecomputeRule):
-    policy: "ElasticCache" = attrs.field(kw_only=True)
+    policy: ElasticCache = attrs.field(kw_only=True)
     needs_weights: ClassVar[bool] = True
     window: torch.Tensor = attrs.field(init=False)  # [rows, columns] W
     queries: torch.Tensor = attrs.field(init=False)  # [rows, columns] the reuse mode's query columns
     refreshing: torch.Tensor = attrs.field(init=False)  # [rows] in refresh mode (from the current layer on)
     fresh: torch.Tensor = attrs.field(init=False)  # [rows, columns] computed at the layer below (layer 0: every column)
     tracked: torch.Tensor = attrs.field(init=False)  # [rows, columns] the next forward's tracked columns
-    before: torch.Tensor | None = attrs.field(init=False, default=None)  # [rows, heads, tracked, keys] their attention before this layer
-    tracked_at: torch.Tensor | None = attrs.field(init=False, default=None)  # [rows, tracked] the tracked columns computed at this layer
+    before: torch.Tensor | None = attrs.field(
+        init=False, default=None
+    )  # [rows, heads, tracked, keys] their attention before this layer
+    tracked_at: torch.Tensor | None = attrs.field(
+        init=False, default=None
+    )  # [rows, tracked] the tracked columns computed at this layer
     tracked_valid: torch.Tensor | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         call, fields = self.call, self.fields
         masked_window = call.masked & call.window
         self.window = masked_window & (torch.cumsum(masked_window.long(), dim=1) <= self.policy.window)
-        self.queries = (fields["tracked"] | committed_since(fields, call) | self.window | call.queries_of(self.window)) & call.real
+        self.queries = (
+            fields["tracked"] | committed_since(fields, call) | self.window | call.queries_of(self.window)
+        ) & call.real
         self.refreshing = fields["stepped"] == 0
         self.fresh = call.real.clone()
         self.tracked = torch.zeros_like(call.real)
@@ -70,17 +76,36 @@ class _Rule(RecomputeRule):
         chosen = torch.where(self.refreshing[:, None], self.call.real, self.queries)
         self.before = None
         tracked = self.fields["tracked"] & chosen & ~self.refreshing[:, None]
-        if bool(tracked.any()):  # the tracked columns' attention at their last computation, against the keys before this layer's writes
+        if bool(
+            tracked.any()
+        ):  # the tracked columns' attention at their last computation, against the keys before this layer's writes
             self.tracked_at, self.tracked_valid = gather_columns(tracked)
             keys = self.fields["keys"][:, layer]
-            stored = self.fields["queries"][:, layer].gather(2, self.tracked_at[:, None, :, None].expand(-1, self.fields["queries"].shape[2], -1, keys.shape[-1]))
+            stored = self.fields["queries"][:, layer].gather(
+                2, self.tracked_at[:, None, :, None].expand(-1, self.fields["queries"].shape[2], -1, keys.shape[-1])
+            )
             groups = stored.shape[1] // keys.shape[1]
-            scores = stored.double() @ keys.repeat_interleave(groups, dim=1).double().transpose(-1, -2) / stored.shape[-1] ** 0.5
-            self.before = torch.softmax(scores.masked_fill(~self.call.real[:, None, None, :], -torch.inf), dim=-1)  # [rows, heads, tracked, keys]
+            scores = (
+                stored.double()
+                @ keys.repeat_interleave(groups, dim=1).double().transpose(-1, -2)
+                / stored.shape[-1] ** 0.5
+            )
+            self.before = torch.softmax(
+                scores.masked_fill(~self.call.real[:, None, None, :], -torch.inf), dim=-1
+            )  # [rows, heads, tracked, keys]
         return chosen
 
-    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, queries: torch.Tensor, attended: torch.Tensor,
-                     mlp: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    def layer_output(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        index: torch.Tensor,
+        valid: torch.Tensor,
+        queries: torch.Tensor,
+        attended: torch.Tensor,
+        mlp: torch.Tensor,
+        weights: torch.Tensor | None,
+    ) -> torch.Tensor:
         out = super().layer_output(layer, x, index, valid, queries, attended, mlp, weights)
         assert weights is not None and self.last is not None
         call, fields = self.call, self.fields
@@ -99,7 +124,9 @@ class _Rule(RecomputeRule):
         in_window = self.window.gather(1, index) & valid  # [rows, n] the window's queries among the computed
         paid = torch.where(in_window[:, None, :, None], weights.double(), 0.0).sum(dim=(1, 2))  # [rows, keys]
         decoded = ~call.masked & call.real
-        top = torch.sort(torch.where(decoded, paid, -torch.inf), dim=1, descending=True, stable=True).indices[:, : self.policy.track]
+        top = torch.sort(torch.where(decoded, paid, -torch.inf), dim=1, descending=True, stable=True).indices[
+            :, : self.policy.track
+        ]
         self.tracked |= torch.zeros_like(self.tracked).scatter_(1, top, decoded.gather(1, top))
         self.fresh = self.last
         return out

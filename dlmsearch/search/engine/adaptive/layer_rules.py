@@ -105,8 +105,17 @@ class RecomputeRule:
     def select(self, layer: int, probed: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
-    def layer_output(self, layer: int, x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, queries: torch.Tensor, attended: torch.Tensor,
-                     mlp: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    def layer_output(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        index: torch.Tensor,
+        valid: torch.Tensor,
+        queries: torch.Tensor,
+        attended: torch.Tensor,
+        mlp: torch.Tensor,
+        weights: torch.Tensor | None,
+    ) -> torch.Tensor:
         chosen = torch.zeros_like(self.call.real)
         chosen[cells(index, valid)] = True
         self.last = chosen
