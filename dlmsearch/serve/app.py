@@ -277,40 +277,48 @@ def _cut_off_line(job: Job, now: float) -> str:
     return f"dlmsearch.serve: {job.request_id} cut off by the shutdown ({state}, {job.finished} of {len(job.choices)} choices done): {answer}"
 
 
-def create_app(server: Server) -> FastAPI:
-    """The FastAPI application over ``server`` (its decode loop starts with the app)."""
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The decode loop runs exactly as long as the app does."""
+    server: Server = app.state.server
+    server.scheduler.start()
+    yield
+    server.scheduler.stop()
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        server.scheduler.start()
-        yield
-        server.scheduler.stop()
 
-    app = FastAPI(title="dlmsearch", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.state.server = server
+async def _api_error(request: Request, error: APIError) -> JSONResponse:
+    """A request's own failure answers with OpenAI's error body and its status."""
+    return JSONResponse(error.body(), status_code=error.status)
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
-        return JSONResponse(
-            APIError(
-                error.status_code,
-                f"{request.method} {request.url.path}: {error.detail}",
-                code="not_found" if error.status_code == 404 else None,
-            ).body(),
-            status_code=error.status_code,
-        )
+async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
+    """Starlette's errors (an unknown path, a wrong method) answer in OpenAI's error body too."""
+    return JSONResponse(
+        APIError(
+            error.status_code,
+            f"{request.method} {request.url.path}: {error.detail}",
+            code="not_found" if error.status_code == 404 else None,
+        ).body(),
+        status_code=error.status_code,
+    )
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
-        return JSONResponse(
-            APIError(500, f"{type(error).__name__}: {error}", code="internal_error").body(), status_code=500
-        )
 
-    async def read_body(request: Request) -> bytes:
+async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+    """A bug answers 500 in OpenAI's error body instead of stopping the server."""
+    return JSONResponse(
+        APIError(500, f"{type(error).__name__}: {error}", code="internal_error").body(), status_code=500
+    )
+
+
+class _Endpoints:
+    """The routes over one server: the two completion endpoints and the three reports."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    async def read_body(self, request: Request) -> bytes:
+        """The body, refused with a 413 as soon as it is known to be above ``serve.max_body_bytes``."""
+        server = self.server
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > server.max_body:
             raise APIError(
@@ -330,9 +338,11 @@ def create_app(server: Server) -> FastAPI:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def complete(request: Request, kind: type[Sampled], chat: bool) -> Response:
+    async def complete(self, request: Request, kind: type[Sampled], chat: bool) -> Response:
+        """Queue the request's job, then answer with a stream or, once every choice is done, the whole body."""
+        server = self.server
         server.scheduler.check_open()
-        body = parse(await read_body(request), kind)
+        body = parse(await self.read_body(request), kind)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         job = await server.job(body, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
         request_id = job.request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -342,6 +352,15 @@ def create_app(server: Server) -> FastAPI:
             return StreamingResponse(
                 _sse(server, job, events, request_id, chat, include_usage, request), media_type="text/event-stream"
             )
+        done = await self.wait_for_choices(job, events, request)
+        if done is None:
+            return Response(status_code=499)
+        done.sort(key=lambda c: c["index"])
+        return JSONResponse(completion_body(request_id, server.model_name, chat, done, server.totals(job, done)))
+
+    async def wait_for_choices(self, job: Job, events: asyncio.Queue, request: Request) -> list[dict[str, Any]] | None:
+        """Every choice's result, or None once the client has gone (its job's slots are freed then)."""
+        server = self.server
         done: list[dict[str, Any]] = []
         try:
             while len(done) < len(job.choices):
@@ -350,7 +369,7 @@ def create_app(server: Server) -> FastAPI:
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
                         server.scheduler.cancel(job)
-                        return Response(status_code=499)
+                        return None
                     continue
                 if event[0] == "error":
                     raise event[1]
@@ -359,36 +378,49 @@ def create_app(server: Server) -> FastAPI:
         except asyncio.CancelledError:
             server.scheduler.cancel(job)
             raise
-        done.sort(key=lambda c: c["index"])
-        return JSONResponse(completion_body(request_id, server.model_name, chat, done, server.totals(job, done)))
+        return done
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await complete(request, CompletionRequest, chat=False)
+    async def completions(self, request: Request) -> Response:
+        """``POST /v1/completions``: raw text prompts."""
+        return await self.complete(request, CompletionRequest, chat=False)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await complete(request, ChatRequest, chat=True)
+    async def chat_completions(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``: messages through the chat template."""
+        return await self.complete(request, ChatRequest, chat=True)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(self) -> dict[str, Any]:
+        """``GET /v1/models``: the one model this server serves."""
         return {
             "object": "list",
             "data": [
-                {"id": server.model_name, "object": "model", "created": int(time.time()), "owned_by": "dlmsearch"}
+                {"id": self.server.model_name, "object": "model", "created": int(time.time()), "owned_by": "dlmsearch"}
             ],
         }
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        state = server.scheduler.snapshot()
-        draining = server.scheduler.draining
+    async def health(self) -> JSONResponse:
+        """``GET /health``: the scheduler's state, 503 while draining so a balancer stops sending."""
+        state = self.server.scheduler.snapshot()
+        draining = self.server.scheduler.draining
         return JSONResponse({"status": "draining" if draining else "ok", **state}, status_code=503 if draining else 200)
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def metrics(self) -> Response:
+        """``GET /metrics``: Prometheus' text format."""
+        return Response(self.server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+
+def create_app(server: Server) -> FastAPI:
+    """The FastAPI application over ``server`` (its decode loop starts with the app)."""
+    app = FastAPI(title="dlmsearch", docs_url=None, redoc_url=None, openapi_url=None, lifespan=_lifespan)
+    app.state.server = server
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)
+    endpoints = _Endpoints(server)
+    app.post("/v1/completions")(endpoints.completions)
+    app.post("/v1/chat/completions")(endpoints.chat_completions)
+    app.get("/v1/models")(endpoints.models)
+    app.get("/health")(endpoints.health)
+    app.get("/metrics")(endpoints.metrics)
     return app
 
 
@@ -397,7 +429,18 @@ async def _sse(
 ) -> AsyncIterator[str]:
     """Each choice's settled text as it comes, its finish chunk, the usage chunk if asked, then ``[DONE]``.
     Between events it asks whether the client is still there (a send to a closed connection
-    alone would notice only at the next block), and frees the request's slots when it is not."""
+    alone would notice only at the next block), and frees the request's slots when it is not.
+
+    Args:
+        server: the server whose scheduler runs the job and whose model names the chunks.
+        job: the queued job; its choices say how many finish chunks to wait for.
+        events: the job's events as the decode loop posts them: ``("delta", index, text)``,
+            ``("choice", index, result)`` or ``("error", APIError)``.
+        request_id: the response's id (``cmpl-...`` or ``chatcmpl-...``), repeated in every chunk.
+        chat: chat chunks (a role chunk first, ``delta`` bodies) rather than completion chunks.
+        include_usage: send the usage chunk (``stream_options.include_usage``) before ``[DONE]``.
+        request: the client's request, polled for a disconnect between events.
+    """
     model = server.model_name
     line = lambda data: f"data: {json.dumps(data)}\n\n"
     done: list[dict[str, Any]] = []

@@ -96,7 +96,17 @@ class Lanes:
         options: dict[str, Any],
         deadline_s: float | None,
     ) -> LaneKey:
-        """The lane a request asks for; an option or preset the server does not allow is a 400."""
+        """The lane a request asks for; an option or preset the server does not allow is a 400.
+
+        Args:
+            preset: the request's decoder preset; None is the server's own.
+            gen_length: the canvas length, ``max_tokens`` rounded up to whole blocks.
+            temperature: the request's sampling temperature; None keeps the preset's.
+            top_p: the request's nucleus mass; None keeps the preset's.
+            top_k: the request's top-k; None keeps the preset's.
+            options: the request's ``decoder.*`` overrides, each checked against ``serve.request_options``.
+            deadline_s: the request's time budget; None takes the server's ``deadline_s``.
+        """
         preset = preset or self.preset
         if preset not in self.allowed_presets:
             known = "" if preset in decoder_presets() else " (no such preset)"

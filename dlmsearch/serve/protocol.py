@@ -180,7 +180,18 @@ def chunk_body(
     usage_: dict[str, Any] | None = None,
     role: bool = False,
 ) -> dict[str, Any]:
-    """One Server-Sent Event's data: ``text_completion`` chunks or ``chat.completion.chunk`` deltas."""
+    """One Server-Sent Event's data: ``text_completion`` chunks or ``chat.completion.chunk`` deltas.
+
+    Args:
+        request_id: the response's id, the same in every chunk of one stream.
+        model: the served model's name.
+        chat: a ``chat.completion.chunk`` delta rather than a ``text_completion`` chunk.
+        index: the choice this chunk belongs to.
+        text: the new text; None sends no ``content`` in a chat delta (an empty ``text`` for completions).
+        finish_reason: ``"stop"`` or ``"length"`` on a choice's last chunk, else None.
+        usage_: the usage chunk's counts (OpenAI's ``stream_options.include_usage``), if this is it.
+        role: the chat stream's first chunk per choice, which names the assistant's role.
+    """
     if chat:
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
         if text is not None:
