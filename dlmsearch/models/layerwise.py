@@ -31,7 +31,7 @@ from dlmsearch.core import attention as pattern
 from dlmsearch.models import token_ops
 
 if TYPE_CHECKING:
-    from dlmsearch.models.transformer import BidirectionalTransformer
+    from dlmsearch.models.transformer import BidirectionalTransformer, Block, TransformerConfig
 
 
 class LayerRule(Protocol):
@@ -62,10 +62,19 @@ class LayerRule(Protocol):
         mlp: torch.Tensor,
         weights: torch.Tensor | None,
     ) -> torch.Tensor:
-        """The stream leaving ``layer``: ``x`` the layer's input, ``index``/``valid`` ``[rows, n]`` the
-        recomputed columns, ``queries`` ``[rows, heads, n, head_dim]`` theirs (rotated), ``attended`` and
-        ``mlp`` ``[rows, n, hidden]`` their attention and MLP outputs (before the residuals),
-        ``weights`` ``[rows, heads, n, columns]`` (where asked)."""
+        """The stream ``[rows, columns, hidden]`` leaving ``layer``.
+
+        Args:
+            layer: the layer's index.
+            x: ``[rows, columns, hidden]`` the layer's input (what :meth:`layer_input` returned).
+            index: ``[rows, n]`` the recomputed columns (:func:`gather_columns`, padded with column 0).
+            valid: ``[rows, n]`` which entries of ``index`` are real.
+            queries: ``[rows, heads, n, head_dim]`` the recomputed columns' queries (rotated).
+            attended: ``[rows, n, hidden]`` their attention output (projected, before the residual).
+            mlp: ``[rows, n, hidden]`` their MLP output (before the residual).
+            weights: ``[rows, heads, n, columns]`` their attention probabilities (where
+                :attr:`needs_weights` asks; else None).
+        """
 
     def final(self, x: torch.Tensor, logits_of: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """The last layer's stream, with the head (a policy that reads logits beyond the window: d2Cache's confidences)."""
@@ -102,6 +111,146 @@ def _attend_with_weights(
     return (weights @ v).to(q.dtype), weights.to(q.dtype)
 
 
+def _probe_values(block: Block, config: TransformerConfig, x: torch.Tensor, probe: torch.Tensor) -> torch.Tensor:
+    """Fresh values ``[rows, columns, kv_heads, head_dim]`` of the probed columns (zeros elsewhere) for the drift test."""
+    rows, width = probe.shape
+    fresh = F.linear(
+        token_ops.rms_norm(x, block.attn_norm.weight, block.attn_norm.eps), block.v_proj.weight, block.v_proj.bias
+    )
+    return torch.where(probe[..., None], fresh, 0).view(rows, width, config.num_kv_heads, config.head_dim)
+
+
+def _selected_qkv(
+    block: Block,
+    config: TransformerConfig,
+    xs: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    index: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The selected columns' rotated queries, keys and values ``[rows, heads, n, head_dim]``, per token as dense blocks.
+
+    Args:
+        block: the layer's (dense) block, whose norm and projections are used.
+        config: the model's configuration (heads, head size, rotary precision).
+        xs: ``[rows, n, hidden]`` the selected columns' input stream.
+        cos: ``[rows, 1, columns, rotary_dim]`` the rotary cosines of every column.
+        sin: ``[rows, 1, columns, rotary_dim]`` the rotary sines of every column.
+        index: ``[rows, n]`` the selected columns (:func:`gather_columns`).
+    """
+    rows, n = index.shape
+
+    def angle(t: torch.Tensor) -> torch.Tensor:
+        return _gather(t[:, 0], index).reshape(rows * n, 1, -1)
+
+    q, k, v = token_ops.attention_inputs(
+        xs.reshape(rows * n, -1),
+        angle(cos),
+        angle(sin),
+        block.attn_norm.weight,
+        block.attn_norm.eps,
+        block.q_proj.weight,
+        block.q_proj.bias,
+        block.k_proj.weight,
+        block.k_proj.bias,
+        block.v_proj.weight,
+        block.v_proj.bias,
+        config.num_heads,
+        config.num_kv_heads,
+        config.rope_in_float32,
+        None if block.q_norm is None else block.q_norm.weight,
+        None if block.k_norm is None else block.k_norm.weight,
+    )
+    return tuple(t.view(rows, n, -1, config.head_dim).transpose(1, 2) for t in (q, k, v))
+
+
+def _attend_selected(
+    block: Block,
+    config: TransformerConfig,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    key_mask: torch.Tensor,
+    needs_weights: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The selected queries' attention output ``[rows, n, hidden]`` (projected) and, where asked, its probabilities.
+
+    Args:
+        block: the layer's block, whose output projection is used.
+        config: the model's configuration (heads, attention width).
+        q: ``[rows, heads, n, head_dim]`` the selected columns' rotated queries.
+        keys: ``[rows, kv_heads, columns, head_dim]`` the rows' stored keys, the selected ones already written.
+        values: ``[rows, kv_heads, columns, head_dim]`` the rows' stored values, likewise.
+        key_mask: the padding mask: which keys each row's queries may attend to.
+        needs_weights: also return the probabilities ``[rows, heads, n, columns]`` (else None).
+    """
+    rows, _, n, _ = q.shape
+    if needs_weights:
+        attended, weights = _attend_with_weights(q, keys, values, key_mask)
+    else:
+        attended, weights = (
+            token_ops.attend(q, keys, values, key_mask, config.num_kv_heads != config.num_heads),
+            None,
+        )
+    return F.linear(attended.transpose(1, 2).reshape(rows, n, config.attention_width), block.o_proj.weight), weights
+
+
+def _layer(
+    module: BidirectionalTransformer,
+    layer: int,
+    rule: LayerRule,
+    x: torch.Tensor,
+    real: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    key_mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer under the rule: its output stream, and how many columns each row recomputed ``[rows]``.
+
+    Args:
+        module: the transformer whose block ``layer`` runs.
+        layer: the layer's index.
+        rule: the call's per-layer decisions (:class:`LayerRule`).
+        x: ``[rows, columns, hidden]`` the previous layer's output stream.
+        real: ``[rows, columns]`` which columns are tokens (not left padding).
+        cos: ``[rows, 1, columns, rotary_dim]`` the rotary cosines of every column.
+        sin: ``[rows, 1, columns, rotary_dim]`` the rotary sines of every column.
+        key_mask: the padding mask: which keys each row's queries may attend to.
+    """
+    block = module.blocks[layer]
+    if block.moe is not None:
+        raise ValueError(
+            f"a layerwise cache policy runs dense blocks only (this model's layer {layer} is a mixture of experts)"
+        )
+    x = rule.layer_input(layer, x)
+    keys, values = rule.keys_values(layer)
+    probe = rule.probe(layer)
+    probed = None
+    if probe is not None:
+        probe = probe & real
+        probed = _probe_values(block, module.config, x, probe)
+    chosen = rule.select(layer, probed) & real
+    if probed is not None:
+        values.copy_(torch.where(probe[:, None, :, None], probed.transpose(1, 2), values))
+    index, valid = gather_columns(chosen)
+    xs = _gather(x, index)
+    q, k, v = _selected_qkv(block, module.config, xs, cos, sin, index)
+    row, column = cells(index, valid)
+    keys[row, :, column] = k.transpose(1, 2)[valid]
+    values[row, :, column] = v.transpose(1, 2)[valid]
+    attended, weights = _attend_selected(block, module.config, q, keys, values, key_mask, rule.needs_weights)
+    mlp = token_ops.mlp(
+        xs + attended,
+        block.mlp_norm.weight,
+        block.mlp_norm.eps,
+        block.gate_proj.weight,
+        block.up_proj.weight,
+        block.down_proj.weight,
+        module.config.activation,
+    )
+    return rule.layer_output(layer, x, index, valid, q, attended, mlp, weights), chosen.sum(dim=1)
+
+
 def layerwise_logits(
     module: BidirectionalTransformer,
     input_ids: torch.Tensor,
@@ -112,83 +261,25 @@ def layerwise_logits(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Logits ``[rows, max(high - low), vocab]`` of each row's columns ``low:high`` (left-aligned),
     which of them are current (the rule's :meth:`~LayerRule.read`), and the columns each row
-    recomputed per layer ``[rows, layers]``."""
-    config = module.config
+    recomputed per layer ``[rows, layers]``.
+
+    Args:
+        module: the transformer (dense blocks only).
+        input_ids: ``[rows, columns]`` the rows' tokens, left-padded.
+        real: ``[rows, columns]`` which columns are tokens (not left padding).
+        rule: the call's per-layer decisions over the rows' copies of their slots' stores.
+        low: ``[rows]`` the first column whose logits are read.
+        high: ``[rows]`` one past the last column whose logits are read.
+    """
     rows, width = input_ids.shape
     device = input_ids.device
-    positions = pattern.positions(real)
-    cos, sin = module.rotary(positions)
+    cos, sin = module.rotary(pattern.positions(real))
     key_mask = pattern.padding_mask(real)
     x = module.embed(input_ids)
-    recomputed = torch.zeros(rows, config.num_layers, dtype=torch.long, device=device)
-    for layer, block in enumerate(module.blocks):
-        if block.moe is not None:
-            raise ValueError(
-                f"a layerwise cache policy runs dense blocks only (this model's layer {layer} is a mixture of experts)"
-            )
-        x = rule.layer_input(layer, x)
-        keys, values = rule.keys_values(layer)
-        probe = rule.probe(layer)
-        probed = None
-        if probe is not None:
-            probe = probe & real
-            fresh = F.linear(
-                token_ops.rms_norm(x, block.attn_norm.weight, block.attn_norm.eps),
-                block.v_proj.weight,
-                block.v_proj.bias,
-            )
-            probed = torch.where(probe[..., None], fresh, 0).view(rows, width, config.num_kv_heads, config.head_dim)
-        chosen = rule.select(layer, probed) & real
-        if probed is not None:
-            values.copy_(torch.where(probe[:, None, :, None], probed.transpose(1, 2), values))
-        index, valid = gather_columns(chosen)
-        n = index.shape[1]
-        recomputed[:, layer] = chosen.sum(dim=1)
-        xs = _gather(x, index)
-
-        def angle(t: torch.Tensor, index: torch.Tensor = index, n: int = n) -> torch.Tensor:
-            return _gather(t[:, 0], index).reshape(rows * n, 1, -1)
-
-        q, k, v = token_ops.attention_inputs(
-            xs.reshape(rows * n, -1),
-            angle(cos),
-            angle(sin),
-            block.attn_norm.weight,
-            block.attn_norm.eps,
-            block.q_proj.weight,
-            block.q_proj.bias,
-            block.k_proj.weight,
-            block.k_proj.bias,
-            block.v_proj.weight,
-            block.v_proj.bias,
-            config.num_heads,
-            config.num_kv_heads,
-            config.rope_in_float32,
-            None if block.q_norm is None else block.q_norm.weight,
-            None if block.k_norm is None else block.k_norm.weight,
-        )
-        q, k, v = (t.view(rows, n, -1, config.head_dim).transpose(1, 2) for t in (q, k, v))
-        row, column = cells(index, valid)
-        keys[row, :, column] = k.transpose(1, 2)[valid]
-        values[row, :, column] = v.transpose(1, 2)[valid]
-        if rule.needs_weights:
-            attended, weights = _attend_with_weights(q, keys, values, key_mask)
-        else:
-            attended, weights = (
-                token_ops.attend(q, keys, values, key_mask, config.num_kv_heads != config.num_heads),
-                None,
-            )
-        attended = F.linear(attended.transpose(1, 2).reshape(rows, n, config.attention_width), block.o_proj.weight)
-        mlp = token_ops.mlp(
-            xs + attended,
-            block.mlp_norm.weight,
-            block.mlp_norm.eps,
-            block.gate_proj.weight,
-            block.up_proj.weight,
-            block.down_proj.weight,
-            config.activation,
-        )
-        x = rule.layer_output(layer, x, index, valid, q, attended, mlp, weights)
+    recomputed = torch.zeros(rows, module.config.num_layers, dtype=torch.long, device=device)
+    for layer in range(len(module.blocks)):
+        x, count = _layer(module, layer, rule, x, real, cos, sin, key_mask)
+        recomputed[:, layer] = count
     rule.final(x, module.logits_of)
     length = int((high - low).max())
     column = (low[:, None] + torch.arange(length, device=device)[None, :]).clamp(max=width - 1)
