@@ -58,99 +58,146 @@ def _require(config: dict[str, Any], family: str, expected: dict[str, Any]) -> N
             )
 
 
-def _llada_config(config: dict[str, Any]) -> TransformerConfig:
-    _require(
-        config,
-        "LLaDA",
-        {
-            "block_type": ("llama",),
-            "layer_norm_type": ("rms",),
-            "rope": (True,),
-            "alibi": (False,),
-            "attention_layer_norm": (False,),
-            "include_bias": (False,),
-            "input_emb_norm": (False,),
-            "scale_logits": (False,),
-            "block_group_size": (1,),
-            "activation_type": ("silu", "gelu", "relu"),
-        },
-    )
-    d_model, heads = config["d_model"], config["n_heads"]
-    kv_heads = 1 if config.get("multi_query_attention") else (config.get("n_kv_heads") or heads)
-    return TransformerConfig(
-        vocab_size=config.get("embedding_size") or config["vocab_size"],
-        hidden_size=d_model,
-        num_layers=config["n_layers"],
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        intermediate_size=config.get("mlp_hidden_size") or config.get("mlp_ratio", 4) * d_model,
-        max_length=config.get("max_sequence_length", 1024),
-        rope_theta=float(config.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
-        qkv_bias=bool(config.get("include_qkv_bias", False)),
-        activation=config.get("activation_type", "silu"),
-        tie_embeddings=bool(config.get("weight_tying", True)),
-        rope_in_float32=bool(config.get("rope_full_precision", True)),
-    )
+_REQUIRED = object()  # a Key without a default: config.json must have it
 
 
-def _dream_config(config: dict[str, Any]) -> TransformerConfig:
-    _require(config, "Dream", {"rope_scaling": (None,), "hidden_act": ("silu", "gelu", "relu")})
-    return TransformerConfig(
-        vocab_size=config["vocab_size"],
-        hidden_size=config["hidden_size"],
-        num_layers=config["num_hidden_layers"],
-        num_heads=config["num_attention_heads"],
-        num_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-        intermediate_size=config["intermediate_size"],
-        max_length=config.get("max_position_embeddings", 32768),
-        rope_theta=float(config.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        qkv_bias=True,
-        activation=config.get("hidden_act", "silu"),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        rope_in_float32=False,
-    )
+@attrs.frozen
+class Key:
+    """Where one :class:`TransformerConfig` field stands in ``config.json`` (as transformers' ``attribute_map``).
+
+    The last name is read as ``config.get(name, default)``, or ``config[name]`` where there is no
+    default, then passed through ``convert``; any earlier names come first, the first one that is
+    set (truthy) winning: ``Key.of("embedding_size", "vocab_size")`` reads
+    ``config.get("embedding_size") or config["vocab_size"]``.
+    """
+
+    names: tuple[str, ...]
+    default: Any = _REQUIRED
+    convert: Callable[[Any], Any] | None = None
+
+    @classmethod
+    def of(cls, *names: str, default: Any = _REQUIRED, convert: Callable[[Any], Any] | None = None) -> Key:
+        return cls(names, default, convert)
+
+    def read(self, config: dict[str, Any]) -> Any:
+        *first, last = self.names
+        for name in first:
+            if config.get(name):
+                return config[name]
+        value = config[last] if self.default is _REQUIRED else config.get(last, self.default)
+        return value if self.convert is None else self.convert(value)
+
+
+@attrs.frozen(eq=False)
+class ConfigReader:
+    """A family's ``config.json`` -> :class:`TransformerConfig`: what it must say (``requires``, checked
+    first), one table of field -> :class:`Key` (or a constant), and ``special``: the fields the
+    family computes rather than reads (with their own errors), which take the table's place."""
+
+    family: str  # the family's name in error messages
+    requires: dict[str, tuple[Any, ...]]  # key -> the values the native implementation supports (the first: absent)
+    keys: dict[str, Key | Any]
+    special: Callable[[dict[str, Any]], dict[str, Any]] = lambda config: {}  # none: every field is in the table
+
+    def __call__(self, config: dict[str, Any]) -> TransformerConfig:
+        _require(config, self.family, self.requires)
+        special = self.special(config)
+        table = {field: key for field, key in self.keys.items() if field not in special}
+        read = {field: key.read(config) if isinstance(key, Key) else key for field, key in table.items()}
+        return TransformerConfig(**read, **special)
+
+
+def _llada_special(config: dict[str, Any]) -> dict[str, Any]:
+    """Multi-query attention (one k/v head) and an MLP width given as a ratio of ``d_model``."""
+    mlp = config.get("mlp_hidden_size") or config.get("mlp_ratio", 4) * config["d_model"]
+    return {"intermediate_size": mlp, **({"num_kv_heads": 1} if config.get("multi_query_attention") else {})}
+
+
+_llada_config = ConfigReader(
+    "LLaDA",
+    requires={
+        "block_type": ("llama",),
+        "layer_norm_type": ("rms",),
+        "rope": (True,),
+        "alibi": (False,),
+        "attention_layer_norm": (False,),
+        "include_bias": (False,),
+        "input_emb_norm": (False,),
+        "scale_logits": (False,),
+        "block_group_size": (1,),
+        "activation_type": ("silu", "gelu", "relu"),
+    },
+    keys={
+        "vocab_size": Key.of("embedding_size", "vocab_size"),
+        "hidden_size": Key.of("d_model"),
+        "num_layers": Key.of("n_layers"),
+        "num_heads": Key.of("n_heads"),
+        "num_kv_heads": Key.of("n_kv_heads", "n_heads"),
+        "max_length": Key.of("max_sequence_length", default=1024),
+        "rope_theta": Key.of("rope_theta", default=10000.0, convert=float),
+        "rms_norm_eps": Key.of("rms_norm_eps", default=1e-5, convert=float),
+        "qkv_bias": Key.of("include_qkv_bias", default=False, convert=bool),
+        "activation": Key.of("activation_type", default="silu"),
+        "tie_embeddings": Key.of("weight_tying", default=True, convert=bool),
+        "rope_in_float32": Key.of("rope_full_precision", default=True, convert=bool),
+    },
+    special=_llada_special,
+)
+
+# Qwen2's names, as Dream's config.json has them (SDAR and LLaDA2 start from this table)
+_DREAM_KEYS: dict[str, Key | Any] = {
+    "vocab_size": Key.of("vocab_size"),
+    "hidden_size": Key.of("hidden_size"),
+    "num_layers": Key.of("num_hidden_layers"),
+    "num_heads": Key.of("num_attention_heads"),
+    "num_kv_heads": Key.of("num_key_value_heads", "num_attention_heads"),
+    "intermediate_size": Key.of("intermediate_size"),
+    "max_length": Key.of("max_position_embeddings", default=32768),
+    "rope_theta": Key.of("rope_theta", default=10000.0, convert=float),
+    "rms_norm_eps": Key.of("rms_norm_eps", default=1e-6, convert=float),
+    "qkv_bias": True,
+    "activation": Key.of("hidden_act", default="silu"),
+    "tie_embeddings": Key.of("tie_word_embeddings", default=False, convert=bool),
+    "rope_in_float32": False,
+}
+
+_dream_config = ConfigReader(
+    "Dream", requires={"rope_scaling": (None,), "hidden_act": ("silu", "gelu", "relu")}, keys=_DREAM_KEYS
+)
+
+
+def _head_dim(config: dict[str, Any]) -> int:
+    """An explicit ``head_dim`` (Qwen3), else hidden / heads."""
+    heads = config["num_attention_heads"]
+    return config.get("head_dim") or config["hidden_size"] // heads
 
 
 SDAR_DEFAULT_BLOCK = 4  # SDAR's and TraDo's published block size, where config.json names none
 
 
-def _sdar_config(config: dict[str, Any]) -> TransformerConfig:
-    """SDAR / TraDo (Qwen3's architecture, trained block-causally): GQA, q/k RMSNorm over each head,
-    an explicit ``head_dim``, no biases, untied head unless ``tie_word_embeddings``. The block size is
-    config.json's ``block_size`` (dlmsearch's own checkpoints write it), else SDAR's 4."""
-    _require(
-        config,
-        "SDAR",
-        {
-            "rope_scaling": (None,),
-            "hidden_act": ("silu",),
-            "attention_bias": (False,),
-            "use_sliding_window": (False,),
-        },
-    )
-    heads = config["num_attention_heads"]
+def _sdar_special(config: dict[str, Any]) -> dict[str, Any]:
+    """The block size: config.json's ``block_size`` (dlmsearch's own checkpoints write it), else SDAR's 4."""
+    head_dim = _head_dim(config)
     block = config.get("block_size") or SDAR_DEFAULT_BLOCK
     if not isinstance(block, int) or block < 1:
         raise UnsupportedCheckpoint(f"SDAR config.json has block_size={block!r}; it must be a positive integer")
-    return TransformerConfig(
-        vocab_size=config["vocab_size"],
-        hidden_size=config["hidden_size"],
-        num_layers=config["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=config.get("num_key_value_heads") or heads,
-        intermediate_size=config["intermediate_size"],
-        max_length=config.get("max_position_embeddings", 32768),
-        rope_theta=float(config.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        activation="silu",
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        rope_in_float32=False,
-        qk_norm=True,
-        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        block_size=block,
-    )
+    return {"head_dim": head_dim, "block_size": block}
+
+
+# SDAR / TraDo (Qwen3's architecture, trained block-causally): GQA, q/k RMSNorm over each head,
+# an explicit ``head_dim``, no biases, untied head unless ``tie_word_embeddings``.
+_SDAR_KEYS: dict[str, Key | Any] = {**_DREAM_KEYS, "qkv_bias": False, "activation": "silu", "qk_norm": True}
+_sdar_config = ConfigReader(
+    "SDAR",
+    requires={
+        "rope_scaling": (None,),
+        "hidden_act": ("silu",),
+        "attention_bias": (False,),
+        "use_sliding_window": (False,),
+    },
+    keys=_SDAR_KEYS,
+    special=_sdar_special,
+)
 
 
 _LLADA_BLOCK = r"model\.transformer\.blocks\.(\d+)\."
@@ -207,67 +254,62 @@ SDAR = Family(
 LLADA2_DEFAULT_BLOCK = 32  # LLaDA2.0 / 2.1's block (its generate's block_length), where config.json names none
 
 
-def _llada2_config(config: dict[str, Any]) -> TransformerConfig:
-    """LLaDA2.0 / 2.1 (``llada2_moe``, Ling's MoE trained block-causally): fused q/k/v, q/k RMSNorm,
-    partial rotary, grouped top-k routing over sigmoid-scored experts plus shared experts, the first
-    ``first_k_dense_replace`` layers dense."""
-    _require(
-        config,
-        "LLaDA2",
-        {
-            "rope_scaling": (None,),
-            "hidden_act": ("silu",),
-            "use_qkv_bias": (False,),
-            "use_bias": (False,),
-            "norm_head": (False,),
-            "use_qk_norm": (True,),
-            "use_sliding_window": (False,),
-        },
-    )
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+def _llada2_moe(config: dict[str, Any]) -> MixtureOfExperts | None:
+    """Grouped top-k routing over sigmoid-scored experts plus shared experts, the first
+    ``first_k_dense_replace`` layers dense (None: a dense model)."""
     experts = config.get("num_experts")
-    moe = None
-    if experts:
-        needed = ("num_experts_per_tok", "n_group", "topk_group", "moe_intermediate_size")
-        missing = [key for key in needed if not config.get(key)]
-        if missing:
-            raise UnsupportedCheckpoint(
-                f"LLaDA2 config.json has num_experts={experts} but no {', '.join(missing)}: the routed experts cannot be built"
-            )
-        if experts % config["n_group"]:
-            raise UnsupportedCheckpoint(
-                f"LLaDA2 config.json: num_experts={experts} is not a multiple of n_group={config['n_group']}"
-            )
-        moe = MixtureOfExperts(
-            num_experts=experts,
-            top_k=config["num_experts_per_tok"],
-            groups=config["n_group"],
-            top_groups=config["topk_group"],
-            scaling=float(config.get("routed_scaling_factor", 1.0)),
-            intermediate_size=config["moe_intermediate_size"],
-            shared_experts=config.get("num_shared_experts") or 0,
-            dense_layers=config.get("first_k_dense_replace", 0),
+    if not experts:
+        return None
+    needed = ("num_experts_per_tok", "n_group", "topk_group", "moe_intermediate_size")
+    missing = [key for key in needed if not config.get(key)]
+    if missing:
+        raise UnsupportedCheckpoint(
+            f"LLaDA2 config.json has num_experts={experts} but no {', '.join(missing)}: the routed experts cannot be built"
         )
-    block = config.get("block_size") or LLADA2_DEFAULT_BLOCK
-    return TransformerConfig(
-        vocab_size=config["vocab_size"],
-        hidden_size=config["hidden_size"],
-        num_layers=config["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=config.get("num_key_value_heads") or heads,
-        intermediate_size=config.get("intermediate_size") or 0,
-        max_length=config.get("max_position_embeddings", 32768),
-        rope_theta=float(config.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        rope_in_float32=False,
-        qk_norm=True,
-        head_dim=head_dim,
-        block_size=block,
-        rotary_dim=int(head_dim * float(config.get("partial_rotary_factor", 1.0))),
-        moe=moe,
+    if experts % config["n_group"]:
+        raise UnsupportedCheckpoint(
+            f"LLaDA2 config.json: num_experts={experts} is not a multiple of n_group={config['n_group']}"
+        )
+    return MixtureOfExperts(
+        num_experts=experts,
+        top_k=config["num_experts_per_tok"],
+        groups=config["n_group"],
+        top_groups=config["topk_group"],
+        scaling=float(config.get("routed_scaling_factor", 1.0)),
+        intermediate_size=config["moe_intermediate_size"],
+        shared_experts=config.get("num_shared_experts") or 0,
+        dense_layers=config.get("first_k_dense_replace", 0),
     )
+
+
+def _llada2_special(config: dict[str, Any]) -> dict[str, Any]:
+    """LLaDA2.0 / 2.1 (``llada2_moe``, Ling's MoE trained block-causally): fused q/k/v (split by
+    :func:`_llada2_regroup`), partial rotary, the experts of :func:`_llada2_moe`, a dense MLP width
+    of 0 where the config names none (every layer MoE), LLaDA2's block where it names none."""
+    head_dim = _head_dim(config)
+    return {
+        "head_dim": head_dim,
+        "moe": _llada2_moe(config),
+        "block_size": config.get("block_size") or LLADA2_DEFAULT_BLOCK,
+        "intermediate_size": config.get("intermediate_size") or 0,
+        "rotary_dim": int(head_dim * float(config.get("partial_rotary_factor", 1.0))),
+    }
+
+
+_llada2_config = ConfigReader(
+    "LLaDA2",
+    requires={
+        "rope_scaling": (None,),
+        "hidden_act": ("silu",),
+        "use_qkv_bias": (False,),
+        "use_bias": (False,),
+        "norm_head": (False,),
+        "use_qk_norm": (True,),
+        "use_sliding_window": (False,),
+    },
+    keys={**_SDAR_KEYS, "rms_norm_eps": Key.of("rms_norm_eps", default=1e-5, convert=float)},
+    special=_llada2_special,
+)
 
 
 def _llada2_regroup(state: dict[str, torch.Tensor], config: TransformerConfig) -> dict[str, torch.Tensor]:

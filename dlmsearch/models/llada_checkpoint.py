@@ -10,6 +10,7 @@ not ours to copy), so there is no ``auto_map``: ``model.impl=native`` is the way
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -20,34 +21,49 @@ import torch
 from dlmsearch.models.families import LLADA, Family
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 
-# native name pattern -> LLaDA name (checked against the family's renames on every save)
-_TO_LLADA = (
-    (r"embed\.weight", "model.transformer.wte.weight"),
-    (r"norm\.weight", "model.transformer.ln_f.weight"),
-    (r"head\.weight", "model.transformer.ff_out.weight"),
-    (r"blocks\.(\d+)\.(q_proj|k_proj|v_proj|up_proj)\.weight", r"model.transformer.blocks.\1.\2.weight"),
-    (r"blocks\.(\d+)\.attn_norm\.weight", r"model.transformer.blocks.\1.attn_norm.weight"),
-    (r"blocks\.(\d+)\.o_proj\.weight", r"model.transformer.blocks.\1.attn_out.weight"),
-    (r"blocks\.(\d+)\.mlp_norm\.weight", r"model.transformer.blocks.\1.ff_norm.weight"),
-    (r"blocks\.(\d+)\.gate_proj\.weight", r"model.transformer.blocks.\1.ff_proj.weight"),
-    (r"blocks\.(\d+)\.down_proj\.weight", r"model.transformer.blocks.\1.ff_out.weight"),
-)
+_GROUP = re.compile(r"\\(.)|\(([^()]*)\)|([^\\()])")  # in a checkpoint pattern: an escape, a group, a plain character
+_BACKREF = re.compile(r"\\(\d+)")  # in a native replacement: a group of the checkpoint pattern
 
 
-def family_name(native: str, table: tuple[tuple[str, str], ...], family: Family) -> str:
-    """A checkpoint format's name for a native parameter, by ``table`` (checked: the family's renames map it back)."""
-    for pattern, replacement in table:
-        if re.fullmatch(pattern, native):
-            name = re.sub(pattern, replacement, native)
+@functools.cache
+def _inverse(renames: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern[str], tuple[str | int, ...]], ...]:
+    """``renames`` (checkpoint pattern -> native replacement) turned around: per rule, a pattern on the
+    native name whose named groups ``gN`` are the checkpoint pattern's groups, and the checkpoint
+    name's pieces (literal text, or a group's number). Only plain patterns invert (escaped or plain
+    characters and unnested groups); a rule whose replacement drops one of its groups is left out."""
+    inverse = []
+    for pattern, replacement in renames:
+        pieces: list[str | int] = []
+        groups: dict[int, str] = {}
+        for escaped, group, plain in _GROUP.findall(pattern):
+            if group:
+                groups[len(groups) + 1] = group
+                pieces.append(len(groups))
+            elif not escaped and plain in ".^$*+?{}[]|":
+                raise ValueError(f"the rename pattern {pattern!r} is not plain enough to turn around")
+            else:
+                pieces.append(escaped or plain)
+        if {int(n) for n in _BACKREF.findall(replacement)} != set(groups):
+            continue
+        literal = _BACKREF.split(replacement)  # text, group number, text, ...
+        native = "".join(
+            re.escape(part) if i % 2 == 0 else f"(?P<g{part}>{groups[int(part)]})" for i, part in enumerate(literal)
+        )
+        inverse.append((re.compile(native), tuple(pieces)))
+    return tuple(inverse)
+
+
+def family_name(native: str, family: Family) -> str:
+    """The checkpoint's name for a native parameter, by the family's renames turned around (the
+    first rule that yields it, as the renames read it; checked: the renames map it back)."""
+    for pattern, pieces in _inverse(family.renames):
+        match = pattern.fullmatch(native)
+        if match:
+            name = "".join(piece if isinstance(piece, str) else match[f"g{piece}"] for piece in pieces)
             if family.native_name(name) != native:
                 raise AssertionError(f"{native} -> {name} does not map back through the {family.name} family")
             return name
     raise ValueError(f"the {family.name} format has no place for the native parameter {native}")
-
-
-def llada_name(native: str) -> str:
-    """LLaDA's name for a native parameter (the family's renames map it back)."""
-    return family_name(native, _TO_LLADA, LLADA)
 
 
 def write_checkpoint(directory: Path, state: dict[str, torch.Tensor], files: dict[str, str]) -> None:
@@ -118,17 +134,38 @@ def llada_config(config: TransformerConfig, *, mask_id: int, eos_id: int, pad_id
     }
 
 
-def save_llada(directory: Path, module: BidirectionalTransformer, *, mask_id: int, eos_id: int, eot_id: int) -> None:
-    """Write ``module`` (float32) as a LLaDA checkpoint into ``directory`` (files replaced atomically)."""
+def save_as(
+    directory: Path,
+    module: BidirectionalTransformer,
+    family: Family,
+    config: dict[str, Any],
+    *,
+    eos_id: int,
+    eot_id: int,
+) -> None:
+    """Write ``module`` (float32) with ``family``'s parameter names, ``config`` as ``config.json`` and the
+    stop ids (EOS, EOT) as ``generation_config.json`` into ``directory`` (files replaced atomically).
+
+    Args:
+        directory: the checkpoint directory (created where missing).
+        module: the native transformer whose ``state_dict`` is written.
+        family: whose renames, turned around, name the parameters (:func:`family_name`).
+        config: the family's ``config.json`` fields for ``module.config``.
+        eos_id: the end-of-text id (also the pad id).
+        eot_id: the end-of-turn id.
+    """
     write_checkpoint(
         directory,
-        {llada_name(name): tensor for name, tensor in module.state_dict().items()},
+        {family_name(name, family): tensor for name, tensor in module.state_dict().items()},
         {
-            "config.json": json.dumps(
-                llada_config(module.config, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id), indent=2
-            )
-            + "\n",
+            "config.json": json.dumps(config, indent=2) + "\n",
             "generation_config.json": json.dumps({"eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id}, indent=2)
             + "\n",
         },
     )
+
+
+def save_llada(directory: Path, module: BidirectionalTransformer, *, mask_id: int, eos_id: int, eot_id: int) -> None:
+    """Write ``module`` (float32) as a LLaDA checkpoint into ``directory`` (files replaced atomically)."""
+    config = llada_config(module.config, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id)
+    save_as(directory, module, LLADA, config, eos_id=eos_id, eot_id=eot_id)

@@ -9,25 +9,12 @@ SDAR's modeling code is not shipped (``model.impl=native``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from dlmsearch.models.families import SDAR
-from dlmsearch.models.llada_checkpoint import family_name, write_checkpoint
+from dlmsearch.models.llada_checkpoint import save_as
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
-
-_LAYER = r"blocks\.(\d+)\."
-_TO_SDAR = (
-    (r"embed\.weight", "model.embed_tokens.weight"),
-    (r"norm\.weight", "model.norm.weight"),
-    (r"head\.weight", "lm_head.weight"),
-    (_LAYER + r"(q_proj|k_proj|v_proj|o_proj)\.weight", r"model.layers.\1.self_attn.\2.weight"),
-    (_LAYER + r"(q_norm|k_norm)\.weight", r"model.layers.\1.self_attn.\2.weight"),
-    (_LAYER + r"(gate_proj|up_proj|down_proj)\.weight", r"model.layers.\1.mlp.\2.weight"),
-    (_LAYER + r"attn_norm\.weight", r"model.layers.\1.input_layernorm.weight"),
-    (_LAYER + r"mlp_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
-)
 
 
 def sdar_config(config: TransformerConfig, *, mask_id: int, eos_id: int, pad_id: int) -> dict[str, Any]:
@@ -68,15 +55,5 @@ def sdar_config(config: TransformerConfig, *, mask_id: int, eos_id: int, pad_id:
 
 def save_sdar(directory: Path, module: BidirectionalTransformer, *, mask_id: int, eos_id: int, eot_id: int) -> None:
     """Write ``module`` (float32) as an SDAR checkpoint into ``directory`` (files replaced atomically)."""
-    write_checkpoint(
-        directory,
-        {family_name(name, _TO_SDAR, SDAR): tensor for name, tensor in module.state_dict().items()},
-        {
-            "config.json": json.dumps(
-                sdar_config(module.config, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id), indent=2
-            )
-            + "\n",
-            "generation_config.json": json.dumps({"eos_token_id": [eos_id, eot_id], "pad_token_id": eos_id}, indent=2)
-            + "\n",
-        },
-    )
+    config = sdar_config(module.config, mask_id=mask_id, eos_id=eos_id, pad_id=eos_id)
+    save_as(directory, module, SDAR, config, eos_id=eos_id, eot_id=eot_id)
