@@ -66,7 +66,26 @@ def attention_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``x [tokens, hidden]`` and its rotary ``cos, sin [tokens, 1, head_dim]`` to rotated
     queries and keys and the values, ``[tokens, heads, head_dim]`` each. ``q_norm``/``k_norm``
-    (Qwen3-style models: SDAR, LLaDA2): an RMSNorm of each head's query and key before rotation."""
+    (Qwen3-style models: SDAR, LLaDA2): an RMSNorm of each head's query and key before rotation.
+
+    Args:
+        x: ``[tokens, hidden]`` the stream entering the block.
+        cos: ``[tokens, 1, rotary_dim]`` the rotary cosines of each token's position.
+        sin: ``[tokens, 1, rotary_dim]`` the rotary sines.
+        norm: ``[hidden]`` the attention norm's weight.
+        eps: the RMSNorm epsilon (also the query/key norms').
+        wq: ``[heads * head_dim, hidden]`` the query projection.
+        bq: ``[heads * head_dim]`` its bias, or None.
+        wk: ``[kv_heads * head_dim, hidden]`` the key projection.
+        bk: ``[kv_heads * head_dim]`` its bias, or None.
+        wv: ``[kv_heads * head_dim, hidden]`` the value projection.
+        bv: ``[kv_heads * head_dim]`` its bias, or None.
+        heads: query heads.
+        kv_heads: key/value heads (fewer than ``heads``: grouped-query attention).
+        in_float32: rotate in float32 and cast back (LLaDA) rather than in the model dtype (Dream).
+        q_norm: ``[head_dim]`` the per-head query norm's weight, or None.
+        k_norm: ``[head_dim]`` the per-head key norm's weight (given with ``q_norm``).
+    """
     tokens = x.shape[0]
     h = rms_norm(x, norm, eps)
     q = F.linear(h, wq, bq).view(tokens, heads, -1)
@@ -88,7 +107,19 @@ def block_output(
     down: torch.Tensor,
     activation: str,
 ) -> torch.Tensor:
-    """The block's output for ``x [tokens, hidden]`` given its attention ``[tokens, hidden]``."""
+    """The block's output for ``x [tokens, hidden]`` given its attention ``[tokens, hidden]``.
+
+    Args:
+        x: ``[tokens, hidden]`` the stream entering the block (the first residual).
+        attended: ``[tokens, heads * head_dim]`` the attention's output, heads concatenated.
+        wo: ``[hidden, heads * head_dim]`` the output projection.
+        norm: ``[hidden]`` the MLP norm's weight.
+        eps: the RMSNorm epsilon.
+        gate: ``[intermediate, hidden]`` the MLP's gate projection.
+        up: ``[intermediate, hidden]`` its up projection.
+        down: ``[hidden, intermediate]`` its down projection.
+        activation: the gate's activation, a key of ``ACTIVATIONS``.
+    """
     x = x + F.linear(attended, wo)
     return x + mlp(x, norm, eps, gate, up, down, activation)
 
@@ -102,7 +133,17 @@ def mlp(
     down: torch.Tensor,
     activation: str,
 ) -> torch.Tensor:
-    """The gated MLP's output (before its residual) for ``x [tokens, hidden]``, the stream after attention."""
+    """The gated MLP's output (before its residual) for ``x [tokens, hidden]``, the stream after attention.
+
+    Args:
+        x: ``[tokens, hidden]`` (or ``[rows, n, hidden]``) the stream after attention.
+        norm: ``[hidden]`` the MLP norm's weight.
+        eps: the RMSNorm epsilon.
+        gate: ``[intermediate, hidden]`` the gate projection.
+        up: ``[intermediate, hidden]`` the up projection.
+        down: ``[hidden, intermediate]`` the down projection.
+        activation: the gate's activation, a key of ``ACTIVATIONS``.
+    """
     h = rms_norm(x, norm, eps)
     return F.linear(ACTIVATIONS[activation](F.linear(h, gate)) * F.linear(h, up), down)
 
@@ -127,7 +168,21 @@ def routed_experts(
     (``top_k > 1``) and times ``scaling``. Experts (``gate``, ``up`` ``[E, I, hidden]``, ``down``
     ``[E, hidden, I]``) run once each on the tokens routed to them (a loop over experts, none over
     tokens); each token's ``top_k`` outputs are weighted and summed in routing order. Ties: the lower
-    expert (stable sorts), where the reference's ``topk`` order is unspecified."""
+    expert (stable sorts), where the reference's ``topk`` order is unspecified.
+
+    Args:
+        h: ``[tokens, hidden]`` the normed stream after attention.
+        router: ``[E, hidden]`` the router's weights.
+        expert_bias: ``[E]`` the bias added to the scores for choosing (not for weighting).
+        gate: ``[E, I, hidden]`` each expert's gate projection.
+        up: ``[E, I, hidden]`` each expert's up projection.
+        down: ``[E, hidden, I]`` each expert's down projection.
+        top_k: experts per token.
+        groups: expert groups (``E`` divisible by it).
+        top_groups: groups a token's experts may come from.
+        scaling: the factor on the routing weights (``routed_scaling_factor``).
+        activation: the gate's activation, a key of ``ACTIVATIONS``.
+    """
     tokens = h.shape[0]
     experts = router.shape[0]
     scores = torch.sigmoid(F.linear(h.float(), router.float()))
@@ -173,7 +228,21 @@ def moe_block_output(
     routed: dict,
 ) -> torch.Tensor:
     """:func:`block_output` of a mixture-of-experts block: the shared experts (a gated MLP, possibly
-    of width 0) plus the routed experts (:func:`routed_experts` with ``routed``'s weights and settings)."""
+    of width 0) plus the routed experts (:func:`routed_experts` with ``routed``'s weights and settings).
+
+    Args:
+        x: ``[tokens, hidden]`` the stream entering the block (the first residual).
+        attended: ``[tokens, heads * head_dim]`` the attention's output, heads concatenated.
+        wo: ``[hidden, heads * head_dim]`` the output projection.
+        norm: ``[hidden]`` the MLP norm's weight.
+        eps: the RMSNorm epsilon.
+        shared_gate: ``[shared * I, hidden]`` the shared experts' gate projection.
+        shared_up: ``[shared * I, hidden]`` their up projection.
+        shared_down: ``[hidden, shared * I]`` their down projection.
+        activation: the gate's activation, a key of ``ACTIVATIONS`` (shared and routed experts alike).
+        routed: :func:`routed_experts`' other arguments (``router``, ``expert_bias``, ``gate``, ``up``,
+            ``down``, ``top_k``, ``groups``, ``top_groups``, ``scaling``).
+    """
     x = x + F.linear(attended, wo)
     h = rms_norm(x, norm, eps)
     shared = F.linear(ACTIVATIONS[activation](F.linear(h, shared_gate)) * F.linear(h, shared_up), shared_down)

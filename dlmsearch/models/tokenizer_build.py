@@ -66,7 +66,19 @@ def save_tokenizer(
     prepend_bos: bool = False,
     **extra: Any,
 ) -> None:
-    """Save as ``PreTrainedTokenizerFast`` (``tokenizer.json`` + ``tokenizer_config.json``)."""
+    """Save as ``PreTrainedTokenizerFast`` (``tokenizer.json`` + ``tokenizer_config.json``).
+
+    Args:
+        directory: where the files go (created if missing).
+        tokenizer: the built ``tokenizers`` tokenizer (its post-processor is set when ``prepend_bos``).
+        bos: the beginning-of-sequence token's text.
+        eos: the end-of-sequence token's text.
+        pad: the padding token's text.
+        mask: the mask token's text.
+        chat_template: the Jinja chat template, or None for a tokenizer without one.
+        prepend_bos: encoding puts ``bos`` before every text (a tokenizer that adds its own BOS).
+        **extra: further ``PreTrainedTokenizerFast`` settings, saved in ``tokenizer_config.json``.
+    """
     from transformers import PreTrainedTokenizerFast
 
     if prepend_bos:
