@@ -11,7 +11,7 @@ code runs, and the KV cache is read and written inside the attention itself.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -165,6 +165,24 @@ class Block(nn.Module):
         c = self.config
         rows, length, _ = x.shape
         flat = x.reshape(rows * length, c.hidden_size)
+        q, k, v = self._attention_inputs(flat, cos, sin, rows, length)
+        grouped = (
+            c.num_kv_heads != c.num_heads
+        )  # grouped-query attention without copying keys and values per head group
+        if cached is None:
+            attended = token_ops.attend(q, k, v, key_mask, grouped)
+        else:
+            window, layer = cached
+            window.write(layer, k, v)
+            attended = window.attend(layer, q, grouped)
+        mixed = attended.transpose(1, 2).reshape(rows * length, c.attention_width)
+        return self._output(flat, mixed).view(rows, length, c.hidden_size), (k, v)
+
+    def _attention_inputs(
+        self, flat: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: int, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries, keys and values ``[rows, heads, length, head_dim]`` from the per-token ops (eager or compiled)."""
+        c = self.config
         q, k, v = self.ops.attention_inputs(
             flat,
             cos.transpose(1, 2).reshape(rows * length, 1, -1),
@@ -183,19 +201,13 @@ class Block(nn.Module):
             None if self.q_norm is None else self.q_norm.weight,
             None if self.k_norm is None else self.k_norm.weight,
         )
-        q, k, v = (t.view(rows, length, -1, c.head_dim).transpose(1, 2) for t in (q, k, v))
-        grouped = (
-            c.num_kv_heads != c.num_heads
-        )  # grouped-query attention without copying keys and values per head group
-        if cached is None:
-            attended = token_ops.attend(q, k, v, key_mask, grouped)
-        else:
-            window, layer = cached
-            window.write(layer, k, v)
-            attended = window.attend(layer, q, grouped)
-        mixed = attended.transpose(1, 2).reshape(rows * length, c.attention_width)
+        return tuple(t.view(rows, length, -1, c.head_dim).transpose(1, 2) for t in (q, k, v))
+
+    def _output(self, flat: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """The block's output ``[tokens, hidden]``: output projection, residual and (dense or mixture-of-experts) MLP."""
+        c = self.config
         if self.moe is None:
-            out = self.ops.block_output(
+            return self.ops.block_output(
                 flat,
                 mixed,
                 self.o_proj.weight,
@@ -206,31 +218,32 @@ class Block(nn.Module):
                 self.down_proj.weight,
                 c.activation,
             )
-        else:
-            routed = {
-                "router": self.router,
-                "expert_bias": self.expert_bias,
-                "gate": self.expert_gate,
-                "up": self.expert_up,
-                "down": self.expert_down,
-                "top_k": self.moe.top_k,
-                "groups": self.moe.groups,
-                "top_groups": self.moe.top_groups,
-                "scaling": self.moe.scaling,
-            }
-            out = token_ops.moe_block_output(
-                flat,
-                mixed,
-                self.o_proj.weight,
-                self.mlp_norm.weight,
-                self.mlp_norm.eps,
-                self.gate_proj.weight,
-                self.up_proj.weight,
-                self.down_proj.weight,
-                c.activation,
-                routed,
-            )
-        return out.view(rows, length, c.hidden_size), (k, v)
+        return token_ops.moe_block_output(
+            flat,
+            mixed,
+            self.o_proj.weight,
+            self.mlp_norm.weight,
+            self.mlp_norm.eps,
+            self.gate_proj.weight,
+            self.up_proj.weight,
+            self.down_proj.weight,
+            c.activation,
+            self._routed(),
+        )
+
+    def _routed(self) -> dict[str, Any]:
+        """The routed experts' weights and routing settings, as :func:`token_ops.moe_block_output` takes them."""
+        return {
+            "router": self.router,
+            "expert_bias": self.expert_bias,
+            "gate": self.expert_gate,
+            "up": self.expert_up,
+            "down": self.expert_down,
+            "top_k": self.moe.top_k,
+            "groups": self.moe.groups,
+            "top_groups": self.moe.top_groups,
+            "scaling": self.moe.scaling,
+        }
 
 
 class BidirectionalTransformer(nn.Module):
