@@ -508,7 +508,7 @@ def even_split(block_length: int, steps: int, step: torch.Tensor) -> torch.Tenso
 
 
 @attrs.define
-class BlockDiffusionSchedule:
+class BlockDiffusionSchedule(_UntilBlockFull):
     """SDAR's rules (``block_diffusion_generate`` of Gen-Verse/dLLM-RL ``10b4fd1``, Apache-2.0;
     JetAstra/SDAR's ``generate.py``): ``steps`` denoising steps per block, step ``t`` committing
     about ``k_t`` (:func:`even_split` of the block length, whatever the block's prompt tokens):
@@ -528,13 +528,6 @@ class BlockDiffusionSchedule:
     steps: int = number(int, 1, default=4)
     remasking: str = attrs.field(default="low_confidence_dynamic", validator=check_choice(*SDAR_REMASKING))
     threshold: float = number(float, 0.0, 1.0, default=0.9)
-    statistics: ClassVar[frozenset[str]] = frozenset()
-    block_budget: ClassVar[None] = None
-    holds_block: ClassVar[bool] = False
-    whole_prefix: ClassVar[bool] = False
-
-    def bind(self, layout: Layout) -> BlockDiffusionSchedule:
-        return self
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         eligible = canvas.masked & canvas.in_current_block(layout)

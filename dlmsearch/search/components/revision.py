@@ -54,23 +54,30 @@ class Revision(Protocol):
         round's evaluation of ``before``, ``previous`` the slot's evaluation from the round before."""
 
 
-@attrs.define
-class NoRevision:
-    """Commits are final (monotone decoding)."""
+class _Revising:
+    """What the revisions share unless they say otherwise: they re-mask but write no tokens, are bound
+    as they are, add no rounds to the driver's bound, and re-mask nothing in ``revise``."""
 
-    revises: ClassVar[bool] = False
+    revises: ClassVar[bool] = True
     rewrites: ClassVar[bool] = False
 
     def bind(self, layout: Layout, block_budget: int | None) -> Revision:
         return self
 
     def extra_rounds(self, layout: Layout) -> int:
-        return 0
+        return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
 
     def revise(
         self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
-    ) -> None:
+    ) -> torch.Tensor | None:
         return None
+
+
+@attrs.define
+class NoRevision(_Revising):
+    """Commits are final (monotone decoding)."""
+
+    revises: ClassVar[bool] = False
 
 
 def lowest(scores: torch.Tensor, eligible: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -93,7 +100,7 @@ RCR_POOLS = ("authors", "paper")
 
 
 @attrs.define
-class RunningConfidence:
+class RunningConfidence(_Revising):
     """RCR's re-masking back to the schedule (pairs with :class:`~dlmsearch.search.components.commit.FillBlock`).
 
     ``pool`` says which committed positions may go back:
@@ -117,8 +124,6 @@ class RunningConfidence:
     scope: str = attrs.field(default="generated", validator=check_choice("generated", "block"))
     pool: str = attrs.field(default="authors", validator=check_choice(*RCR_POOLS))
     steps: int = attrs.field(init=False, default=1)
-    revises: ClassVar[bool] = True
-    rewrites: ClassVar[bool] = False
 
     def bind(self, layout: Layout, block_budget: int | None) -> RunningConfidence:
         return with_layout(self, steps=_needs_steps("RunningConfidence", block_budget))
@@ -134,9 +139,6 @@ class RunningConfidence:
         one for many ``(N, S)`` with ``S`` not a power of two: N = 12, S = 3 keeps 7 masked, not 8.)"""
         g = self.remaining(done.double() / self.steps).float()
         return torch.floor(positions.float() * g).long()
-
-    def extra_rounds(self, layout: Layout) -> int:
-        return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
 
     def revise(
         self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
@@ -155,7 +157,7 @@ class RunningConfidence:
 
 
 @attrs.define
-class LoopRemask:
+class LoopRemask(_Revising):
     """ReMDM's loop (pairs with :class:`~dlmsearch.search.components.commit.ReMDMSchedule`, whose numbers it
     takes): before each loop step of a block, re-mask the ``k`` committed positions of the block
     with the lowest confidence at commit, ranked on
@@ -168,8 +170,6 @@ class LoopRemask:
     loop_start_frac: float = number(float, 0.0, 1.0, default=0.875)
     plain: int = attrs.field(init=False, default=1)
     loop: int = attrs.field(init=False, default=1)
-    revises: ClassVar[bool] = True
-    rewrites: ClassVar[bool] = False
 
     def bind(self, layout: Layout, block_budget: int | None) -> LoopRemask:
         total = _needs_steps("LoopRemask", block_budget)
@@ -179,9 +179,6 @@ class LoopRemask:
                 f"decoder.revision.loop_steps={self.loop_steps} leaves no plain steps in the block's {total}"
             )
         return with_layout(self, loop=loop, plain=total - loop)
-
-    def extra_rounds(self, layout: Layout) -> int:
-        return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
 
     def revise(
         self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
@@ -196,7 +193,7 @@ class LoopRemask:
 
 
 @attrs.define
-class ConfidenceDrop:
+class ConfidenceDrop(_Revising):
     """Saber's backtracking (Dong et al., arXiv 2510.18165; pairs with
     :class:`~dlmsearch.search.components.commit.MeanConfidenceRule`): after a step that committed ``f``
     positions, re-mask the ``r = min(max(floor(n / 2), ceil(f / 8)), f - 1)`` committed positions
@@ -214,14 +211,6 @@ class ConfidenceDrop:
     """
 
     n: int = number(int, 1, default=2)
-    revises: ClassVar[bool] = True
-    rewrites: ClassVar[bool] = False
-
-    def bind(self, layout: Layout, block_budget: int | None) -> Revision:
-        return self
-
-    def extra_rounds(self, layout: Layout) -> int:
-        return 0  # within the held budget (RCR, ReMDM) or net progress every step (Saber)
 
     def revise(
         self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
@@ -247,7 +236,7 @@ class ConfidenceDrop:
 
 
 @attrs.define
-class NarrowOut:
+class NarrowOut(_Revising):
     """WINO's verification (pairs with :class:`~dlmsearch.search.components.commit.WideInRule`): when a step
     drafted more than one token, re-mask the block's earlier commits whose shadow probability
     (the probability of the token there given everything else, ``verify``) is below ``tau2``; if
@@ -259,11 +248,6 @@ class NarrowOut:
     tau2: float = number(float, 0.0, 1.0, default=0.9)
     first_accept: int = number(int, 1, default=30)
     max_revising_steps: int = number(int, 1, default=64)
-    revises: ClassVar[bool] = True
-    rewrites: ClassVar[bool] = False
-
-    def bind(self, layout: Layout, block_budget: int | None) -> Revision:
-        return self
 
     def extra_rounds(self, layout: Layout) -> int:
         return self.max_revising_steps * layout.num_blocks
@@ -292,7 +276,7 @@ class NarrowOut:
 
 
 @attrs.define
-class TokenEditing:
+class TokenEditing(_Revising):
     """LLaDA2.1's token-to-token editing (``llada21/sampler.py`` of ZHZisZZ/dllm ``ca17675``,
     Apache-2.0), beside the round's mask commits and from the same evaluation: every committed,
     non-prompt position of the current block (committed before this round) whose proposal differs
@@ -303,19 +287,10 @@ class TokenEditing:
 
     threshold: float = number(float, 0.0, 1.0, default=0.9)
     max_post_steps: int = number(int, 0, default=16)
-    revises: ClassVar[bool] = True
     rewrites: ClassVar[bool] = True
-
-    def bind(self, layout: Layout, block_budget: int | None) -> TokenEditing:
-        return self
 
     def extra_rounds(self, layout: Layout) -> int:
         return self.max_post_steps * layout.num_blocks
-
-    def revise(
-        self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
-    ) -> torch.Tensor | None:
-        return None
 
     def rewrite(
         self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, call: torch.Tensor
