@@ -1,4 +1,8 @@
-"""Shared fixtures: tiny models built in code, one torch thread (2 threads under load are slower)."""
+"""Shared fixtures: tiny models built in code, one torch thread (2 threads under load are slower).
+
+Test modules never import each other: a fake or helper used by more than one of them lives here
+(tests import it as ``conftest``: pytest puts ``tests/`` on ``sys.path``), or in a helper module
+of its own where its names would clash with these (``family_models``: the 64-token family models)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ import torch
 from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.denoiser import BidirectionalDenoiser, DenoiserConfig
-from dlmsearch.search.driver import DecodeRequest, SearchDecoder
+from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
+from dlmsearch.search.engine.rollout import RolloutEngine
 
 torch.set_num_threads(1)
 
@@ -111,6 +116,51 @@ def text_decoder(preset: str, *overrides: str, gen_length: int = 16) -> SearchDe
     return build(cfg, "decoder")
 
 
+class CountingModule(torch.nn.Module):
+    """Wraps a model and records every forward call's row count (``calls``: one entry per forward)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls: list[int] = []
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        self.calls.append(input_ids.shape[0])
+        return self.inner(input_ids, attention_mask=attention_mask)
+
+
+class FixedLogits(torch.nn.Module):
+    """Returns the same designed logits for any input of its length."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("table", logits)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.table.expand(input_ids.shape[0], -1, -1).clone()  # fresh, as a real forward is
+
+
+def record(result: DecodeResult) -> tuple:
+    """Everything a decode result says about one sample, comparable with ``==`` (sessions, caches)."""
+    parts = (result.tokens, result.commit_call, result.commit_depth, result.commit_branch, result.revisions)
+    return (*(p.tolist() for p in parts), result.steps, result.row_forwards, result.token_forwards, result.population)
+
+
+def renumbered(requests: list[DecodeRequest], offset: int) -> list[DecodeRequest]:
+    return [attrs.evolve(r, uid=r.uid + offset) for r in requests]
+
+
+_TOPK = torch.topk  # the real one, for stable_topk where a test patches torch.topk with it
+
+
+def stable_topk(values: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+    """``torch.topk`` with ties taken in column order (the lowest first), as dlmsearch breaks them."""
+    if not largest:
+        return _TOPK(values, k, dim=dim, largest=largest, sorted=sorted)
+    order = torch.sort(values, dim=dim, descending=True, stable=True)
+    return torch.return_types.topk((order.values.narrow(dim, 0, k), order.indices.narrow(dim, 0, k)))
+
+
 @attrs.frozen
 class TextCheckpoint:
     """A tiny random checkpoint of a text family, built with the family's own code, plus its tokenizer."""
@@ -143,3 +193,67 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TextCheck
             root / "model", root / "sharded", upstream, cfg.mask_id, cfg.vocab_size, list(cfg.stop_ids)
         )
     return specs
+
+
+PARITY_PROMPT_LENGTHS = [5, 11, 8]
+
+
+def mixed_batch(spec: TextCheckpoint, gen_length: int, seed: int = 0) -> list[DecodeRequest]:
+    """Three requests with random prompts of 5, 11 and 8 tokens, for the parity tests' tiny checkpoints."""
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        DecodeRequest(
+            uid=uid,
+            prompt=torch.randint(0, 1000, (length,), generator=generator),
+            generation=torch.full((gen_length,), spec.mask_id),
+        )
+        for uid, length in enumerate(PARITY_PROMPT_LENGTHS)
+    ]
+
+
+def engine_for(spec: TextCheckpoint, family: str, cache: str = "none") -> RolloutEngine:
+    """An engine on the tiny checkpoint, loaded as a run loads it (float32, CPU)."""
+    from dlmsearch.models.loading import load_text_model
+
+    adapter = load_text_model(
+        str(spec.directory), family, spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="float32"
+    )
+    return RolloutEngine(adapter=adapter, cache=cache)
+
+
+# LLaDA2.0: a tiny MoE (8 routed experts in 4 groups, top-2 of the best 2 groups, one shared expert, the first
+# layer dense, partial rotary, q/k norm), blocks of 8; its generate stops after the block holding an EOS
+# (always) and returns the generation cut at gen_length and after the first EOS. Mask and EOS ids: the block
+# parity tests' (999, 998).
+TINY_LLADA2 = {
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "use_bias": False,
+    "use_qkv_bias": False,
+    "use_qk_norm": True,
+    "num_experts": 8,
+    "num_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "moe_intermediate_size": 32,
+    "first_k_dense_replace": 1,
+    "routed_scaling_factor": 2.5,
+    "partial_rotary_factor": 0.5,
+    "embedding_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "output_dropout": 0.0,
+    "block_size": 8,
+    "seed": 5,
+    "sharpness": 5.0,
+    "mask_id": 999,
+    "eos_id": 998,
+}

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import text_decoder
-from test_text_parity import engine_for, mixed_batch
+from conftest import engine_for, mixed_batch, text_decoder
 from tiny_checkpoints import requires_upstream
 from upstream import UPSTREAM, dllm_cache_generate
 

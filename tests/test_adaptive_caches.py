@@ -9,9 +9,8 @@ import functools
 
 import pytest
 import torch
-from conftest import NoRepeatVerifier, cached_adapter, text_decoder
-from test_session import record, renumbered
-from test_text_batching import BLOCK, GEN, adapter_for, requests_for
+from conftest import NoRepeatVerifier, cached_adapter, record, renumbered, text_decoder
+from family_models import BLOCK, GEN, adapter_for, requests_for
 
 from dlmsearch.config import build, compose
 from dlmsearch.models.layer_store import LayerStore

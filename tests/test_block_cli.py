@@ -59,7 +59,7 @@ def llada2_dir(tmp_path_factory) -> Path:
         pytest.skip(reason)
     scratch = tmp_path_factory.mktemp("llada2_cli")
     directory = scratch / "model"
-    from test_block_diffusion_parity import TINY_LLADA2
+    from conftest import TINY_LLADA2
 
     options = {
         **TINY_LLADA2,

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from block_reference import TRANSFORMERS, VERSIONS, missing_reason
+from conftest import TINY_LLADA2
 
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.loading import load_text_model
@@ -219,41 +220,7 @@ def test_fusing_the_write_into_the_next_forward_saves_one_call_per_block(sdar) -
         assert a.token_forwards == b.token_forwards  # the same columns, forwarded in fewer calls
 
 
-# LLaDA2.0: a tiny MoE (8 routed experts in 4 groups, top-2 of the best 2 groups, one shared expert, the first
-# layer dense, partial rotary, q/k norm), blocks of 8; its generate stops after the block holding an EOS
-# (always) and returns the generation cut at gen_length and after the first EOS
-TINY_LLADA2 = {
-    "vocab_size": 1000,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 256,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "use_bias": False,
-    "use_qkv_bias": False,
-    "use_qk_norm": True,
-    "num_experts": 8,
-    "num_shared_experts": 1,
-    "num_experts_per_tok": 2,
-    "n_group": 4,
-    "topk_group": 2,
-    "moe_intermediate_size": 32,
-    "first_k_dense_replace": 1,
-    "routed_scaling_factor": 2.5,
-    "partial_rotary_factor": 0.5,
-    "embedding_dropout": 0.0,
-    "attention_dropout": 0.0,
-    "output_dropout": 0.0,
-    "block_size": 8,
-    "seed": 5,
-    "sharpness": 5.0,
-    "mask_id": MASK,
-    "eos_id": EOS,
-}
+# LLaDA2.0: the tiny MoE of conftest's TINY_LLADA2 (its mask and EOS are MASK and EOS), blocks of 8
 LLADA2_PROMPTS = [5, 13, 8, 11]  # prompt tails of 5, 5, 0 and 3 tokens in their last block of 8
 LLADA2_CASES = [  # (sampling, steps per block, threshold)
     ({"temperature": 0.0}, 8, 0.95),

@@ -7,7 +7,7 @@ import conftest
 import pytest
 import torch
 from conftest import text_decoder, tiny_denoiser
-from test_text_batching import BLOCK, MASK_ID, VOCAB, requests_for, tiny_family_model
+from family_models import BLOCK, MASK_ID, VOCAB, requests_for, tiny_family_model
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.token_ops import bucket

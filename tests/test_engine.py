@@ -6,25 +6,12 @@ import math
 
 import pytest
 import torch
-from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
+from conftest import MASK_ID, VOCAB, CountingModule, make_requests, text_decoder, tiny_denoiser
 from torch import nn
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.randomness import hashed_uniform
-
-
-class CountingModule(nn.Module):
-    """Wraps a model and records every forward call's row count."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-        self.calls: list[int] = []
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        self.calls.append(input_ids.shape[0])
-        return self.inner(input_ids, attention_mask=attention_mask)
 
 
 @pytest.mark.parametrize("preset", ["llada", "fast_dllm", "ete", "adalook"])

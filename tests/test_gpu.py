@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import text_decoder
-from test_text_batching import BLOCK, GEN, MASK_ID, VOCAB, requests_for, tiny_family_model
+from family_models import BLOCK, GEN, MASK_ID, VOCAB, requests_for, tiny_family_model
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine.rollout import RolloutEngine

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import text_decoder
-from test_text_batching import BLOCK, adapter_for, requests_for
+from family_models import BLOCK, adapter_for, requests_for
 
 from dlmsearch.models.kv_storage import KVStorage, lanes_of
 from dlmsearch.search.engine.rollout import RolloutEngine

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import text_decoder
-from test_sampling_parity import stable_topk
+from conftest import stable_topk, text_decoder
 from tiny_checkpoints import requires_upstream
 from upstream import UPSTREAM, pc_sampler_module
 

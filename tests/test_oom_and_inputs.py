@@ -159,7 +159,7 @@ def test_other_runtime_errors_are_not_retried() -> None:
 
 @pytest.mark.parametrize("family, cache", [("llada", "none"), ("llada", "dual"), ("dream", "dual")])
 def test_oom_back_off_with_the_native_model_and_its_cache(family: str, cache: str) -> None:
-    from test_text_batching import BLOCK, GEN, requests_for, tiny_family_model
+    from family_models import BLOCK, GEN, requests_for, tiny_family_model
 
     model = tiny_family_model(family)
     requests = requests_for([3, 9, 6, 1, 5], seed=1)

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MASK_ID, VOCAB, NoRepeatVerifier, cached_adapter, make_requests, text_decoder, tiny_denoiser
+from conftest import (
+    MASK_ID,
+    VOCAB,
+    CountingModule,
+    NoRepeatVerifier,
+    cached_adapter,
+    make_requests,
+    text_decoder,
+    tiny_denoiser,
+)
 
 from dlmsearch.config import build, compose
 from dlmsearch.core import attention as pattern
@@ -25,18 +34,6 @@ class FinalOnly(NoRepeatVerifier):
     checks_partial = False
 
 
-class CountingModule(torch.nn.Module):
-    """The tiny denoiser, counting its forwards."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner, self.calls = tiny_denoiser(), 0
-
-    def forward(self, input_ids, attention_mask=None):
-        self.calls += 1
-        return self.inner(input_ids, attention_mask=attention_mask)
-
-
 def test_verified_best_of_n_prunes_only_where_the_task_checks_partial_outputs() -> None:
     engine = RolloutEngine(adapter=ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB))
     decoder = text_decoder("verified_best_of_n")
@@ -49,14 +46,14 @@ def test_verified_best_of_n_prunes_only_where_the_task_checks_partial_outputs() 
 
 
 def test_a_refused_combination_fails_before_any_forward() -> None:
-    module = CountingModule()
+    module = CountingModule(tiny_denoiser())
     engine = RolloutEngine(adapter=ModelAdapter(module=module, mask_id=MASK_ID, vocab_size=VOCAB))
     decoder = text_decoder("verified_best_of_n", "decoder.population.prune_conflicts=true")
     with pytest.raises(ValueError, match="prune_conflicts needs a verifier that checks partial outputs"):
         decoder.decode(engine, make_requests([3], 16), 8, verifier=FinalOnly())
     with pytest.raises(ValueError, match="needs cache=none"):
         text_decoder("klass").decode(RolloutEngine(adapter=cached_adapter(), cache="prefix"), make_requests([3], 16), 8)
-    assert module.calls == 0
+    assert module.calls == []
 
 
 def test_binding_leaves_the_configured_rule_unwritten() -> None:

@@ -6,7 +6,7 @@ the behaviour described there, nothing of the code itself."""
 from __future__ import annotations
 
 import torch
-from conftest import make_requests, text_decoder
+from conftest import FixedLogits, make_requests, text_decoder
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.components.commit import MeanConfidenceRule, top_k_mask
@@ -162,8 +162,6 @@ def test_top_k_takes_eligible_positions_scored_minus_infinity() -> None:
 def test_rcr_pools_in_a_decode_on_a_saturated_model() -> None:
     """With top-p 0.95 at temperature 0 (the preset), half the positions read exactly 1.0: the
     paper's pool re-masks the schedule's 6 + 4 + 2 of 8, the authors' only those below 1.0."""
-    from test_text_batching import FixedLogits
-
     prompt, gen = 3, 8
     logits = torch.zeros(1, prompt + gen, VOCAB)
     logits[0, prompt : prompt + 4, 3] = 8.0  # p1 > 0.95: exactly 1.0 after top-p

@@ -21,7 +21,7 @@ import types
 
 import pytest
 import torch
-from conftest import text_decoder
+from conftest import mixed_batch, stable_topk, text_decoder
 from tiny_checkpoints import requires_upstream
 from upstream import (
     _dream_package,
@@ -33,7 +33,6 @@ from upstream import (
 )
 
 from dlmsearch.models.loading import load_text_model
-from dlmsearch.search.driver import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.engine.summaries import inverse_cdf
 from dlmsearch.search.records.randomness import Stream, hashed_uniform
@@ -41,19 +40,6 @@ from dlmsearch.search.records.randomness import Stream, hashed_uniform
 pytestmark = requires_upstream
 
 SEED = 11
-PROMPT_LENGTHS = [5, 11, 8]
-
-
-def mixed_batch(spec, gen_length: int, seed: int) -> list[DecodeRequest]:
-    generator = torch.Generator().manual_seed(seed)
-    return [
-        DecodeRequest(
-            uid=uid,
-            prompt=torch.randint(0, 1000, (length,), generator=generator),
-            generation=torch.full((gen_length,), spec.mask_id),
-        )
-        for uid, length in enumerate(PROMPT_LENGTHS)
-    ]
 
 
 def engine_for(spec, family: str, **sampling) -> RolloutEngine:
@@ -70,14 +56,6 @@ def uniforms(uid: int, call: int, length: int, stream: Stream | None = None) -> 
 
 
 _TOPK = torch.topk
-
-
-def stable_topk(values: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
-    """``torch.topk`` with ties taken in column order (the lowest first), as dlmsearch breaks them."""
-    if not largest:
-        return _TOPK(values, k, dim=dim, largest=largest, sorted=sorted)
-    order = torch.sort(values, dim=dim, descending=True, stable=True)
-    return torch.return_types.topk((order.values.narrow(dim, 0, k), order.indices.narrow(dim, 0, k)))
 
 
 def gumbel_top(probs: torch.Tensor, uniform: torch.Tensor, count: int) -> torch.Tensor:

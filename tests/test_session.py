@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import functools
 
-import attrs
 import pytest
 import torch
-from conftest import NoRepeatVerifier, text_decoder
-from test_text_batching import BLOCK, GEN, adapter_for, requests_for
+from conftest import NoRepeatVerifier, record, renumbered, text_decoder
+from family_models import BLOCK, GEN, adapter_for, requests_for
 
-from dlmsearch.search.driver import DecodeRequest, DecodeResult
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.session import DecodeSession
 
@@ -37,15 +35,6 @@ PRESETS = [
 @functools.cache
 def adapter(family: str):
     return adapter_for(family, True)
-
-
-def record(result: DecodeResult) -> tuple:
-    parts = (result.tokens, result.commit_call, result.commit_depth, result.commit_branch, result.revisions)
-    return (*(p.tolist() for p in parts), result.steps, result.row_forwards, result.token_forwards, result.population)
-
-
-def renumbered(requests: list[DecodeRequest], offset: int) -> list[DecodeRequest]:
-    return [attrs.evolve(r, uid=r.uid + offset) for r in requests]
 
 
 CASES = [(preset, "none") for preset in PRESETS] + [

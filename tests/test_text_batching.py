@@ -8,68 +8,16 @@ import functools
 
 import pytest
 import torch
-from conftest import NoRepeatVerifier, text_decoder
+from conftest import FixedLogits, NoRepeatVerifier, text_decoder
+from family_models import BLOCK, GEN, MASK_ID, VOCAB, adapter_for, requests_for
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 from dlmsearch.config import decoder_presets
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.search.driver import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
-
-VOCAB, MASK_ID, GEN, BLOCK = 64, 63, 16, 8
-
-
-def tiny_family_model(family: str, seed: int = 0) -> BidirectionalTransformer:
-    """A random native model shaped like the family (Dream: GQA, q/k/v bias, rotation in model dtype),
-    with sharper attention and head so that confidences spread over (0.3, 0.9)."""
-    torch.manual_seed(seed)
-    dream = family == "dream"
-    config = TransformerConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2 if dream else 4,
-        intermediate_size=64,
-        max_length=128,
-        rope_theta=1e6 if dream else 5e5,
-        qkv_bias=dream,
-        rope_in_float32=not dream,
-    )
-    model = BidirectionalTransformer(config)
-    with torch.no_grad():
-        model.head.weight.mul_(8.0)
-        for block in model.blocks:
-            block.q_proj.weight.mul_(8.0)
-            block.k_proj.weight.mul_(8.0)
-    return model.eval()
-
-
-class IgnoresPadding(nn.Module):
-    """Like the families' remote code: the padding mask is dropped."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.inner(input_ids)
-
-
-def adapter_for(family: str, honours_padding: bool) -> ModelAdapter:
-    model = tiny_family_model(family)
-    module = model if honours_padding else IgnoresPadding(model)
-    return ModelAdapter(
-        module=module,
-        mask_id=MASK_ID,
-        vocab_size=VOCAB,
-        shift_logits=family == "dream",
-        honours_padding=honours_padding,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -82,16 +30,6 @@ def adapters() -> dict[tuple[str, bool], ModelAdapter]:
 def decoder_for(preset: str):
     """The preset composed for text of GEN tokens (once per preset, when first used)."""
     return text_decoder(preset, gen_length=GEN)
-
-
-def requests_for(lengths: list[int], seed: int) -> list[DecodeRequest]:
-    generator = torch.Generator().manual_seed(seed)
-    return [
-        DecodeRequest(
-            uid=uid, prompt=torch.randint(0, MASK_ID, (n,), generator=generator), generation=torch.full((GEN,), MASK_ID)
-        )
-        for uid, n in enumerate(lengths)
-    ]
 
 
 @pytest.mark.parametrize("honours_padding", [True, False], ids=["native", "ignores-padding"])
@@ -172,17 +110,6 @@ def test_sampling_is_seeded_and_batch_invariant(adapters, family: str, preset: s
     greedy = [r.tokens for r in decoder.decode(RolloutEngine(adapter=adapters[family, True]), requests, BLOCK)]
     assert any(not torch.equal(a, b) for a, b in zip(batched, greedy)), "temperature 1.5 changed nothing"
     assert any(not torch.equal(a, b) for a, b in zip(batched, decode(requests, seed=4))), "the seed changed nothing"
-
-
-class FixedLogits(nn.Module):
-    """Returns the same designed logits for any input of its length."""
-
-    def __init__(self, logits: torch.Tensor) -> None:
-        super().__init__()
-        self.register_buffer("table", logits)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.table.expand(input_ids.shape[0], -1, -1).clone()  # fresh, as a real forward is
 
 
 def test_llada_end_of_text_switches() -> None:

@@ -11,35 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import text_decoder
+from conftest import engine_for, mixed_batch, text_decoder
 from tiny_checkpoints import dream_generate, llada_generate, llada_generate_cached, requires_upstream
 
-from dlmsearch.models.loading import load_text_model
-from dlmsearch.search.driver import DecodeRequest
-from dlmsearch.search.engine.rollout import RolloutEngine
-
 pytestmark = requires_upstream
-
-PROMPT_LENGTHS = [5, 11, 8]
-
-
-def mixed_batch(spec, gen_length: int, seed: int = 0) -> list[DecodeRequest]:
-    generator = torch.Generator().manual_seed(seed)
-    return [
-        DecodeRequest(
-            uid=uid,
-            prompt=torch.randint(0, 1000, (length,), generator=generator),
-            generation=torch.full((gen_length,), spec.mask_id),
-        )
-        for uid, length in enumerate(PROMPT_LENGTHS)
-    ]
-
-
-def engine_for(spec, family: str, cache: str = "none") -> RolloutEngine:
-    adapter = load_text_model(
-        str(spec.directory), family, spec.mask_id, spec.vocab_size, spec.stop_ids, device="cpu", dtype="float32"
-    )
-    return RolloutEngine(adapter=adapter, cache=cache)
 
 
 @pytest.mark.parametrize("gen_length,block_length,steps", [(16, 8, 16), (16, 8, 8), (24, 8, 12), (16, 16, 6)])
