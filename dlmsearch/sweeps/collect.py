@@ -393,13 +393,24 @@ def plot(sweep: Sweep, cost: str, path: Path, connect: bool = False) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [(i, r) for i, r in enumerate(sweep.rows) if r["accuracy"] is not None and r[cost] is not None]
+    rows = [r for r in sweep.rows if r["accuracy"] is not None and r[cost] is not None]
     fig, ax = plt.subplots(figsize=(9, 5.8), dpi=110)
-    groups = list(dict.fromkeys(r["group"] for _, r in rows))
+    _plot_groups(ax, plt, rows, cost, connect)
+    _plot_front(ax, sweep, rows, cost)
+    _mark_baseline(ax, rows, cost)
+    _label_axes(ax, sweep, cost)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_groups(ax: Any, plt: Any, rows: list[dict[str, Any]], cost: str, connect: bool) -> None:
+    """One marker and colour per group, so configurations that differ in one setting read as a series."""
+    groups = list(dict.fromkeys(r["group"] for r in rows))
     colours = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
     markers = "osD^v<>Ph*X"
     for g, group in enumerate(groups):
-        members = sorted(((r[cost], r) for _, r in rows if r["group"] == group), key=lambda pair: pair[0])
+        members = sorted(((r[cost], r) for r in rows if r["group"] == group), key=lambda pair: pair[0])
         xs = [x for x, _ in members]
         ys = [100 * r["accuracy"] for _, r in members]
         low = [y - 100 * r["wilson_low"] for y, (_, r) in zip(ys, members)]
@@ -419,31 +430,40 @@ def plot(sweep: Sweep, cost: str, path: Path, connect: bool = False) -> None:
             linestyle="-" if connect else "none",
             lw=0.9,
         )
+
+
+def _plot_front(ax: Any, sweep: Sweep, rows: list[dict[str, Any]], cost: str) -> None:
+    """The Pareto front as a step line with its points labelled: the configurations worth choosing."""
     front = sweep.fronts[cost]
-    if front:
-        fx = [sweep.rows[i][cost] for i in front]
-        fy = [100 * sweep.rows[i]["accuracy"] for i in front]
-        right = max(r[cost] for _, r in rows)
-        ax.step(
-            fx + [right * 1.02],
-            fy + [fy[-1]],
-            where="post",
-            color="black",
-            lw=1.4,
-            alpha=0.7,
-            zorder=1,
-            label="Pareto front (max accuracy, min cost)",
+    if not front:
+        return
+    fx = [sweep.rows[i][cost] for i in front]
+    fy = [100 * sweep.rows[i]["accuracy"] for i in front]
+    right = max(r[cost] for r in rows)
+    ax.step(
+        fx + [right * 1.02],
+        fy + [fy[-1]],
+        where="post",
+        color="black",
+        lw=1.4,
+        alpha=0.7,
+        zorder=1,
+        label="Pareto front (max accuracy, min cost)",
+    )
+    for i in front:
+        row = sweep.rows[i]
+        ax.annotate(
+            row["label"],
+            (row[cost], 100 * row["accuracy"]),
+            xytext=(4, -10),
+            textcoords="offset points",
+            fontsize=7,
         )
-        for i in front:
-            row = sweep.rows[i]
-            ax.annotate(
-                row["label"],
-                (row[cost], 100 * row["accuracy"]),
-                xytext=(4, -10),
-                textcoords="offset points",
-                fontsize=7,
-            )
-    base = next((r for _, r in rows if r["baseline"]), None)
+
+
+def _mark_baseline(ax: Any, rows: list[dict[str, Any]], cost: str) -> None:
+    """A red ring round the baseline, the point every paired test compares against."""
+    base = next((r for r in rows if r["baseline"]), None)
     if base is not None:
         ax.scatter(
             [base[cost]],
@@ -455,6 +475,10 @@ def plot(sweep: Sweep, cost: str, path: Path, connect: bool = False) -> None:
             zorder=5,
             label=f"baseline: {base['label']}",
         )
+
+
+def _label_axes(ax: Any, sweep: Sweep, cost: str) -> None:
+    """Axis names, title, grid and (where anything is labelled) the legend, so the figure reads on its own."""
     ax.set_xlabel(COSTS[cost])
     ax.set_ylabel("accuracy (%), Wilson 95 % interval")
     ax.set_title(f"{sweep.title}: accuracy vs {COSTS[cost].split(' (')[0].removeprefix('mean ')}")
@@ -462,9 +486,6 @@ def plot(sweep: Sweep, cost: str, path: Path, connect: bool = False) -> None:
     handles, _names = ax.get_legend_handles_labels()
     if handles:
         ax.legend(fontsize=8, loc="best", framealpha=0.85)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def write_all(sweep: Sweep, out: Path | None = None, connect: bool = False) -> list[Path]:
