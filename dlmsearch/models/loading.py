@@ -26,6 +26,8 @@ from dlmsearch.shipped import package_data
 if TYPE_CHECKING:
     import torch
 
+    from dlmsearch.models.families import Family
+
 
 def shipped_sudoku_model_path() -> Path:
     """Directory of the Sudoku denoiser shipped inside the package."""
@@ -277,7 +279,16 @@ def resolve_ids(
 ) -> tuple[int, int, list[int]]:
     """The ids to load with: each given one checked against what the directory names, each
     missing one taken from the directory, else from ``fallback_ids``. A disagreement fails with
-    one line naming both values."""
+    one line naming both values.
+
+    Args:
+        directory: the checkpoint's directory, whose files name its ids (:func:`checkpoint_ids`).
+        family: the checkpoint's family (where its files keep the ids).
+        mask_id: the caller's mask id, or None.
+        vocab_size: the caller's vocabulary size, or None.
+        stop_ids: the caller's stop ids (one id or a list; a config node is accepted), or None.
+        fallback_ids: ``{key: value}`` taken where neither the caller nor the directory names one.
+    """
     named = checkpoint_ids(directory, family)
     fallback = _plain(fallback_ids) or {}
     given = {"mask_id": mask_id, "vocab_size": vocab_size, "stop_ids": _plain(stop_ids)}
@@ -343,34 +354,29 @@ def load_text_model(
     ``mask_id``, ``vocab_size``, ``stop_ids``: None takes the ones the directory names
     (:func:`checkpoint_ids`), else ``fallback_ids[key]``; a given one must agree with the
     directory's (stop ids: hold its EOS ids), else one line names both (:func:`resolve_ids`).
+
+    Args:
+        path: the checkpoint's local directory (required).
+        family: the checkpoint's family, a key of ``FAMILIES`` (``llada``, ``dream``, ...).
+        mask_id: the mask token's id; None takes the directory's.
+        vocab_size: the vocabulary the decoders sample from (at most the model's output logits); None takes the directory's.
+        stop_ids: the ids that end a generation (the first is EOS); None takes the directory's.
+        impl: ``native`` (dlmsearch's transformer) or ``remote`` (the checkpoint's own code).
+        device: ``cpu``, ``cuda``, ... or ``auto`` (:func:`resolve_device`).
+        dtype: a torch dtype's name or ``auto`` (:func:`resolve_device`).
+        logits_eos_inf: EOS is never proposed (LLaDA's switch).
+        confidence_eos_eot_inf: EOS/EOT proposals are committed last (LLaDA's switch).
+        fallback_ids: the ids to take where neither the caller nor the directory names one.
+        block_length: a block-diffusion model's attention block; it must agree with ``config.json``'s ``block_size``.
     """
-    import torch
+    from dlmsearch.models.native import checkpoint_family, read_config
 
-    from dlmsearch.models.families import FAMILIES
-    from dlmsearch.models.native import checkpoint_family, load_native, read_config
-
-    if path in (None, "", "???"):
-        raise ValueError(
-            f"model.path is required: the local directory of the {family} checkpoint (the Hub is never contacted)"
-        )
-    if family not in FAMILIES:
-        raise ValueError(f"model.family must be one of {', '.join(FAMILIES)}; got {family!r}")
-    if impl not in ("native", "remote"):
-        raise ValueError(f"model.impl must be native or remote; got {impl!r}")
+    _check_choices(path, family, impl)
     directory = Path(path).expanduser()
     config = read_config(directory)
     checked = checkpoint_family(directory, config, family)
     if block_length is not None:
-        if not checked.block_diffusion:
-            raise ValueError(
-                f"model.block_length is the attention block of block-diffusion models; {family} attends to the whole canvas (its decoding blocks are task.block_length)"
-            )
-        named = config.get("block_size")
-        if named is not None and named != block_length:
-            raise ValueError(
-                f"model.block_length={block_length} but {directory / 'config.json'} has block_size={named}: the model attends in blocks of {named}"
-            )
-        config = {**config, "block_size": block_length}
+        config = _with_block_length(config, checked.block_diffusion, family, directory, block_length)
     if checked.block_diffusion and impl != "native":
         raise ValueError(
             f"model.impl={impl}: {family} is a block-diffusion model, which dlmsearch decodes with its native transformer only (block-causal attention, the exact block cache); use model.impl=native"
@@ -378,18 +384,7 @@ def load_text_model(
     mask_id, vocab_size, stop_ids = resolve_ids(directory, family, mask_id, vocab_size, stop_ids, fallback_ids)
     device, dtype = resolve_device(device, dtype)
     eos = stop_ids[:1]
-    if impl == "native":
-        module = load_native(directory, config, checked, device, getattr(torch, dtype))
-        max_length = module.config.max_length
-        if vocab_size > module.config.vocab_size:
-            raise ValueError(
-                f"model.vocab_size={vocab_size} but the checkpoint in {directory} has {module.config.vocab_size} output logits"
-            )
-    else:
-        module = _load_remote(directory, dtype)
-        max_length = getattr(module.config, "max_sequence_length", None) or getattr(
-            module.config, "max_position_embeddings", None
-        )
+    module, max_length = _load_module(directory, config, checked, impl, device, dtype, vocab_size)
     return ModelAdapter(
         module=module,
         mask_id=mask_id,
@@ -405,6 +400,74 @@ def load_text_model(
         generation_defaults=generation_defaults(directory),
         attention_block=module.config.block_size if impl == "native" else None,
     )
+
+
+def _check_choices(path: str | None, family: str, impl: str) -> None:
+    """Fail with one line before anything is read when the path, family or implementation cannot be loaded."""
+    from dlmsearch.models.families import FAMILIES
+
+    if path in (None, "", "???"):
+        raise ValueError(
+            f"model.path is required: the local directory of the {family} checkpoint (the Hub is never contacted)"
+        )
+    if family not in FAMILIES:
+        raise ValueError(f"model.family must be one of {', '.join(FAMILIES)}; got {family!r}")
+    if impl not in ("native", "remote"):
+        raise ValueError(f"model.impl must be native or remote; got {impl!r}")
+
+
+def _with_block_length(
+    config: dict[str, Any], block_diffusion: bool, family: str, directory: Path, block_length: int
+) -> dict[str, Any]:
+    """``config`` with the given attention block, which only a block-diffusion model has and must match the checkpoint's."""
+    if not block_diffusion:
+        raise ValueError(
+            f"model.block_length is the attention block of block-diffusion models; {family} attends to the whole canvas (its decoding blocks are task.block_length)"
+        )
+    named = config.get("block_size")
+    if named is not None and named != block_length:
+        raise ValueError(
+            f"model.block_length={block_length} but {directory / 'config.json'} has block_size={named}: the model attends in blocks of {named}"
+        )
+    return {**config, "block_size": block_length}
+
+
+def _load_module(
+    directory: Path,
+    config: dict[str, Any],
+    checked: Family,
+    impl: str,
+    device: str,
+    dtype: str,
+    vocab_size: int,
+) -> tuple[Any, int | None]:
+    """The loaded module and its context length; the native transformer also checks the vocabulary fits its logits.
+
+    Args:
+        directory: the checkpoint's directory.
+        config: its ``config.json`` (with the caller's block size, if given).
+        checked: what :func:`~dlmsearch.models.native.checkpoint_family` found the checkpoint to be.
+        impl: ``native`` or ``remote``.
+        device: the resolved device.
+        dtype: the resolved dtype's name.
+        vocab_size: the vocabulary the decoders sample from.
+    """
+    import torch
+
+    from dlmsearch.models.native import load_native
+
+    if impl == "native":
+        module = load_native(directory, config, checked, device, getattr(torch, dtype))
+        if vocab_size > module.config.vocab_size:
+            raise ValueError(
+                f"model.vocab_size={vocab_size} but the checkpoint in {directory} has {module.config.vocab_size} output logits"
+            )
+        return module, module.config.max_length
+    module = _load_remote(directory, dtype)
+    max_length = getattr(module.config, "max_sequence_length", None) or getattr(
+        module.config, "max_position_embeddings", None
+    )
+    return module, max_length
 
 
 def generation_defaults(directory: Path) -> Sampling:
