@@ -21,7 +21,7 @@ LAYERS = [
     ["search.driver"],
     ["search.session"],
     ["tasks", "records", "sweeps", "distributed"],
-    ["config", "run"],
+    ["config", "run", "startup"],
     ["api", "lm_eval", "training", "__main__"],
     ["serve"],
 ]
@@ -33,18 +33,12 @@ def module_name(path: Path) -> str:
 
 
 def imports(path: Path) -> set[str]:
-    """The dlmsearch modules ``path`` imports, at module level or inside functions (type-only imports left out)."""
+    """The dlmsearch modules ``path`` imports, at module level, inside functions or for type checking
+    only (a type-only import is still a dependency a reader follows, and a circle through one is a
+    circle)."""
     tree = ast.parse(path.read_text())
     found = set()
-    type_only = {
-        id(n)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for n in ast.walk(node)
-    }
     for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dlmsearch"):
             base = node.module.removeprefix("dlmsearch").lstrip(".")
             found |= {

@@ -73,9 +73,8 @@ class DecodeResult:
     """A decoded generation region and how it was produced (per-position commit record)."""
 
     uid: int
-    tokens: (
-        torch.Tensor
-    )  # [n]; a block-diffusion model's: its region after the prompt, to the end of its last block (n or more)
+    # [n]; a block-diffusion model's: its region after the prompt, to the end of its last block (n or more)
+    tokens: torch.Tensor
     steps: int
     row_forwards: int
     tokens_committed: int
@@ -111,6 +110,7 @@ class DecodeState:
     started: torch.Tensor  # [samples] time.monotonic() when each sample started, for the deadline
     round_index: int = 0
     finished: bool = False
+    memory_version: int = 0  # ``memory.version`` when this state was made: an older state is refused
 
     @property
     def max_rounds(self) -> int:
@@ -131,13 +131,11 @@ class SearchDecoder:
     revision: Revision = attrs.field(factory=NoRevision)  # after the base rule's commits: which go back to the mask
     name: str = "custom"
     block_length: int | None = None  # a decoder with its own block structure (Dream: one block); None: the task's
-    sampling: Sampling = attrs.field(
-        factory=Sampling
-    )  # the reference loop's defaults (engine.* and the checkpoint's win)
+    # the reference loop's defaults (engine.* and the checkpoint's win)
+    sampling: Sampling = attrs.field(factory=Sampling)
     guidance: Guidance = attrs.field(factory=Guidance)  # classifier-free guidance (LLaDA's cfg_scale)
-    stop_at_eos: bool = attrs.field(
-        default=False, validator=attrs.validators.instance_of(bool)
-    )  # finish once the answer has ended
+    # finish once the answer has ended
+    stop_at_eos: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if self.trigger.explores and self.revision.revises:
@@ -192,7 +190,7 @@ class SearchDecoder:
         for _ in range(state.max_rounds):
             if state.finished:
                 break
-            state = self.step(engine, state, verifier, deadline_s, on_round, on_lookahead)
+            state = step(engine, state, verifier, deadline_s, on_round, on_lookahead)
         else:
             if not state.finished:
                 raise RuntimeError(f"decoder {self.name!r} did not finish within {state.max_rounds} rounds")
@@ -278,99 +276,17 @@ class SearchDecoder:
         on_round: Callable[[Canvas, torch.Tensor | None], None] | None = None,
         on_lookahead: Callable[[Lookahead], None] | None = None,
     ) -> DecodeState:
-        """One round for every slot still decoding: evaluate, explore or exploit, commit, let the population act."""
-        plan, layout, canvas, cache, slots, population = (
-            state.plan,
-            state.layout,
-            state.canvas,
-            state.cache,
-            state.slots,
-            state.population,
-        )
-        commit, revision = plan.commit, plan.revision
-        fresh, late, usage = state.fresh.clone(), state.late.clone(), state.usage
-        active = canvas.decoding & plan.population.running(population, slots)
-        if not bool(active.any()):
-            return attrs.evolve(state, finished=True)
-        need = (active & ~fresh).nonzero().squeeze(1)
-        prior = cache  # the evaluations of the previous round (Saber compares confidences across steps)
-        if need.numel():
-            evaluation, usage = self._evaluate(engine, state, usage, canvas.take(need), need, torch.zeros_like(need))
-            cache = cache.put(need, evaluation)
-            fresh[need] = True
-        rows = active.nonzero().squeeze(1)
-        root, evaluation = canvas.take(rows), cache.take(rows)
-        if deadline_s is not None:
-            late |= active & (time.monotonic() - state.started[slots.owner] > deadline_s)
-        explore = self.trigger.fires(root, evaluation, layout) & ~late[rows]
-        exploit = ~explore
-        explored = rows[explore]
-        if explored.numel():
-            # Explore: adopt the selected branch with the evaluation it already has. Unless
-            # the selector asks for a fresh lookahead from it, exploit that evaluation at once.
-            adopted, adopted_eval, restart, usage = self._lookahead(
-                engine, state, usage, root.take(explore), evaluation.take(explore), explored, on_lookahead
-            )
-            at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
-            root, evaluation = root.put(at, adopted), evaluation.put(at, adopted_eval)
-            canvas = canvas.put(explored, adopted)
-            cache = cache.put(explored, adopted_eval)
-            exploit = exploit.clone()
-            exploit[at] = ~restart
-        base = rows[exploit]
-        if base.numel():
-            sub, sub_eval = root.take(exploit), evaluation.take(exploit)
-            call = usage.steps[slots.owner[base]]
-            proposals, population = plan.population.perturb(sub_eval, sub, base, slots, population, call, layout)
-            chosen = commit.select(sub, proposals, layout)
-            revising = revision.revises
-            committed = sub.commit(
-                chosen, sub_eval.token, sub_eval.confidence, call, 0, -1, layout, commit, advance=not revising
-            )
-            if revising:  # the revision acts on the round's block, then the blocks advance
-                remask = revision.revise(sub, committed, layout, sub_eval, prior.take(base))
-                if remask is not None:
-                    committed = committed.remask(remask, mask_id=engine.mask_id)
-                if revision.rewrites:
-                    committed = revision.rewrite(sub, committed, layout, sub_eval, call)
-                committed = committed.advance_blocks(layout, commit)
-            canvas = canvas.put(base, committed)
-            fresh[base] = False
-        if plan.stop_ids:
-            canvas = fill_after_end(
-                canvas,
-                layout,
-                torch.tensor(plan.stop_ids),
-                slots.region[:, 0],
-                whole_block=plan.attention_block is not None,
-            )
-        population, source = plan.population.after_round(canvas, slots, population, layout, state.rounds, verifier)
-        if source is not None:
-            canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
-            state.memory.reorder(source)
-        if on_round is not None:
-            on_round(canvas, source)
-        return attrs.evolve(
-            state,
-            canvas=canvas,
-            cache=cache,
-            fresh=fresh,
-            late=late,
-            population=population,
-            usage=usage,
-            rounds=state.rounds + 1,
-            round_index=state.round_index + 1,
-        )
+        """One round for every slot still decoding (:func:`step`: it reads the state's plan only)."""
+        return step(engine, state, verifier, deadline_s, on_round, on_lookahead)
 
     def finish(self, engine: RolloutEngine, state: DecodeState, verifier: Verifier | None = None) -> list[DecodeResult]:
         """Each sample's output: the population's re-check and choice, then the chosen slot's result."""
+        _check_current(state)
         layout, canvas, slots, population, plan = state.layout, state.canvas, state.slots, state.population, state.plan
         spent = [state.usage]  # the re-check's calls count too
 
         def recheck(probe: Canvas, rows: torch.Tensor) -> Evaluation:
-            evaluation, spent[0] = self._evaluate(
-                engine, state, spent[0], probe, rows, torch.full_like(rows, RECHECK_KEY)
-            )
+            evaluation, spent[0] = _evaluate(engine, state, spent[0], probe, rows, torch.full_like(rows, RECHECK_KEY))
             return evaluation
 
         chosen_slot = plan.population.choose(canvas, slots, population, layout, verifier, recheck, engine.mask_id)
@@ -389,157 +305,6 @@ class SearchDecoder:
             for i in range(slots.samples)
         ]
 
-    def _evaluate(
-        self,
-        engine: RolloutEngine,
-        state: DecodeState,
-        usage: Usage,
-        canvas: Canvas,
-        slot: torch.Tensor,
-        branch_key: torch.Tensor,
-    ) -> tuple[Evaluation, Usage]:
-        """One engine call for rows of these slots (``branch_key``: 0 for roots, 1 + branch), and the usage after it."""
-        slots, plan = state.slots, state.plan
-        row_key = slots.particle[slot] * BRANCH_KEYS + branch_key
-        owner = slots.owner[slot]
-        evaluation, cost = engine.evaluate(
-            canvas.tokens,
-            canvas.attention,
-            slot,
-            slots.key[slot],
-            row_key,
-            usage.steps[owner],
-            state.memory,
-            plan.sampling,
-            plan.statistics,
-            state.layout.gen_start,
-            canvas.window(state.layout),
-            temperature=plan.population.token_temperature(state.population, slots, slot),
-            group=None if slots.size == 1 else slots.owner[slot] * BRANCH_KEYS + branch_key,
-            guidance=plan.guidance,
-            seed=slots.seed[slot],
-        )
-        return evaluation, usage.charge(owner, cost)
-
-    def _lookahead(
-        self,
-        engine: RolloutEngine,
-        state: DecodeState,
-        usage: Usage,
-        root: Canvas,
-        evaluation: Evaluation,
-        exploring: torch.Tensor,
-        on_lookahead: Callable[[Lookahead], None] | None,
-    ) -> tuple[Canvas, Evaluation, torch.Tensor, Usage]:
-        """Roll hypotheses of all exploring slots level by level; the adopted branches, their
-        evaluations, ``[S]`` restart flags (the selector wants a fresh lookahead from the
-        adopted state instead of exploiting it), and the usage after it."""
-        look = self._open(state, usage, root, evaluation, exploring)
-        while not look.done:
-            look, usage = self._advance(engine, state, usage, look)
-            if on_lookahead is not None:
-                on_lookahead(look)
-        assert self.selector is not None
-        adopted, adopted_eval = look.adopted(
-            self.selector.best(look.scores.view(len(exploring), look.width), look.live)
-        )
-        return adopted, adopted_eval, look.restarted, usage
-
-    def _open(
-        self, state: DecodeState, usage: Usage, root: Canvas, evaluation: Evaluation, slots: torch.Tensor
-    ) -> Lookahead:
-        """Depth 1: each candidate position committed on a copy of its slot's root (not yet evaluated)."""
-        assert self.candidates and self.expansion
-        layout, commit = state.layout, state.plan.commit
-        calls = usage.steps[state.slots.owner[slots]]
-        positions, live = self.candidates.propose(root, evaluation, layout)
-        samples, width = positions.shape
-        rows = samples * width
-        first = torch.zeros(rows, root.tokens.shape[1], dtype=torch.bool)
-        first[torch.arange(rows), positions.flatten()] = True
-        first &= live.flatten()[:, None]
-        token = evaluation.token.repeat_interleave(width, dim=0)
-        confidence = evaluation.confidence.repeat_interleave(width, dim=0)
-        branch_id = torch.arange(width).repeat(samples)
-        branches = root.repeat(width).commit(
-            first, token, confidence, calls.repeat_interleave(width), 1, branch_id, layout, commit
-        )
-        return Lookahead(
-            slots=slots,
-            width=width,
-            branches=branches,
-            evaluation=Evaluation.empty(rows, root.tokens.shape[1], state.plan.statistics),
-            scores=torch.zeros(rows),
-            step_log_conf=torch.log(evaluation.confidence.gather(1, positions).clamp(min=1e-30)).flatten(),
-            live=live,
-            rolling=torch.ones(samples, dtype=torch.bool),
-            restarted=torch.zeros(samples, dtype=torch.bool),
-            depth=1,
-            expansion=self.expansion.plan(root, evaluation, layout),
-            calls=calls,
-        )
-
-    def _advance(
-        self, engine: RolloutEngine, state: DecodeState, usage: Usage, look: Lookahead
-    ) -> tuple[Lookahead, Usage]:
-        """One level: evaluate and score the rolling branches; then either finish, or let the
-        expansion policy and the selector's re-evaluation decide who rolls on and commit the
-        base rule once more on those branches."""
-        assert self.scorer and self.selector
-        layout, commit = state.layout, state.plan.commit
-        rows = look.rows()
-        slot_row, branch_id = look.slot_row, look.branch_id
-        sub = look.branches.take(rows)
-        sub_eval, usage = self._evaluate(engine, state, usage, sub, slot_row[rows], 1 + branch_id[rows])
-        evaluation = look.evaluation.put(rows, sub_eval)
-        gained = self.scorer.score(sub, sub_eval, layout, look.step_log_conf[rows])
-        scores = look.scores.clone()
-        scores[rows] = scores[rows] + gained if look.expansion.accumulate else gained
-        look = attrs.evolve(
-            look, evaluation=evaluation, scores=scores, calls=usage.steps[state.slots.owner[look.slots]]
-        )
-        if look.depth >= look.expansion.max_depth:
-            return attrs.evolve(look, done=True), usage
-        samples, width = look.live.shape
-        grid = scores.view(samples, width)
-        finished = (~look.branches.masked.any(dim=1)).view(samples, width)
-        go = (
-            look.rolling
-            & look.expansion.should_continue(grid, look.live, look.depth)
-            & ~(look.live & finished).any(dim=1)
-        )
-        live, restarted = look.live, look.restarted
-        if self.selector.reevaluates and bool(go.any()):
-            fires = torch.zeros(samples * width, dtype=torch.bool)
-            fires[rows] = self.trigger.fires(sub, sub_eval, layout)
-            pruned, restart = self.selector.prune(live, fires.view(samples, width), grid)
-            live = torch.where(go[:, None], pruned, live)
-            restarted = restarted | (go & restart)
-            go = go & ~restart
-        look = attrs.evolve(look, live=live, rolling=go, restarted=restarted)
-        if not bool(go.any()):
-            return attrs.evolve(look, done=True), usage
-        rows = look.rows()
-        sub, sub_eval = look.branches.take(rows), evaluation.take(rows)
-        chosen = commit.select(sub, sub_eval, layout) & sub.masked
-        logs = torch.where(chosen, torch.log(sub_eval.confidence.clamp(min=1e-30)), 0.0).sum(dim=1)
-        step_log_conf = look.step_log_conf.clone()
-        step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
-        depth = look.depth + 1
-        rolled = sub.commit(
-            chosen,
-            sub_eval.token,
-            sub_eval.confidence,
-            usage.steps[state.slots.owner[slot_row[rows]]],
-            depth,
-            branch_id[rows],
-            layout,
-            commit,
-        )
-        return attrs.evolve(
-            look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth
-        ), usage
-
     def _result(
         self,
         canvas: Canvas,
@@ -552,9 +317,8 @@ class SearchDecoder:
         late: bool,
     ) -> DecodeResult:
         first, end = (layout.gen_start + int(c) for c in slots.region[slot])
-        gen = slice(
-            first, end
-        )  # the sample's output (a block-aligned row: after its prompt, to the end of its last block)
+        # the sample's output (a block-aligned row: after its prompt, to the end of its last block)
+        gen = slice(first, end)
         call = canvas.commit_call[slot, gen]
         return DecodeResult(
             uid=int(slots.uid[slot]),
@@ -571,3 +335,352 @@ class SearchDecoder:
             revisions=canvas.revisions[slot, gen].clone(),
             population=outcome,
         )
+
+
+@attrs.frozen
+class Round:
+    """What one round's phases hand on: the slots decoding, their roots and those roots'
+    evaluations, and which of them the base rule commits on this round."""
+
+    rows: torch.Tensor  # [n] the slots decoding this round
+    root: Canvas  # [n] their canvases (an exploring slot's: the branch it adopted)
+    evaluation: Evaluation  # [n] the evaluations of ``root``
+    exploit: torch.Tensor  # [n] the base rule commits on these (not: a fresh lookahead from the adopted branch)
+    prior: Evaluation  # [slots] the previous round's evaluations (Saber compares confidences across steps)
+
+
+def step(
+    engine: RolloutEngine,
+    state: DecodeState,
+    verifier: Verifier | None = None,
+    deadline_s: float | None = None,
+    on_round: Callable[[Canvas, torch.Tensor | None], None] | None = None,
+    on_lookahead: Callable[[Lookahead], None] | None = None,
+) -> DecodeState:
+    """One round for every slot still decoding: state in, state out, one call per phase (mctx's
+    ``search`` body). Every component comes from ``state.plan``.
+
+    Args:
+        engine: the model's only caller.
+        state: the latest state (an older one is refused: its slots' stores have moved on).
+        verifier: the task's check of the batch's outputs, for populations that use one.
+        deadline_s: past it, a sample stops exploring and finishes with the base rule.
+        on_round: sees ``[slots]`` canvases after the round, and the slot each continues from.
+        on_lookahead: sees every level of every lookahead.
+    """
+    _check_current(state)
+    state, round_ = _evaluate_roots(engine, state)
+    if round_ is None:
+        return attrs.evolve(state, finished=True)
+    state, round_ = _explore(engine, state, round_, deadline_s, on_lookahead)
+    state, committed = _select_and_commit(state, round_)
+    state = _revise(state, round_, committed)
+    return _advance(state, verifier, on_round)
+
+
+def _check_current(state: DecodeState) -> None:
+    """Refuse a state older than its slots' stores (they were written for a newer one)."""
+    if state.memory_version != state.memory.version:
+        raise ValueError(
+            f"this decode state is stale: its slots' stores moved on to version {state.memory.version} "
+            f"(the state was made at {state.memory_version}); step the state the last step returned"
+        )
+
+
+def _evaluate_roots(engine: RolloutEngine, state: DecodeState) -> tuple[DecodeState, Round | None]:
+    """The slots decoding this round, each root evaluated unless the last round left it fresh."""
+    plan, canvas, cache = state.plan, state.canvas, state.cache
+    active = canvas.decoding & plan.population.running(state.population, state.slots)
+    if not bool(active.any()):
+        return state, None
+    need = (active & ~state.fresh).nonzero().squeeze(1)
+    fresh, usage = state.fresh.clone(), state.usage
+    if need.numel():
+        evaluation, usage = _evaluate(engine, state, usage, canvas.take(need), need, torch.zeros_like(need))
+        cache = cache.put(need, evaluation)
+        fresh[need] = True
+    rows = active.nonzero().squeeze(1)
+    exploit = torch.ones(len(rows), dtype=torch.bool)
+    round_ = Round(rows, canvas.take(rows), cache.take(rows), exploit, prior=state.cache)
+    return attrs.evolve(state, cache=cache, fresh=fresh, usage=usage), round_
+
+
+def _explore(
+    engine: RolloutEngine,
+    state: DecodeState,
+    round_: Round,
+    deadline_s: float | None,
+    on_lookahead: Callable[[Lookahead], None] | None,
+) -> tuple[DecodeState, Round]:
+    """Where the trigger fires (and the deadline has not passed): look ahead and adopt the
+    selected branch with the evaluation it already has; exploit it at once unless the selector
+    asked for a fresh lookahead from it."""
+    rows, late = round_.rows, state.late
+    if deadline_s is not None:
+        over = time.monotonic() - state.started[state.slots.owner] > deadline_s
+        late = late | (over & _scattered(rows, len(late)))
+    explore = state.plan.trigger.fires(round_.root, round_.evaluation, state.layout) & ~late[rows]
+    state = attrs.evolve(state, late=late)
+    explored = rows[explore]
+    if not explored.numel():
+        return state, round_
+    adopted, adopted_eval, restart, usage = _lookahead(
+        engine, state, round_.root.take(explore), round_.evaluation.take(explore), explored, on_lookahead
+    )
+    at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
+    exploit = round_.exploit.clone()
+    exploit[at] = ~restart
+    round_ = attrs.evolve(
+        round_,
+        root=round_.root.put(at, adopted),
+        evaluation=round_.evaluation.put(at, adopted_eval),
+        exploit=exploit,
+    )
+    canvas, cache = state.canvas.put(explored, adopted), state.cache.put(explored, adopted_eval)
+    return attrs.evolve(state, canvas=canvas, cache=cache, usage=usage), round_
+
+
+def _scattered(rows: torch.Tensor, size: int) -> torch.Tensor:
+    """``[size]`` True at ``rows``."""
+    flags = torch.zeros(size, dtype=torch.bool)
+    flags[rows] = True
+    return flags
+
+
+def _select_and_commit(state: DecodeState, round_: Round) -> tuple[DecodeState, Canvas | None]:
+    """The base rule on every exploiting slot: the population may perturb what it reads, the rule
+    selects, the selected positions are committed (blocks advance here unless a revision acts first)."""
+    plan, slots = state.plan, state.slots
+    base = round_.rows[round_.exploit]
+    if not base.numel():
+        return state, None
+    sub, sub_eval = round_.root.take(round_.exploit), round_.evaluation.take(round_.exploit)
+    call = state.usage.steps[slots.owner[base]]
+    proposals, population = plan.population.perturb(sub_eval, sub, base, slots, state.population, call, state.layout)
+    chosen = plan.commit.select(sub, proposals, state.layout)
+    committed = sub.commit(
+        chosen,
+        sub_eval.token,
+        sub_eval.confidence,
+        call,
+        0,
+        -1,
+        state.layout,
+        plan.commit,
+        advance=not plan.revision.revises,
+    )
+    return attrs.evolve(state, population=population), committed
+
+
+def _revise(state: DecodeState, round_: Round, committed: Canvas | None) -> DecodeState:
+    """A revision returns some of the round's commits to the mask (or rewrites them) in the
+    round's block; then the blocks advance. The committed canvases go in; their evaluations are stale."""
+    if committed is None:
+        return state
+    plan, layout = state.plan, state.layout
+    base = round_.rows[round_.exploit]
+    if plan.revision.revises:
+        sub, sub_eval = round_.root.take(round_.exploit), round_.evaluation.take(round_.exploit)
+        remask = plan.revision.revise(sub, committed, layout, sub_eval, round_.prior.take(base))
+        if remask is not None:
+            committed = committed.remask(remask, mask_id=plan.mask_id)
+        if plan.revision.rewrites:
+            call = state.usage.steps[state.slots.owner[base]]
+            committed = plan.revision.rewrite(sub, committed, layout, sub_eval, call)
+        committed = committed.advance_blocks(layout, plan.commit)
+    fresh = state.fresh.clone()
+    fresh[base] = False
+    return attrs.evolve(state, canvas=state.canvas.put(base, committed), fresh=fresh)
+
+
+def _advance(
+    state: DecodeState, verifier: Verifier | None, on_round: Callable[[Canvas, torch.Tensor | None], None] | None
+) -> DecodeState:
+    """End the round: fill after an answer's end, let the population end, stop or resample
+    particles (slots take over others' stores), count the round."""
+    plan, layout, slots = state.plan, state.layout, state.slots
+    canvas, cache, fresh, late = state.canvas, state.cache, state.fresh, state.late
+    if plan.stop_ids:
+        whole_block = plan.attention_block is not None
+        canvas = fill_after_end(canvas, layout, torch.tensor(plan.stop_ids), slots.region[:, 0], whole_block)
+    population, source = plan.population.after_round(canvas, slots, state.population, layout, state.rounds, verifier)
+    if source is not None:
+        canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
+        state.memory.reorder(source)
+    if on_round is not None:
+        on_round(canvas, source)
+    return attrs.evolve(
+        state,
+        canvas=canvas,
+        cache=cache,
+        fresh=fresh,
+        late=late,
+        population=population,
+        rounds=state.rounds + 1,
+        round_index=state.round_index + 1,
+        memory_version=state.memory.advance(),
+    )
+
+
+def _evaluate(
+    engine: RolloutEngine,
+    state: DecodeState,
+    usage: Usage,
+    canvas: Canvas,
+    slot: torch.Tensor,
+    branch_key: torch.Tensor,
+) -> tuple[Evaluation, Usage]:
+    """One engine call for rows of these slots (``branch_key``: 0 for roots, 1 + branch), and the usage after it.
+
+    Args:
+        engine: the model's only caller.
+        state: the decode (plan, slots, stores, layout).
+        usage: the counters so far; the call is charged to them.
+        canvas: ``[rows]`` the canvases to evaluate.
+        slot: ``[rows]`` each row's slot.
+        branch_key: ``[rows]`` 0 for a slot's root, 1 + branch for a lookahead branch.
+    """
+    slots, plan = state.slots, state.plan
+    row_key = slots.particle[slot] * BRANCH_KEYS + branch_key
+    owner = slots.owner[slot]
+    evaluation, cost = engine.evaluate(
+        canvas.tokens,
+        canvas.attention,
+        slot,
+        slots.key[slot],
+        row_key,
+        usage.steps[owner],
+        state.memory,
+        plan.sampling,
+        plan.statistics,
+        state.layout.gen_start,
+        canvas.window(state.layout),
+        temperature=plan.population.token_temperature(state.population, slots, slot),
+        group=None if slots.size == 1 else slots.owner[slot] * BRANCH_KEYS + branch_key,
+        guidance=plan.guidance,
+        seed=slots.seed[slot],
+    )
+    return evaluation, usage.charge(owner, cost)
+
+
+def _lookahead(
+    engine: RolloutEngine,
+    state: DecodeState,
+    root: Canvas,
+    evaluation: Evaluation,
+    exploring: torch.Tensor,
+    on_lookahead: Callable[[Lookahead], None] | None,
+) -> tuple[Canvas, Evaluation, torch.Tensor, Usage]:
+    """Roll hypotheses of all exploring slots level by level; the adopted branches, their
+    evaluations, ``[S]`` restart flags (the selector wants a fresh lookahead from the
+    adopted state instead of exploiting it), and the usage after it.
+
+    Args:
+        engine: the model's only caller.
+        state: the decode (its usage so far is charged).
+        root: ``[S]`` the exploring slots' canvases.
+        evaluation: ``[S]`` their evaluations.
+        exploring: ``[S]`` the exploring slots.
+        on_lookahead: sees every level.
+    """
+    usage = state.usage
+    look = _open(state, usage, root, evaluation, exploring)
+    while not look.done:
+        look, usage = _roll(engine, state, usage, look)
+        if on_lookahead is not None:
+            on_lookahead(look)
+    selector = state.plan.selector
+    assert selector is not None
+    adopted, adopted_eval = look.adopted(selector.best(look.scores.view(len(exploring), look.width), look.live))
+    return adopted, adopted_eval, look.restarted, usage
+
+
+def _open(state: DecodeState, usage: Usage, root: Canvas, evaluation: Evaluation, slots: torch.Tensor) -> Lookahead:
+    """Depth 1: each candidate position committed on a copy of its slot's root (not yet evaluated)."""
+    plan, layout = state.plan, state.layout
+    assert plan.candidates and plan.expansion
+    calls = usage.steps[state.slots.owner[slots]]
+    positions, live = plan.candidates.propose(root, evaluation, layout)
+    samples, width = positions.shape
+    rows = samples * width
+    first = torch.zeros(rows, root.tokens.shape[1], dtype=torch.bool)
+    first[torch.arange(rows), positions.flatten()] = True
+    first &= live.flatten()[:, None]
+    token = evaluation.token.repeat_interleave(width, dim=0)
+    confidence = evaluation.confidence.repeat_interleave(width, dim=0)
+    branch_id = torch.arange(width).repeat(samples)
+    branches = root.repeat(width).commit(
+        first, token, confidence, calls.repeat_interleave(width), 1, branch_id, layout, plan.commit
+    )
+    return Lookahead(
+        slots=slots,
+        width=width,
+        branches=branches,
+        evaluation=Evaluation.empty(rows, root.tokens.shape[1], plan.statistics),
+        scores=torch.zeros(rows),
+        step_log_conf=torch.log(evaluation.confidence.gather(1, positions).clamp(min=1e-30)).flatten(),
+        live=live,
+        rolling=torch.ones(samples, dtype=torch.bool),
+        restarted=torch.zeros(samples, dtype=torch.bool),
+        depth=1,
+        expansion=plan.expansion.plan(root, evaluation, layout),
+        calls=calls,
+    )
+
+
+def _roll(engine: RolloutEngine, state: DecodeState, usage: Usage, look: Lookahead) -> tuple[Lookahead, Usage]:
+    """One level: evaluate and score the rolling branches; then either finish, or let the
+    expansion policy and the selector's re-evaluation decide who rolls on and commit the
+    base rule once more on those branches."""
+    scorer = state.plan.scorer
+    assert scorer is not None
+    rows = look.rows()
+    sub = look.branches.take(rows)
+    sub_eval, usage = _evaluate(engine, state, usage, sub, look.slot_row[rows], 1 + look.branch_id[rows])
+    evaluation = look.evaluation.put(rows, sub_eval)
+    gained = scorer.score(sub, sub_eval, state.layout, look.step_log_conf[rows])
+    scores = look.scores.clone()
+    scores[rows] = scores[rows] + gained if look.expansion.accumulate else gained
+    calls = usage.steps[state.slots.owner[look.slots]]
+    look = attrs.evolve(look, evaluation=evaluation, scores=scores, calls=calls)
+    if look.depth >= look.expansion.max_depth:
+        return attrs.evolve(look, done=True), usage
+    look = _prune(state, look, rows, sub, sub_eval)
+    if not bool(look.rolling.any()):
+        return attrs.evolve(look, done=True), usage
+    return _deepen(state, usage, look), usage
+
+
+def _prune(state: DecodeState, look: Lookahead, rows: torch.Tensor, sub: Canvas, sub_eval: Evaluation) -> Lookahead:
+    """Who rolls on: the expansion policy's verdict per slot (none once a live branch has
+    finished), then the selector's branch re-evaluation (prune, or restart from the best)."""
+    plan = state.plan
+    samples, width = look.live.shape
+    grid = look.scores.view(samples, width)
+    finished = (~look.branches.masked.any(dim=1)).view(samples, width)
+    go = look.rolling & look.expansion.should_continue(grid, look.live, look.depth) & ~(look.live & finished).any(1)
+    live, restarted = look.live, look.restarted
+    assert plan.selector is not None
+    if plan.selector.reevaluates and bool(go.any()):
+        fires = torch.zeros(samples * width, dtype=torch.bool)
+        fires[rows] = plan.trigger.fires(sub, sub_eval, state.layout)
+        pruned, restart = plan.selector.prune(live, fires.view(samples, width), grid)
+        live = torch.where(go[:, None], pruned, live)
+        restarted = restarted | (go & restart)
+        go = go & ~restart
+    return attrs.evolve(look, live=live, rolling=go, restarted=restarted)
+
+
+def _deepen(state: DecodeState, usage: Usage, look: Lookahead) -> Lookahead:
+    """The base rule once more on every rolling branch: one level deeper."""
+    layout, commit = state.layout, state.plan.commit
+    rows = look.rows()
+    sub, sub_eval = look.branches.take(rows), look.evaluation.take(rows)
+    chosen = commit.select(sub, sub_eval, layout) & sub.masked
+    logs = torch.where(chosen, torch.log(sub_eval.confidence.clamp(min=1e-30)), 0.0).sum(dim=1)
+    step_log_conf = look.step_log_conf.clone()
+    step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
+    depth = look.depth + 1
+    calls = usage.steps[state.slots.owner[look.slot_row[rows]]]
+    rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, calls, depth, look.branch_id[rows], layout, commit)
+    return attrs.evolve(look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth)

@@ -12,25 +12,53 @@ from it, so a refused combination fails once at the start, not once per item.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
 from dlmsearch.core.sampling import Sampling
+from dlmsearch.search.components.candidates import CandidateGenerator
 from dlmsearch.search.components.commit import CommitRule
+from dlmsearch.search.components.expansion import ExpansionPolicy
 from dlmsearch.search.components.revision import Revision
+from dlmsearch.search.components.scorers import Scorer
+from dlmsearch.search.components.selectors import Selector
+from dlmsearch.search.components.triggers import Trigger
+from dlmsearch.search.engine.guidance import Guidance
 from dlmsearch.search.records.state import Layout, aligned_generation_length
 from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.search.width.population_hook import PopulationHook
 
 if TYPE_CHECKING:
-    from dlmsearch.search.driver import SearchDecoder
     from dlmsearch.search.engine.rollout import RolloutEngine
+
+
+class DecoderSettings(Protocol):
+    """What :func:`make_plan` reads of a decoder (:class:`~dlmsearch.search.driver.SearchDecoder`),
+    so this module needs nothing from the driver that imports it."""
+
+    name: str
+    commit: CommitRule
+    trigger: Trigger
+    candidates: CandidateGenerator | None
+    scorer: Scorer | None
+    expansion: ExpansionPolicy | None
+    selector: Selector | None
+    population: PopulationHook
+    revision: Revision
+    block_length: int | None
+    sampling: Sampling
+    guidance: Guidance
+    stop_at_eos: bool
+
+    @property
+    def statistics(self) -> frozenset[str]: ...
 
 
 @attrs.frozen
 class DecodePlan:
-    """What one decoder decodes with on one engine at one generation layout (checked, frozen)."""
+    """What one decoder decodes with on one engine at one generation layout (checked, frozen): every
+    component the decode loop calls, so a step reads the plan and nothing else."""
 
     name: str
     gen_length: int
@@ -38,15 +66,19 @@ class DecodePlan:
     commit: CommitRule  # bound to the layout
     revision: Revision  # bound to the layout and the rule's steps per block
     population: PopulationHook  # what the task's verifier allows (e.g. pruning only where it checks partial outputs)
+    trigger: Trigger  # when a slot looks ahead (never: the base rule alone)
+    candidates: CandidateGenerator | None  # the lookahead's parts: all set where the trigger explores
+    scorer: Scorer | None
+    expansion: ExpansionPolicy | None
+    selector: Selector | None
     statistics: frozenset[str]  # what the engine computes per position beyond token and confidence
     sampling: Sampling  # resolved: the engine's settings, else the checkpoint's, else the decoder's, else neutral
     guidance: float
     stop_ids: tuple[int, ...]  # empty unless the decoder stops at the end of the answer
     vocab_size: int
     mask_id: int
-    attention_block: int | None = (
-        None  # a block-diffusion model's block size: canvases are block-aligned (``block_aligned``)
-    )
+    # a block-diffusion model's block size: canvases are block-aligned (``block_aligned``)
+    attention_block: int | None = None
 
     @property
     def block_budget(self) -> int | None:
@@ -74,7 +106,7 @@ class DecodePlan:
 
 
 def make_plan(
-    decoder: SearchDecoder, engine: RolloutEngine, gen_length: int, block_length: int, verifier: Verifier | None
+    decoder: DecoderSettings, engine: RolloutEngine, gen_length: int, block_length: int, verifier: Verifier | None
 ) -> DecodePlan:
     """Check the decoder against the engine, the model, the layout and the verifier; bind what the layout fixes."""
     able = engine.capabilities
@@ -134,6 +166,11 @@ def make_plan(
         commit=commit,
         revision=revision,
         population=population,
+        trigger=decoder.trigger,
+        candidates=decoder.candidates,
+        scorer=decoder.scorer,
+        expansion=decoder.expansion,
+        selector=decoder.selector,
         statistics=statistics,
         sampling=sampling,
         guidance=decoder.guidance.scale,

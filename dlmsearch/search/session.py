@@ -72,6 +72,7 @@ def join(state: DecodeState, other: DecodeState) -> DecodeState:
         rounds=torch.cat([state.rounds, other.rounds]),
         started=torch.cat([state.started, other.started]),
         finished=False,
+        memory_version=state.memory.version,
     )
 
 
@@ -95,6 +96,7 @@ def keep(state: DecodeState, samples: torch.Tensor, copy_stores: bool = False) -
         rounds=state.rounds[samples],
         started=state.started[samples],
         memory=stores,
+        memory_version=stores.version,
     )
 
 

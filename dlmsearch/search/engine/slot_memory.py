@@ -25,6 +25,14 @@ class SlotMemory:
     kv: KVStorage = attrs.field(factory=KVStorage)
     history: DistributionHistory = attrs.field(factory=DistributionHistory)
     layers: LayerStore = attrs.field(factory=LayerStore)
+    # Moves on with every step and every change of the slots (reorder, admit): a decode state made
+    # at another version reads stores written for another one, and is refused (``driver._check_current``)
+    version: int = 0
+
+    def advance(self) -> int:
+        """The stores move past the state that last read them; the new version."""
+        self.version += 1
+        return self.version
 
     @classmethod
     def for_slots(cls, slots: int) -> SlotMemory:
@@ -36,12 +44,14 @@ class SlotMemory:
 
     def reorder(self, source: torch.Tensor) -> None:
         """Slot ``i`` takes over slot ``source[i]``'s stores (a population resampled, or slots were evicted)."""
+        self.advance()
         self.kv.reorder(source)
         self.history.reorder(source)
         self.layers.reorder(source)
 
     def admit(self, slots: int, widen: int = 0) -> None:
         """``slots`` new empty slots after the others; ``widen`` more columns of left padding in every canvas."""
+        self.advance()
         self.kv.widen(widen)
         self.kv.admit(slots)
         self.history.admit(slots)
@@ -50,6 +60,6 @@ class SlotMemory:
 
     def split(self, slots: torch.Tensor) -> SlotMemory:
         """A copy holding only these slots' stores (finished samples taken out of a decode); this one is unchanged."""
-        part = SlotMemory(attrs.evolve(self.kv), attrs.evolve(self.history), attrs.evolve(self.layers))
+        part = SlotMemory(attrs.evolve(self.kv), attrs.evolve(self.history), attrs.evolve(self.layers), self.version)
         part.reorder(slots)
         return part
