@@ -215,28 +215,11 @@ class TrainingLoop:
                 done = progress(step, cfg.steps, seconds(), cfg.budget_minutes)
                 if done >= 1.0:
                     break
-                for group in optimizer.param_groups:
-                    group["lr"] = learning_rate(step, done, cfg.lr, cfg.min_lr, cfg.warmup_steps)
-                loss, extras = batch_loss(done)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
+                loss, extras = self._step(step, done, batch_loss)
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.4f}", **{k: f"{v:.4f}" for k, v in extras.items()})
-                # deterministic lines (no clock): a resumed run's log equals the uninterrupted one's; time is at the checkpoints
-                log.write(
-                    json.dumps(
-                        {
-                            "step": step,
-                            "loss": round(loss.item(), 5),
-                            **{k: round(v, 5) for k, v in extras.items()},
-                            "lr": optimizer.param_groups[0]["lr"],
-                        }
-                    )
-                    + "\n"
-                )
+                log.write(_loss_line(step, loss, extras, optimizer.param_groups[0]["lr"]))
                 log.flush()
                 finished = progress(step, cfg.steps, seconds(), cfg.budget_minutes) >= 1.0
                 out_of_time = cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes
@@ -246,3 +229,32 @@ class TrainingLoop:
                     break
         bar.close()
         return step
+
+    def _step(
+        self, step: int, done: float, batch_loss: Callable[[float], tuple[torch.Tensor, dict[str, float]]]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """One optimiser step at the schedule's learning rate, gradients clipped at 1; the batch's loss and extras."""
+        cfg, model, optimizer = self.cfg, self.checkpoints.model, self.checkpoints.optimizer
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, done, cfg.lr, cfg.min_lr, cfg.warmup_steps)
+        loss, extras = batch_loss(done)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss, extras
+
+
+def _loss_line(step: int, loss: torch.Tensor, extras: dict[str, float], lr: float) -> str:
+    """One ``loss.jsonl`` line, with no clock: a resumed run's log equals the uninterrupted one's (time is at checkpoints)."""
+    return (
+        json.dumps(
+            {
+                "step": step,
+                "loss": round(loss.item(), 5),
+                **{k: round(v, 5) for k, v in extras.items()},
+                "lr": lr,
+            }
+        )
+        + "\n"
+    )

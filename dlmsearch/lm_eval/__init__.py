@@ -113,6 +113,51 @@ NAMED_ARGS = (
 )
 
 
+def _check_source(family: str, path: str | None) -> None:
+    """Fail with one line unless ``family`` is a text model and ``path`` a local directory (nothing is downloaded)."""
+    if family not in TEXT_FAMILIES + SHIPPED_TEXT_MODELS:
+        raise ModelArgsError(
+            f"model_args family must be a text model ({', '.join(TEXT_FAMILIES)}) or a shipped one ({', '.join(SHIPPED_TEXT_MODELS)}: no path needed), got {family!r}"
+        )
+    if path is None and family not in SHIPPED_TEXT_MODELS:
+        raise ModelArgsError("model_args needs path=DIR: the local directory of the checkpoint (nothing is downloaded)")
+    if path is not None and not Path(str(path)).expanduser().is_dir():
+        raise ModelArgsError(
+            f"model_args path={path} is not a directory: give the local directory of the checkpoint (nothing is downloaded)"
+        )
+
+
+def _checked_sizes(gen_length: int | None, block_length: int | None, batch_size: int | str) -> int:
+    """The batch size as an integer (lm-eval passes strings), after every size is checked positive."""
+    if isinstance(batch_size, str) and batch_size.strip().isdigit():  # lm-eval's --batch_size 8 comes as a string
+        batch_size = int(batch_size)
+    if isinstance(batch_size, str):  # "auto" / "auto:N": decoding uses a fixed batch
+        log.warning(
+            "dlmsearch: batch_size=%s is not supported; decoding 8 at a time (model_args batch_size=N)", batch_size
+        )
+        batch_size = 8
+    for name, value in (("gen_length", gen_length), ("block_length", block_length), ("batch_size", batch_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ModelArgsError(f"model_args {name} must be a positive integer, got {value!r}")
+    return batch_size
+
+
+def _split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``model.*`` keys (for the model) and the rest (for the decoder); an unknown key fails with one line."""
+    unknown = [
+        k
+        for k in overrides
+        if k.split(".")[0].split("/")[0] not in ("model", "decoder", "engine", "decoding", "deadline_s")
+    ]
+    if unknown:
+        raise ModelArgsError(
+            f"unknown model_args: {', '.join(unknown)} (model_args take {', '.join(NAMED_ARGS)} and decoder.*, engine.*, decoding.*, model.* keys)"
+        )
+    model_keys = {k[len("model.") :]: v for k, v in overrides.items() if k.startswith("model.")}
+    decoder_keys = {k: v for k, v in overrides.items() if not k.startswith("model.")}
+    return model_keys, decoder_keys
+
+
 @register_model("dlmsearch")
 class DLMSearchLM(LM):
     """lm-eval's view of a dlmsearch decoder over a text checkpoint (LLaDA, Dream, SDAR, LLaDA2.x)."""
@@ -136,40 +181,30 @@ class DLMSearchLM(LM):
         trust_remote_code: bool | None = None,  # lm-eval's --trust_remote_code; tokenizers use the CLI's default
         **overrides: Any,
     ) -> None:
+        """Check every model_arg, load the model and the decoder preset, and compose a decode with them.
+
+        Args:
+            path: the checkpoint's local directory (None: a shipped Countdown model).
+            family: a text family or a shipped model's name (``SHIPPED_TEXT_MODELS``).
+            decoder: the decoder preset.
+            gen_length: tokens generated per request; None: what the model was trained for, else 256.
+            block_length: the decoding block; None: the model's trained block, else 32.
+            batch_size: requests decoded together (lm-eval's ``auto`` falls back to 8).
+            cache: the engine's KV cache (``engine.cache``), or None for the preset's.
+            device: ``cpu``, ``cuda``, ... or ``auto``.
+            dtype: a torch dtype's name or ``auto``.
+            chat: encode each context as one user message through the chat template.
+            temperature: the sampling temperature, or None for the preset's.
+            seed: the decode's seed, or None for the configured one.
+            decoding: the task-dependent defaults (``text`` or ``sudoku``); None: the task's.
+            max_batch_size: lm-eval passes it; decoding batches are fixed.
+            trust_remote_code: lm-eval's ``--trust_remote_code``; tokenizers use the CLI's default.
+            **overrides: ``decoder.*``, ``engine.*``, ``decoding.*``, ``model.*`` and ``deadline_s`` keys.
+        """
         super().__init__()
-        if family not in TEXT_FAMILIES + SHIPPED_TEXT_MODELS:
-            raise ModelArgsError(
-                f"model_args family must be a text model ({', '.join(TEXT_FAMILIES)}) or a shipped one ({', '.join(SHIPPED_TEXT_MODELS)}: no path needed), got {family!r}"
-            )
-        if path is None and family not in SHIPPED_TEXT_MODELS:
-            raise ModelArgsError(
-                "model_args needs path=DIR: the local directory of the checkpoint (nothing is downloaded)"
-            )
-        if path is not None and not Path(str(path)).expanduser().is_dir():
-            raise ModelArgsError(
-                f"model_args path={path} is not a directory: give the local directory of the checkpoint (nothing is downloaded)"
-            )
-        if isinstance(batch_size, str) and batch_size.strip().isdigit():  # lm-eval's --batch_size 8 comes as a string
-            batch_size = int(batch_size)
-        if isinstance(batch_size, str):  # "auto" / "auto:N": decoding uses a fixed batch
-            log.warning(
-                "dlmsearch: batch_size=%s is not supported; decoding 8 at a time (model_args batch_size=N)", batch_size
-            )
-            batch_size = 8
-        for name, value in (("gen_length", gen_length), ("block_length", block_length), ("batch_size", batch_size)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ModelArgsError(f"model_args {name} must be a positive integer, got {value!r}")
-        unknown = [
-            k
-            for k in overrides
-            if k.split(".")[0].split("/")[0] not in ("model", "decoder", "engine", "decoding", "deadline_s")
-        ]
-        if unknown:
-            raise ModelArgsError(
-                f"unknown model_args: {', '.join(unknown)} (model_args take {', '.join(NAMED_ARGS)} and decoder.*, engine.*, decoding.*, model.* keys)"
-            )
-        model_keys = {k[len("model.") :]: v for k, v in overrides.items() if k.startswith("model.")}
-        decoder_keys = {k: v for k, v in overrides.items() if not k.startswith("model.")}
+        _check_source(family, path)
+        batch_size = _checked_sizes(gen_length, block_length, batch_size)
+        model_keys, decoder_keys = _split_overrides(overrides)
         try:  # the API's messages name the key or the file (ConfigError is a ValueError; a directory without a tokenizer: OSError)
             self.model = Model.load(family, path=path, device=device or "auto", dtype=dtype, **model_keys)
         except (ValueError, OSError) as error:

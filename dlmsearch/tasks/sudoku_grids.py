@@ -37,6 +37,41 @@ def clue_conflict(grid: np.ndarray) -> str | None:
     return None
 
 
+def _unit_masks(cells: list[int]) -> tuple[list[int], list[int], list[int]] | None:
+    """Each row's, column's and box's placed digits as bitmasks, or None when two clues clash (no solution)."""
+    rows = [0] * 9
+    cols = [0] * 9
+    boxes = [0] * 9
+    for i, v in enumerate(cells):
+        if v:
+            bit = 1 << v
+            r, c, b = _ROW[i], _COL[i], _BOX[i]
+            if (rows[r] | cols[c] | boxes[b]) & bit:
+                return None
+            rows[r] |= bit
+            cols[c] |= bit
+            boxes[b] |= bit
+    return rows, cols, boxes
+
+
+def _most_constrained(
+    cells: list[int], empty: list[int], rows: list[int], cols: list[int], boxes: list[int]
+) -> tuple[int, int, int]:
+    """The blank cell with the fewest candidates (branching there keeps the search small), its candidate
+    bitmask and their count; cell -1 when no cell is blank."""
+    best, best_options, best_n = -1, 0, 10
+    for i in empty:
+        if cells[i]:
+            continue
+        options = ALL_DIGITS & ~(rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]])
+        n = (options).bit_count()
+        if n < best_n:
+            best, best_options, best_n = i, options, n
+            if n <= 1:
+                break
+    return best, best_options, best_n
+
+
 def count_solutions(
     grid: np.ndarray, limit: int = 2, rng: np.random.Generator | None = None
 ) -> tuple[int, np.ndarray | None]:
@@ -46,34 +81,17 @@ def count_solutions(
     which turns the solver into a sampler of random solved grids.
     """
     cells = [int(v) for v in grid]
-    rows = [0] * 9
-    cols = [0] * 9
-    boxes = [0] * 9
-    for i, v in enumerate(cells):
-        if v:
-            bit = 1 << v
-            r, c, b = _ROW[i], _COL[i], _BOX[i]
-            if (rows[r] | cols[c] | boxes[b]) & bit:
-                return 0, None
-            rows[r] |= bit
-            cols[c] |= bit
-            boxes[b] |= bit
+    masks = _unit_masks(cells)
+    if masks is None:
+        return 0, None
+    rows, cols, boxes = masks
     empty = [i for i, v in enumerate(cells) if v == 0]
     found: list[np.ndarray] = []
     count = 0
 
     def search() -> None:
         nonlocal count
-        best, best_options, best_n = -1, 0, 10
-        for i in empty:
-            if cells[i]:
-                continue
-            options = ALL_DIGITS & ~(rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]])
-            n = (options).bit_count()
-            if n < best_n:
-                best, best_options, best_n = i, options, n
-                if n <= 1:
-                    break
+        best, best_options, best_n = _most_constrained(cells, empty, rows, cols, boxes)
         if best < 0:
             count += 1
             if not found:
