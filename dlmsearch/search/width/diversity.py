@@ -21,6 +21,12 @@ from dlmsearch.search.width.particle_state import ParticleState
 from dlmsearch.validation import check_type, number
 
 
+def varied(slots: Slots, rows: torch.Tensor, keep_greedy: bool) -> torch.Tensor:
+    """``[R]`` the rows whose particle departs from the plain decoder: all, or all but particle 0 (``keep_greedy``)."""
+    particle = slots.particle[rows]
+    return particle > 0 if keep_greedy else torch.ones_like(particle, dtype=torch.bool)
+
+
 class Diversity(Protocol):
     def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         """``[R]`` token temperature for the rows of slots ``rows``, or None: the engine's own."""
@@ -35,7 +41,17 @@ class Diversity(Protocol):
         call: torch.Tensor,
         layout: Layout,
     ) -> Evaluation:
-        """The evaluation the base rule commits from (order noise added where the particle diverges)."""
+        """The evaluation the base rule commits from (order noise added where the particle diverges).
+
+        Args:
+            evaluation: the model's proposals for the rows (``[R, T]`` per position).
+            canvas: the rows' canvases (``[R, T]``).
+            rows: ``[R]`` the slot of each row.
+            slots: the slot table (who each slot is: sample, particle, seed).
+            state: the particles' state (read only: ranks, who has diverged).
+            call: ``[R]`` each row's call index (seeds the draws).
+            layout: the decode's layout.
+        """
 
 
 @attrs.define
@@ -55,6 +71,17 @@ class NoDiversity:
         call: torch.Tensor,
         layout: Layout,
     ) -> Evaluation:
+        """``evaluation`` as it is: the plain decoder's proposals.
+
+        Args:
+            evaluation: returned unchanged.
+            canvas: unused.
+            rows: unused.
+            slots: unused.
+            state: unused.
+            call: unused.
+            layout: unused.
+        """
         return evaluation
 
 
@@ -77,7 +104,18 @@ class OrderTemperature(NoDiversity):
         call: torch.Tensor,
         layout: Layout,
     ) -> Evaluation:
-        noisy = slots.particle[rows] > 0 if self.keep_greedy else torch.ones(len(rows), dtype=torch.bool)
+        """Gumbel noise on the ranking of the rows whose particle varies.
+
+        Args:
+            evaluation: ``[R, T]`` proposals; ``order_noise`` is set on its copy.
+            canvas: unused (the noise covers every position; the rule picks among its own).
+            rows: ``[R]`` each row's slot (its particle: ``keep_greedy`` spares particle 0).
+            slots: the slot table whose seeds draw the noise.
+            state: unused.
+            call: ``[R]`` each row's call index (a fresh draw per call).
+            layout: where the generation region starts (the draw is keyed by generation position).
+        """
+        noisy = varied(slots, rows, self.keep_greedy)
         if self.temperature == 0 or not bool(noisy.any()):
             return evaluation
         uniform = slots.draw(rows, call, layout, Stream.ORDER_NOISE).clamp(1e-12, 1 - 1e-7)
@@ -93,9 +131,7 @@ class TokenTemperature(NoDiversity):
     keep_greedy: bool = attrs.field(default=True, validator=check_type(bool))
 
     def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
-        particle = slots.particle[rows]
-        hot = particle > 0 if self.keep_greedy else torch.ones_like(particle, dtype=torch.bool)
-        return torch.where(hot, self.temperature, 0.0)
+        return torch.where(varied(slots, rows, self.keep_greedy), self.temperature, 0.0)
 
 
 @attrs.define
@@ -117,6 +153,17 @@ class DistinctFirst(NoDiversity):
         call: torch.Tensor,
         layout: Layout,
     ) -> Evaluation:
+        """The r-th most confident open position first, for a family's particle of rank r, at its first uncertain step.
+
+        Args:
+            evaluation: ``[R, T]`` proposals (``confidence`` ranks the open positions).
+            canvas: ``[R, T]`` the rows' canvases (which positions are still open).
+            rows: ``[R]`` each row's slot.
+            slots: unused (the ranks are in ``state``).
+            state: the particles' ranks and which families have already split.
+            call: unused (no draw).
+            layout: where the open positions may be (``unlocked``).
+        """
         waiting = ~state.diverged[rows]
         if not bool(waiting.any()):
             return evaluation

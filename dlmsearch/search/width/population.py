@@ -30,6 +30,11 @@ from dlmsearch.search.width.resampling import NoResampling, Resampling
 from dlmsearch.validation import check_type, number
 
 
+def _generated(values: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """``[slots, n]`` the generation region of a per-position ``[slots, T]`` tensor."""
+    return values[:, layout.gen_start : layout.width]
+
+
 def _check_prune(value: object) -> None:
     if not (isinstance(value, bool) or value == "auto"):
         raise ValueError(f"population.prune_conflicts must be true, false or auto, got {value!r}")
@@ -104,7 +109,17 @@ class Population:
         layout: Layout,
     ) -> tuple[Evaluation, ParticleState]:
         """The diversity's proposals (components only read the particles); slots whose commit
-        order it changed are marked diverged here, in the population's own state."""
+        order it changed are marked diverged here, in the population's own state.
+
+        Args:
+            evaluation: the model's proposals for the rows (``[R, T]`` per position).
+            canvas: the rows' canvases (``[R, T]``).
+            rows: ``[R]`` the slot of each row.
+            slots: the slot table.
+            state: the particles' state before the proposals.
+            call: ``[R]`` each row's call index (seeds the diversity's draws).
+            layout: the decode's layout.
+        """
         if self.size == 1:
             return evaluation, state
         perturbed = self.diversity.perturb(evaluation, canvas, rows, slots, state, call, layout)
@@ -122,12 +137,11 @@ class Population:
         verifier: Verifier | None,
         remask: torch.Tensor | None = None,
     ) -> ParticleView:
-        gen = slice(layout.gen_start, layout.width)
-        committed = canvas.commit_call[:, gen] >= 0
-        log_confidence = torch.where(committed, torch.log(canvas.commit_confidence[:, gen].clamp(min=1e-30)), 0.0)
-        return ParticleView(
-            slots.owner, canvas.tokens[:, gen], canvas.masked[:, gen], committed, log_confidence, verifier, remask
-        )
+        committed = _generated(canvas.commit_call, layout) >= 0
+        confidence = _generated(canvas.commit_confidence, layout)
+        log_confidence = torch.where(committed, torch.log(confidence.clamp(min=1e-30)), 0.0)
+        tokens, masked = _generated(canvas.tokens, layout), _generated(canvas.masked, layout)
+        return ParticleView(slots.owner, tokens, masked, committed, log_confidence, verifier, remask)
 
     def recheck(
         self, canvas: Canvas, slots: Slots, state: ParticleState, mask_id: int, evaluate: Evaluate
@@ -172,9 +186,20 @@ class Population:
         verifier: Verifier | None,
     ) -> tuple[ParticleState, torch.Tensor | None]:
         """End conflicting particles, judge finished ones, stop accepted samples, and resample
-        at the policy's rounds (``round_index [samples]``: each sample's own round, so a sample
-        that joined a decode later resamples on its own schedule). Returns the new state and the
-        slot each slot continues from (None: unchanged)."""
+        at the policy's rounds (each sample on its own schedule, so a sample that joined a decode
+        later resamples on its own).
+
+        Args:
+            canvas: the slots' canvases after the round's commits (``[samples * size, T]``).
+            slots: the slot table (who each slot is).
+            state: the particles' state before the round's judgement.
+            layout: the decode's layout (where the generation region is).
+            round_index: ``[samples]`` each sample's own round.
+            verifier: the task's verifier, or None where the task gives none.
+
+        Returns:
+            The new state and ``[samples * size]`` the slot each slot continues from (None: unchanged).
+        """
         samples, size = slots.samples, self.size
         running = state.running(slots)
         open_ = canvas.masked.any(dim=1)
@@ -182,16 +207,31 @@ class Population:
         state = attrs.evolve(state, live_total=state.live_total + decoding, rounds=state.rounds + (decoding > 0))
         if size == 1 and not self.needs_verifier:
             return state, None
-        gen = slice(layout.gen_start, layout.width)
-        tokens, masked = canvas.tokens[:, gen], canvas.masked[:, gen]
-        if self.prune_conflicts and verifier is not None:
+        if verifier is not None:
+            state = self._judge(canvas, slots, state, layout, verifier)
+        every = self.resampling.every
+        due = (round_index + 1) % every == 0 if every else torch.zeros(samples, dtype=torch.bool)
+        if size == 1 or not bool(due.any()):
+            return state, None
+        return self._resample(canvas, slots, state, layout, round_index, verifier, due)
+
+    def _judge(
+        self, canvas: Canvas, slots: Slots, state: ParticleState, layout: Layout, verifier: Verifier
+    ) -> ParticleState:
+        """End the running particles whose partial output conflicts (``prune_conflicts``; never a
+        sample's last ones), judge the complete ones not yet judged, and stop the samples with an
+        accepted particle (``stop_when_accepted``)."""
+        tokens, masked = _generated(canvas.tokens, layout), _generated(canvas.masked, layout)
+        samples, size = slots.samples, self.size
+        if self.prune_conflicts:
+            running = state.running(slots)
             rows = running.nonzero().squeeze(1)
             bad = torch.zeros_like(running)
             bad[rows] = ~verifier.consistent(slots.owner[rows], tokens[rows], masked[rows])
             spared = (running & ~bad).view(samples, size).any(dim=1)  # never end a sample's last particles
             state = attrs.evolve(state, alive=state.alive & ~(bad & spared[slots.owner]))
-        unchecked = state.alive & ~open_ & (state.verdict < 0)
-        if verifier is not None and bool(unchecked.any()):
+        unchecked = state.alive & ~canvas.masked.any(dim=1) & (state.verdict < 0)
+        if bool(unchecked.any()):
             rows = unchecked.nonzero().squeeze(1)
             verdict = state.verdict.clone()
             verdict[rows] = verifier.accepts(slots.owner[rows], tokens[rows]).long()
@@ -200,13 +240,38 @@ class Population:
             state = attrs.evolve(
                 state, stopped=state.stopped | (state.alive & (state.verdict == 1)).view(samples, size).any(dim=1)
             )
-        every = self.resampling.every
-        due = (round_index + 1) % every == 0 if every else torch.zeros(samples, dtype=torch.bool)
-        if size == 1 or not bool(due.any()):
-            return state, None
+        return state
+
+    def _resample(
+        self,
+        canvas: Canvas,
+        slots: Slots,
+        state: ParticleState,
+        layout: Layout,
+        round_index: torch.Tensor,
+        verifier: Verifier | None,
+        due: torch.Tensor,
+    ) -> tuple[ParticleState, torch.Tensor | None]:
+        """The resampling policy's sources where it is ``due`` and the sample still decodes.
+
+        Args:
+            canvas: the slots' canvases after the round (``[samples * size, T]``).
+            slots: the slot table.
+            state: the particles' state after the round's judgement.
+            layout: the decode's layout.
+            round_index: ``[samples]`` each sample's own round (seeds the policy's draw).
+            verifier: the task's verifier (for the scores that read it), or None.
+            due: ``[samples]`` the samples at a resampling point of the policy.
+
+        Returns:
+            The new state (the moved slots adopt their sources' state and score) and
+            ``[samples * size]`` the slot each slot continues from, or None where nothing moves.
+        """
+        samples, size = slots.samples, self.size
         scores = self.score(self.view(canvas, slots, layout, verifier))
         candidates = state.alive & ~state.stopped[slots.owner]
-        busy = (candidates & open_).view(samples, size).any(dim=1) & due  # resample only where something still decodes
+        decoding = (candidates & canvas.masked.any(dim=1)).view(samples, size).any(dim=1)
+        busy = decoding & due  # resample only where something still decodes
         uniform = hashed_uniform(
             [
                 slots.seed.view(samples, size)[:, 0],
@@ -219,7 +284,7 @@ class Population:
             scores.view(samples, size),
             state.base_score.view(samples, size),
             (candidates.view(samples, size) & busy[:, None]),
-            tokens.view(samples, size, -1),
+            _generated(canvas.tokens, layout).view(samples, size, -1),
             uniform,
         )
         if source is None:
@@ -244,7 +309,17 @@ class Population:
     ) -> torch.Tensor:
         """``[samples]`` the slot whose canvas is each sample's output. Where a score asks for the
         model's re-check, it is computed here through ``evaluate`` (one engine step for probe
-        canvases of the given slots)."""
+        canvases of the given slots).
+
+        Args:
+            canvas: the slots' final canvases (``[samples * size, T]``).
+            slots: the slot table.
+            state: the particles' state (alive, verdicts, stopped samples).
+            layout: the decode's layout.
+            verifier: the task's verifier, or None.
+            evaluate: one engine step for probe canvases of the given slots (:meth:`recheck`).
+            mask_id: the mask token's id (for the probe canvases).
+        """
         samples, size = slots.samples, self.size
         if size == 1:
             return torch.arange(samples)

@@ -65,7 +65,17 @@ class PopulationHook(Protocol):
         call: torch.Tensor,
         layout: Layout,
     ) -> tuple[Evaluation, Any]:
-        """The evaluation the base rule commits from at these slots, and the state after it."""
+        """The evaluation the base rule commits from at these slots, and the state after it.
+
+        Args:
+            evaluation: the model's proposals for the rows (``[R, T]`` per position).
+            canvas: the rows' canvases (``[R, T]``).
+            rows: ``[R]`` the slot of each row.
+            slots: the slot table (who each slot is).
+            state: the population's state.
+            call: ``[R]`` each row's call index (seeds the draws).
+            layout: the decode's layout.
+        """
 
     def after_round(
         self,
@@ -76,7 +86,16 @@ class PopulationHook(Protocol):
         round_index: torch.Tensor,
         verifier: Verifier | None,
     ) -> tuple[Any, torch.Tensor | None]:
-        """The state after a round (``round_index [samples]``: each sample's own) and the slot each slot continues from (None: its own)."""
+        """The state after a round and the slot each slot continues from (None: its own).
+
+        Args:
+            canvas: the slots' canvases after the round's commits (``[slots, T]``).
+            slots: the slot table.
+            state: the population's state.
+            layout: the decode's layout.
+            round_index: ``[samples]`` each sample's own round.
+            verifier: the task's verifier, or None.
+        """
 
     def choose(
         self,
@@ -88,7 +107,17 @@ class PopulationHook(Protocol):
         evaluate: Evaluate,
         mask_id: int,
     ) -> torch.Tensor:
-        """``[samples]`` the slot whose canvas is each sample's output."""
+        """``[samples]`` the slot whose canvas is each sample's output.
+
+        Args:
+            canvas: the slots' final canvases (``[slots, T]``).
+            slots: the slot table.
+            state: the population's state.
+            layout: the decode's layout.
+            verifier: the task's verifier, or None.
+            evaluate: one engine step for probe canvases of the given slots (the final re-check).
+            mask_id: the mask token's id (for the probe canvases).
+        """
 
     def outcome(self, state: Any, slot: int, sample: int) -> PopulationOutcome:
         """What the result of ``sample`` (output slot ``slot``) records about the population."""
@@ -130,6 +159,17 @@ class SinglePath:
         call: torch.Tensor,
         layout: Layout,
     ) -> tuple[Evaluation, None]:
+        """The model's own proposals; no state.
+
+        Args:
+            evaluation: returned unchanged.
+            canvas: unused.
+            rows: unused.
+            slots: unused.
+            state: None (a single path keeps none).
+            call: unused.
+            layout: unused.
+        """
         return evaluation, None
 
     def after_round(
@@ -141,6 +181,16 @@ class SinglePath:
         round_index: torch.Tensor,
         verifier: Verifier | None,
     ) -> tuple[None, None]:
+        """Nothing to judge or resample: no state, every slot continues from itself.
+
+        Args:
+            canvas: unused.
+            slots: unused.
+            state: None.
+            layout: unused.
+            round_index: unused.
+            verifier: unused (a single path is never pruned).
+        """
         return None, None
 
     def choose(
@@ -153,6 +203,17 @@ class SinglePath:
         evaluate: Evaluate,
         mask_id: int,
     ) -> torch.Tensor:
+        """``[samples]`` each sample's one slot (slot = sample).
+
+        Args:
+            canvas: unused.
+            slots: the slot table (how many samples).
+            state: None.
+            layout: unused.
+            verifier: unused.
+            evaluate: unused (no re-check).
+            mask_id: unused.
+        """
         return torch.arange(slots.samples)
 
     def outcome(self, state: None, slot: int, sample: int) -> PopulationOutcome:

@@ -32,13 +32,18 @@ class Resampling(Protocol):
         resampling point; ``uniform [S]`` a seeded draw per sample."""
 
 
+def own_slots(samples: int, size: int) -> torch.Tensor:
+    """``[S, P]`` every slot its own source (the population as it is)."""
+    return torch.arange(size).expand(samples, size)
+
+
 def _fill(survivor: torch.Tensor, order: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     """Survivors keep their own slots; every other slot copies the survivors in turn, best first.
 
     ``order [S, P]`` lists particles best first; the first ``kept [S]`` of them survive.
     """
     samples, size = survivor.shape
-    slots = torch.arange(size).expand(samples, size)
+    slots = own_slots(samples, size)
     others = (~survivor).long().cumsum(dim=1) - 1  # 0, 1, ... over the non-surviving slots
     turn = order.gather(1, (others % kept.clamp(min=1)[:, None]))
     source = torch.where(survivor, slots, turn)
@@ -118,4 +123,4 @@ class SMCResampling:
         cdf[:, -1] = 1.0
         points = (uniform.double()[:, None] + torch.arange(size, dtype=torch.double)) / size
         drawn = torch.searchsorted(cdf, points).clamp(max=size - 1)
-        return torch.where(resample[:, None], drawn, torch.arange(size).expand(samples, size))
+        return torch.where(resample[:, None], drawn, own_slots(samples, size))
