@@ -7,7 +7,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from dlmsearch.config import CONF_DIR, ConfigError, check_command_line, decoder_presets
+from dlmsearch.config import CONF_DIR, ConfigError
+from dlmsearch.startup import fail, require_decoder, start
 
 
 def _report(summary: dict) -> None:
@@ -39,16 +40,13 @@ def _report(summary: dict) -> None:
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def _main(cfg: DictConfig) -> None:
-    if "decoder" not in cfg:
-        print(f"no decoder chosen: add +decoder=NAME, one of: {', '.join(decoder_presets())}", file=sys.stderr)
-        sys.exit(2)
+    require_decoder(cfg)
     from dlmsearch.run import Interrupted, run
 
     try:
         summary = run(cfg)
     except (ConfigError, FileNotFoundError, ValueError, TypeError, FloatingPointError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        fail(error)
     except Interrupted as stop:
         print(f"\n{stop}", file=sys.stderr)
         sys.exit(128 + stop.signum)
@@ -62,12 +60,7 @@ def _main(cfg: DictConfig) -> None:
 def main() -> None:
     """Console-script entry point: the command line is checked first, so that an unknown key,
     group or option is one line naming it and the closest valid names (exit 2), not Hydra's."""
-    try:
-        check_command_line(sys.argv[1:])
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    _main()
+    start(_main)
 
 
 if __name__ == "__main__":

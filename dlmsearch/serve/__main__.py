@@ -12,7 +12,6 @@ at once).
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
 from typing import Any
@@ -20,7 +19,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from dlmsearch.config import CONF_DIR, ConfigError, check_command_line, decoder_presets
+from dlmsearch.config import CONF_DIR, ConfigError
+from dlmsearch.startup import fail, require_decoder, start
 
 
 def _socket(host: str, port: int) -> socket.socket:
@@ -91,26 +91,18 @@ def serve(cfg: DictConfig, overrides: list[str], model_name: str) -> None:
 def _main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    if "decoder" not in cfg:
-        print(f"no decoder chosen: add +decoder=NAME, one of: {', '.join(decoder_presets())}", file=sys.stderr)
-        sys.exit(2)
+    require_decoder(cfg)
     hydra_cfg = HydraConfig.get()
     try:
         serve(cfg, list(hydra_cfg.overrides.task), str(hydra_cfg.runtime.choices.get("model", "dlmsearch")))
     except (ConfigError, FileNotFoundError, ValueError, TypeError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        fail(error)
 
 
 def main() -> None:
     """The command line is checked first (as ``python -m dlmsearch``'s): an unknown key, group or
     option is one line naming it and the closest valid names, exit 2."""
-    try:
-        check_command_line(sys.argv[1:], "serve")
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    _main()
+    start(_main, "serve")
 
 
 if __name__ == "__main__":
