@@ -7,7 +7,7 @@ import torch
 from conftest import MASK_ID, VOCAB, make_requests, text_decoder, tiny_denoiser
 
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.models.kv_storage import KVStorage
+from dlmsearch.models.kv_storage import CachedRows, KVStorage
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.search.engine.rollout import RolloutEngine
 
@@ -58,7 +58,7 @@ def test_the_shadow_runs_against_a_prefix_cache() -> None:
     cache.store(torch.arange(2), 0, kv, torch.tensor([[6, 14], [6, 14]]), 14)
     low = torch.tensor([6, 7])  # the second row's window starts a column later
     cached_canvas, cached_shadow, _ = adapter.shadow_logits(
-        tokens, attention, low, 14, start, 4, cache=(cache, torch.arange(2))
+        tokens, attention, low, 14, start, 4, cache=CachedRows(cache, torch.arange(2))
     )
     assert torch.allclose(cached_canvas[0], canvas[0], atol=1e-5) and torch.allclose(
         cached_canvas[1, :7], canvas[1, 1:], atol=1e-5

@@ -19,7 +19,7 @@ from torch import nn
 from dlmsearch.core import attention as pattern
 from dlmsearch.core.capabilities import NO_FEATURES, ModelCapabilities, ModuleFeatures
 from dlmsearch.core.sampling import Sampling
-from dlmsearch.models.kv_storage import KVStorage
+from dlmsearch.models.kv_storage import CachedRows
 from dlmsearch.models.layerwise import LayerRule, layerwise_logits
 from dlmsearch.validation import check_choice, check_type
 
@@ -163,18 +163,17 @@ class ModelAdapter:
         attention_mask: torch.Tensor,
         low: torch.Tensor,
         high: torch.Tensor,
-        cache: KVStorage,
-        slot: torch.Tensor,
-        in_place: torch.Tensor | None = None,
-        logits_from: torch.Tensor | None = None,
+        cached: CachedRows,
     ) -> torch.Tensor:
         """Float32 logits ``[rows, max(high - low), vocab_size]`` of each row's columns
         ``low[r]:high[r]`` (left-aligned; columns past a row's end are padding), forwarding only
-        those columns against the cache of the row's ``slot``. All rows run as one forward
-        whatever their windows. ``in_place [rows]``: the rows whose keys and values may be written
-        into their slot's canvas columns (None: each slot's first row, as Fast-dLLM's caches do).
-        ``logits_from [rows]`` (unshifted models): logits only of columns ``logits_from[r]:high[r]``
-        (left-aligned): the columns before are forwarded only to be written into the cache."""
+        those columns against the cache of the row's slot (``cached.slot``). All rows run as one
+        forward whatever their windows. ``cached.in_place [rows]``: the rows whose keys and values
+        may be written into their slot's canvas columns (None: each slot's first row, as
+        Fast-dLLM's caches do). ``cached.logits_from [rows]`` (unshifted models): logits only of
+        columns ``logits_from[r]:high[r]`` (left-aligned): the columns before are forwarded only
+        to be written into the cache."""
+        cache, slot, in_place, logits_from = cached.storage, cached.slot, cached.in_place, cached.logits_from
         first = self._forwarded(low, high)
         length = int((high - first).max())
         offset = torch.arange(length)
@@ -243,7 +242,7 @@ class ModelAdapter:
         high: int,
         block_start: torch.Tensor,
         block_length: int,
-        cache: tuple[KVStorage, torch.Tensor] | tuple[KVStorage, torch.Tensor, torch.Tensor | None] | None = None,
+        cache: CachedRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list | None]:
         """Logits of columns ``low:high`` and of a *shadow* of each row's block in the same forward
         (WINO): ``block_length`` mask tokens appended at the positions of the block's columns
@@ -266,8 +265,7 @@ class ModelAdapter:
         shadow_positions = positions.gather(1, mirror)
         shadow_tokens = torch.full((rows, block_length), self.mask_id)
         if cache is not None:
-            store, slot, *rest = cache  # (storage, slots[, rows that may write in place])
-            in_place = rest[0] if rest else None
+            store, slot, in_place = cache.storage, cache.slot, cache.in_place
             length = int((width - low).max())
             column = low[:, None] + torch.arange(length)[None, :]
             valid = column < width

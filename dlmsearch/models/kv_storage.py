@@ -79,6 +79,18 @@ class CachedWindow:
         return self._stacked(attended)[self.slot, :, self.lane]
 
 
+@attrs.frozen
+class CachedRows:
+    """Rows that run against their slots' stored keys and values: the storage, each row's slot,
+    which rows may write into it in place (an exact store's refreshing rows; None: none), and
+    the first column whose logits are read (an exact store's window; None: the forwarded columns)."""
+
+    storage: KVStorage
+    slot: torch.Tensor  # [rows]
+    in_place: torch.Tensor | None = None  # [rows] bool
+    logits_from: torch.Tensor | None = None  # [rows]
+
+
 @attrs.define(eq=False)
 class KVStorage:
     """Keys and values ``[slots, kv_heads, width + tail, head_dim]`` per layer, and the columns
@@ -116,6 +128,10 @@ class KVStorage:
         if self.layers:
             self.width += columns
             self.layers = [tuple(F.pad(t, (0, 0, columns, 0)) for t in pair) for pair in self.layers]
+
+    def mark_settled(self, slot: torch.Tensor, end: torch.Tensor) -> None:
+        """An exact store written in place by a forward: each slot's stored columns now end at ``end``."""
+        self.window_of[slot, 1] = end
 
     def holds(self, slot: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
         """Rows whose slot's cache was refreshed for exactly these columns."""

@@ -31,9 +31,20 @@ from dlmsearch.models.kv_storage import KVStorage
 
 
 class CachePolicy(Protocol):
+    """What a policy declares (the engine reads these, never the policy's type) and what it answers."""
+
     name: ClassVar[str]
     stores: ClassVar[bool]  # whether it keeps keys and values at all (False: every forward is full)
-    exact: ClassVar[bool]  # its store holds exact keys and values: only refreshing rows write into it, never a branch
+    # its store holds exact keys and values, written in place by the forwards of refreshing rows (never a
+    # branch's), and allocated before the first
+    exact: ClassVar[bool]
+    layerwise: ClassVar[bool]  # it decides per layer inside one whole-canvas forward (adaptive KV caches)
+
+    def prepare_call(
+        self, storage: KVStorage, slot: torch.Tensor, first: torch.Tensor, start: torch.Tensor, root: torch.Tensor
+    ) -> torch.Tensor | None:
+        """``[rows]`` rows whose slot needs a write forward of its own before this call (the block
+        cache's separate write), or None: this call's forwards write what they need."""
 
     def columns(
         self,
@@ -64,6 +75,10 @@ class NoCache:
     name: ClassVar[str] = "none"
     stores: ClassVar[bool] = False
     exact: ClassVar[bool] = False
+    layerwise: ClassVar[bool] = False
+
+    def prepare_call(self, *_: torch.Tensor | KVStorage) -> None:
+        return None
 
     def columns(
         self,
@@ -91,6 +106,10 @@ class _WindowRefresh:
     """Fast-dLLM's refresh rule: a slot's root refreshes when its window differs from the stored one."""
 
     exact: ClassVar[bool] = False  # a slot's first row of a cached forward writes its window over the stale one
+    layerwise: ClassVar[bool] = False
+
+    def prepare_call(self, *_: torch.Tensor | KVStorage) -> None:
+        return None
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         return storage.holds(slot, columns)
@@ -165,6 +184,7 @@ class BlockCache:
     name: ClassVar[str] = "block"
     stores: ClassVar[bool] = True
     exact: ClassVar[bool] = True
+    layerwise: ClassVar[bool] = False
     fuse_write: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @staticmethod
@@ -193,12 +213,14 @@ class BlockCache:
     def settled(self, start: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         return torch.minimum(start, columns[:, 1])
 
-    def pending_writes(
+    def prepare_call(
         self, storage: KVStorage, slot: torch.Tensor, first: torch.Tensor, start: torch.Tensor, root: torch.Tensor
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """``[rows]`` root rows with finished columns their slot has not stored yet, which a
-        separate write forward stores first (``fuse_write=false``)."""
-        return root & ~torch.tensor(self.fuse_write) & (self.stored_end(storage, slot, first) < start)
+        separate write forward stores first (``fuse_write=false``; ``fuse_write=true``: None)."""
+        if self.fuse_write:
+            return None
+        return root & (self.stored_end(storage, slot, first) < start)
 
 
 def _policies() -> dict[str, type]:
@@ -219,7 +241,8 @@ def cache_policy(value: object) -> CachePolicy:
             )
         chosen = POLICIES[value]
         return chosen.for_family() if hasattr(chosen, "for_family") else chosen()
-    if not all(hasattr(value, name) for name in ("name", "stores", "exact", "columns", "hits", "refreshes", "settled")):
+    declared = ("name", "stores", "exact", "layerwise", "prepare_call", "columns", "hits", "refreshes", "settled")
+    if not all(hasattr(value, name) for name in declared):
         raise TypeError(
             f"cache must be a cache policy (cache={'|'.join(POLICIES)}) or its name; got {type(value).__name__}"
         )

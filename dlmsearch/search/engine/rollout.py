@@ -15,6 +15,7 @@ memory is split and retried (see ``RolloutEngine._forward``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -25,10 +26,10 @@ import torch
 from dlmsearch.core.capabilities import ModelCapabilities
 from dlmsearch.core.sampling import CONFIDENCE_SOURCES, Sampling
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.models.kv_storage import KVStorage
+from dlmsearch.models.kv_storage import CachedRows
 from dlmsearch.search.engine import statistics as statistics_registry
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall
-from dlmsearch.search.engine.cache_policy import BlockCache, CachePolicy, NoCache, cache_policy
+from dlmsearch.search.engine.cache_policy import CachePolicy, NoCache, cache_policy
 from dlmsearch.search.engine.guidance import combine, unconditional
 from dlmsearch.search.engine.host_memory import keep_freed_memory
 from dlmsearch.search.engine.memory import auto_row_budget
@@ -72,6 +73,106 @@ class LayerwiseForward:
     slot: torch.Tensor
     root: torch.Tensor
     gen_start: int
+
+
+@attrs.frozen
+class CallRows:
+    """One engine call's rows: their canvases, and what keys each row's stores and draws."""
+
+    tokens: torch.Tensor  # [rows, width]
+    attention: torch.Tensor  # [rows, width] real (non-padding) columns
+    slot: torch.Tensor  # [rows] each row's slot: its stores in the memory
+    uid: torch.Tensor  # [rows] the sample's dataset-wide id (a draws key)
+    row_key: torch.Tensor  # [rows] the branch within its sample, 0: the slot's root (a draws key)
+    call: torch.Tensor  # [rows] model calls the row's sample made before this one (a draws key)
+    window: tuple[torch.Tensor, torch.Tensor] | None  # [rows] first and end column each row decodes
+    temperature: torch.Tensor | None = None  # [rows] token sampling's, over the decode's
+    seed: torch.Tensor | None = None  # [rows] the draws' first key (None: the engine's)
+
+    @property
+    def root(self) -> torch.Tensor:
+        """``[rows]`` rows that are their slot's own canvas (they write its stores; a branch never does)."""
+        return is_root(self.row_key)
+
+    def take(self, at: torch.Tensor) -> CallRows:
+        window = None if self.window is None else (self.window[0][at], self.window[1][at])
+        optional = {
+            name: None if getattr(self, name) is None else getattr(self, name)[at] for name in ("temperature", "seed")
+        }
+        picked = {name: getattr(self, name)[at] for name in ("tokens", "attention", "slot", "uid", "row_key", "call")}
+        return CallRows(**picked, window=window, **optional)
+
+
+@attrs.frozen
+class CallSettings:
+    """What every row of one call shares."""
+
+    memory: SlotMemory
+    sampling: Sampling
+    statistics: frozenset[str]
+    from_column: int  # the generation region's first column: only columns from here on are summarised
+    guidance: float = 0.0
+    shadow_length: int = 0  # WINO's shadow block (the ``shadow`` statistics' provider); 0: none
+
+
+@attrs.frozen
+class PreparedCall:
+    """A call ready to run: its rows (temperature resolved), its settings, the seeded draws, and
+    which rows repeat another of their group."""
+
+    rows: CallRows
+    settings: CallSettings
+    uniform: torch.Tensor | None  # [rows, width] the ordering's draws (the ``uniform`` statistic)
+    draw: torch.Tensor | None  # [rows, width] the token samples' draws
+    copy_of: torch.Tensor | None  # [rows] the first row of its group with the same tokens
+
+
+@attrs.frozen
+class ForwardOutput:
+    """What one forward returns: its summaries per summarised column, its keys and values (a full
+    forward's, for a refresh; a layerwise one's columns read and recomputed), which rows it computed
+    (not copied), the canvas columns summarised and which of them are real."""
+
+    summaries: dict[str, torch.Tensor]
+    kv: list | tuple | None
+    computed: torch.Tensor  # [rows]
+    span: torch.Tensor  # [rows, columns]
+    real: torch.Tensor  # [rows, columns]
+
+
+@attrs.define(eq=False)
+class CallOutputs:
+    """A call's results as its forwards come in (the one mutable record of a call: its buffers)."""
+
+    summaries: dict[str, torch.Tensor]
+    row_cost: torch.Tensor
+    token_cost: torch.Tensor
+
+    @classmethod
+    def empty(cls, shape: torch.Size, statistics: frozenset[str], mask_id: int) -> CallOutputs:
+        """Every column the mask with confidence 0 until a forward summarises it."""
+        rows, width = shape
+        summaries = {
+            "token": torch.full((rows, width), mask_id, dtype=torch.long),
+            "confidence": torch.zeros(rows, width),
+        }
+        drawn = statistics_registry.from_source(statistics, "draws")  # the draws themselves, not per forward
+        summaries.update({name: torch.zeros(rows, width) for name in statistics - drawn})
+        zeros = torch.zeros(rows, dtype=torch.long)
+        return cls(summaries, zeros, zeros.clone())
+
+    def write(self, forward: Forward, output: ForwardOutput) -> None:
+        """A forward's summaries into their canvas columns (a cached row: its own window only)."""
+        written = output.real if forward.cached else torch.ones_like(output.real)
+        at = (forward.rows[:, None].expand_as(output.span)[written], output.span[written])
+        for name, value in output.summaries.items():
+            self.summaries[name][at] = value[written]
+
+    def evaluation(self, uniform: torch.Tensor | None) -> Evaluation:
+        return Evaluation(uniform=uniform, **self.summaries)
+
+    def cost(self) -> CallCost:
+        return CallCost(rows=self.row_cost, tokens=self.token_cost, calls=torch.ones_like(self.row_cost))
 
 
 _OUT_OF_MEMORY = tuple({torch.OutOfMemoryError, getattr(torch.cuda, "OutOfMemoryError", torch.OutOfMemoryError)})
@@ -155,7 +256,7 @@ class RolloutEngine:
     @property
     def layerwise(self) -> bool:
         """The cache policy decides per layer inside the forward (dllm_cache, d2cache, elastic, dkv)."""
-        return bool(getattr(self.cache, "layerwise", False))
+        return self.cache.layerwise
 
     def layerwise_cost(self) -> dict[str, object]:
         """A layerwise policy's cost beyond the counters, for a run's summary (this process's decodes):
@@ -261,209 +362,173 @@ class RolloutEngine:
         temperature: torch.Tensor | None = None,
         group: torch.Tensor | None = None,
         guidance: float = 0.0,
-        write_only: bool = False,
         seed: torch.Tensor | None = None,
     ) -> tuple[Evaluation, CallCost]:
         """One model call for every row here: forward all rows, summarise per position.
 
-        ``sample`` is each row's slot (its stores in ``memory``); ``sample_uid`` (a dataset-wide
-        id), ``call`` (the model calls its sample has made before this one) and ``row_key`` (the
-        row's branch within its sample; 0 = the sample's root) key the seeded randomness.
-        ``sampling`` is the decode's resolved sampling settings. Only columns from
-        ``from_column`` on (the generation region) are summarised: prompt logits are never
-        computed where the model allows it, and read as the mask with confidence 0. ``window``
-        (first and end column per row) is what the row is decoding; the cache policy decides
-        which rows run against their slot's stored keys and values (only their columns are
-        forwarded; columns outside them then read as the mask with confidence 0) and which
-        refresh it. ``temperature`` (per row) overrides the decode's own for token sampling.
-        Rows with equal ``group`` and the same tokens (particles of a sample that reached the
-        same canvas) share one forward, counted once; each keeps its own draws. ``guidance`` > 0
-        forwards each row's unconditional copy (prompt masked) in the same call and combines the
-        logits (:mod:`~dlmsearch.search.engine.guidance`); the copies count as rows. Returns the
-        summaries and what the call cost per row (the caller charges it to the samples).
-        ``seed`` (per row; None: the engine's ``seed``) is the first key of the row's draws.
+        Only columns from ``from_column`` on (the generation region) are summarised: prompt logits
+        are never computed where the model allows it, and read as the mask with confidence 0. The
+        cache policy decides which rows run against their slot's stored keys and values (only their
+        columns are forwarded; columns outside them then read as the mask with confidence 0) and
+        which refresh them. Rows with equal ``group`` and the same tokens (particles of a sample that
+        reached the same canvas) share one forward, counted once; each keeps its own draws. Returns
+        the summaries and what the call cost per row (the caller charges it to the samples).
 
         With the block cache (``cache=block``, ``fuse_write=false``) a root row whose finished
         blocks are not stored yet first takes a forward of its own that writes them (the
-        reference loops' prefill and ``store_kv`` forward; ``write_only``: that forward, whose
-        summaries nobody reads): two model calls for that row, its draws keyed by the second.
+        reference loops' prefill and ``store_kv`` forward; the policy names those rows in
+        ``prepare_call``): two model calls for that row, its draws keyed by the second.
+
+        Args:
+            tokens: ``[rows, width]`` the canvases.
+            attention: ``[rows, width]`` their real (non-padding) columns.
+            sample: ``[rows]`` each row's slot (its stores in ``memory``).
+            sample_uid: ``[rows]`` the sample's dataset-wide id: the draws' second key.
+            row_key: ``[rows]`` the row's branch within its sample (0: the slot's root): a draws key.
+            call: ``[rows]`` the model calls its sample made before this one: a draws key.
+            memory: the slots' stores (key/value storage, KLASS's history, a layerwise policy's store).
+            sampling: the decode's resolved sampling settings.
+            statistics: what to compute per position beyond token and confidence.
+            from_column: the generation region's first column.
+            window: ``[rows]`` first and end column each row is decoding (None: no cache policy applies).
+            temperature: ``[rows]`` overrides the decode's temperature for token sampling.
+            group: ``[rows]`` rows of one group with the same tokens share a forward.
+            guidance: > 0 forwards each row's unconditional copy (prompt masked) in the same call and
+                combines the logits (:mod:`~dlmsearch.search.engine.guidance`); the copies count as rows.
+            seed: ``[rows]`` the draws' first key (None: the engine's ``seed``).
         """
         statistics_registry.check(statistics)
-        if isinstance(self.cache, BlockCache) and window is not None and not write_only:
-            writes = self.cache.pending_writes(
-                memory.kv, sample, attention.long().argmax(dim=1), window[0], is_root(row_key)
-            )
-            if bool(
-                writes.any()
-            ):  # the reference loops' separate forward that writes a finished block (or the prompt's whole blocks)
-                at = writes.nonzero().squeeze(1)
-                start = window[0][at]
-                _, written = self.evaluate(
-                    tokens[at],
-                    attention[at],
-                    sample[at],
-                    sample_uid[at],
-                    row_key[at],
-                    call[at],
-                    memory,
-                    sampling,
-                    frozenset(),
-                    from_column,
-                    (start, start),
-                    None if temperature is None else temperature[at],
-                    None,
-                    0.0,
-                    write_only=True,
-                    seed=None if seed is None else seed[at],
-                )
-                evaluation, cost = self.evaluate(
-                    tokens,
-                    attention,
-                    sample,
-                    sample_uid,
-                    row_key,
-                    call + writes.long(),
-                    memory,
-                    sampling,
-                    statistics,
-                    from_column,
-                    window,
-                    temperature,
-                    group,
-                    guidance,
-                    seed=seed,
-                )
-                return evaluation, CallCost(
-                    rows=cost.rows.index_add(0, at, written.rows),
-                    tokens=cost.tokens.index_add(0, at, written.tokens),
-                    calls=cost.calls + writes.long(),
-                )
-        shadow_length = 0
-        if (
-            "verify" in statistics
-        ):  # WINO: a shadow of the block being decoded, in the same forward (the plan checked the rest)
-            assert window is not None, "the verify statistic needs the rows' windows"
-            lengths = torch.unique(window[1] - window[0])
-            if len(lengths) != 1:
-                raise ValueError("the verify statistic needs every row to decode one block of the same length")
-            shadow_length = int(lengths[0])
-        if temperature is None and sampling.temperature > 0:
-            temperature = torch.full((len(sample),), float(sampling.temperature))
-        sampled = temperature is not None and bool((temperature > 0).any())
-        rows, width = tokens.shape
-        # Seeded draws only where something reads them: the ordering's (``uniform``) and the token samples'.
-        uniform = draw = None
-        if sampled or "uniform" in statistics:
-            position = attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
-            keys = [
-                torch.tensor(self.seed) if seed is None else seed[:, None],
-                sample_uid[:, None],
-                call[:, None],
-                row_key[:, None],
-                position,
-            ]
-            uniform = hashed_uniform(keys) if "uniform" in statistics else None
-            draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else None
-        out = {
-            "token": torch.full((rows, width), self.mask_id, dtype=torch.long),
-            "confidence": torch.zeros(rows, width),
-        }
-        out.update({name: torch.zeros(rows, width) for name in statistics - {"uniform"}})
-        row_cost, token_cost = torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long)
+        rows = CallRows(tokens, attention, sample, sample_uid, row_key, call, window, temperature, seed)
+        shadow_length = self._shadow_length(statistics, window)
+        settings = CallSettings(memory, sampling, statistics, from_column, guidance, shadow_length)
+        rows, written = self._write_first(rows, settings)
+        evaluation, cost = self._call(rows, settings, group)
+        return evaluation, cost if written is None else cost.after(*written)
 
-        def run(
-            forward: Forward,
-        ) -> tuple[dict[str, torch.Tensor], list | None, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-            index, first = forward.rows, forward.first
-            span, real = self._span(forward, attention[index])
-            source = _within(
-                index, None if forward.cached or shadow_length else copy_of
-            )  # shadow rows are all computed
-            computed = source == torch.arange(len(index))
-            low, high = (forward.query[:, 0], forward.query[:, 1]) if forward.cached else forward.columns
-            if forward.layerwise:
-                cache = LayerwiseForward(memory, sample[index], is_root(row_key[index]), from_column)
-            elif forward.cached:
-                cache = (memory.kv, sample[index], forward.refresh if self.cache.exact else None, forward.logits_from)
-            else:
-                cache = None
-            part, kv = self._summarise(
-                tokens[index, first:],
-                attention[index, first:],
-                None if draw is None else draw[index[:, None], span],
-                real,
-                statistics,
-                sample_uid[index],
-                low - first,
-                high - first,
-                cache,
-                sampling,
-                None if temperature is None else temperature[index],
-                None if bool(computed.all()) else source,
-                from_column - first,
-                guidance,
-                (memory, sample[index], is_root(row_key[index])) if "kl" in statistics else None,
-                (window[0][index] - first, shadow_length) if shadow_length else None,
-            )
-            if forward.layerwise:  # columns the policy did not bring up to date read as the mask
-                read, _ = kv
-                real = real & read
-            return part, kv, computed, (span, real)
-
-        if self.row_budget == "auto":
-            key = (width - int(attention.long().argmax(dim=1).min()), width - from_column)
-            if self.auto_key != key:  # estimated once per canvas shape
-                self.auto_key = key
-                self.auto_budget = auto_row_budget(
-                    self.adapter.module,
-                    self.adapter.device,
-                    getattr(torch, self.adapter.dtype),
-                    *key,
-                    self.cache.stores,
-                )
-        copy_of = None if group is None else _merged(tokens, group)
-        shifted = self.capabilities.shift_logits
-        for planned in self._plan(attention, sample, row_key, from_column, window, memory.kv, copy_of):
-            for forward, (part, kv, computed, (span, real)) in self._forward(planned, run, sample_uid):
-                index = forward.rows
-                written = real if forward.cached else torch.ones_like(real)  # a cached row: its own window only
-                at = (index[:, None].expand_as(span)[written], span[written])
-                for name, value in part.items():
-                    out[name][at] = value[written]
-                counted = index[computed]
-                copies = 2 if guidance > 0 else 1  # a guided row is forwarded with its unconditional copy
-                row_cost[counted] += copies
-                if (
-                    forward.layerwise
-                ):  # the columns recomputed, summed over layers, in whole-canvas forwards' units (rounded up)
-                    recomputed = kv[1][computed]
-                    layers = recomputed.shape[1]
-                    token_cost[counted] += (recomputed.sum(dim=1) + layers - 1) // layers
-                    self.layer_forwards += recomputed.sum(dim=0)
-                    self.layer_columns += int(attention[counted].sum())
-                elif forward.cached:  # the window (one column earlier for a shifted model), and a shadow block
-                    low, high = forward.query[computed, 0], forward.query[computed, 1]
-                    token_cost[counted] += copies * (high - low + (shifted & (low > 0)).long()) + shadow_length
-                else:  # a shadow block is part of its row: more token-forwards, not more rows
-                    token_cost[counted] += copies * attention[counted].sum(dim=1) + shadow_length
-                if forward.layerwise:
-                    pass  # the policy's store was written by the forward itself
-                elif (
-                    forward.cached and forward.settled is not None
-                ):  # the exact block cache: written in place by the forward itself
-                    memory.kv.window_of[sample[index][forward.refresh], 1] = forward.settled[forward.refresh]
-                elif forward.refresh.any():
-                    keep = forward.refresh.nonzero().squeeze(1).to(kv[0][0].device)
-                    memory.kv.store(
-                        sample[index][forward.refresh],
-                        forward.first,
-                        [(k[keep], v[keep]) for k, v in kv],
-                        forward.query[forward.refresh],
-                        width,
-                    )
-        return Evaluation(uniform=uniform, **out), CallCost(
-            rows=row_cost, tokens=token_cost, calls=torch.ones(rows, dtype=torch.long)
+    def _write_first(self, rows: CallRows, settings: CallSettings) -> tuple[CallRows, tuple | None]:
+        """The forward of its own that the policy asks for before the call (the block cache's
+        separate write of finished blocks): the rows after it (one call later) and what it cost."""
+        if rows.window is None:
+            return rows, None
+        first = rows.attention.long().argmax(dim=1)
+        writes = self.cache.prepare_call(settings.memory.kv, rows.slot, first, rows.window[0], rows.root)
+        if writes is None or not bool(writes.any()):
+            return rows, None
+        at = writes.nonzero().squeeze(1)
+        start = rows.window[0][at]
+        writing = attrs.evolve(rows.take(at), window=(start, start))
+        _, cost = self._call(
+            writing, CallSettings(settings.memory, settings.sampling, frozenset(), settings.from_column)
         )
+        return attrs.evolve(rows, call=rows.call + writes.long()), (at, cost)
+
+    def _call(
+        self, rows: CallRows, settings: CallSettings, group: torch.Tensor | None = None
+    ) -> tuple[Evaluation, CallCost]:
+        """prepare -> run -> collect: the planned forwards of the rows, each piece's summaries
+        written into the call's outputs and its keys and values into the stores."""
+        prepared = self._prepare(rows, settings, group)
+        outputs = CallOutputs.empty(rows.tokens.shape, settings.statistics, self.mask_id)
+        run = functools.partial(self._run, prepared)
+        plan = self._plan(rows, settings, prepared.copy_of)
+        for planned in plan:
+            for forward, output in self._forward(planned, run, rows.uid):
+                outputs.write(forward, output)
+                self._charge(prepared, forward, output, outputs)
+                self._store(prepared, forward, output)
+        return outputs.evaluation(prepared.uniform), outputs.cost()
+
+    @staticmethod
+    def _shadow_length(statistics: frozenset[str], window: tuple[torch.Tensor, torch.Tensor] | None) -> int:
+        """WINO's shadow block (the provider of the ``shadow`` statistics): the length of the block
+        every row decodes, or 0 where none is asked for (the plan checked the rest)."""
+        if not statistics_registry.from_source(statistics, "shadow"):
+            return 0
+        assert window is not None, "the verify statistic needs the rows' windows"
+        lengths = torch.unique(window[1] - window[0])
+        if len(lengths) != 1:
+            raise ValueError("the verify statistic needs every row to decode one block of the same length")
+        return int(lengths[0])
+
+    def _prepare(self, rows: CallRows, settings: CallSettings, group: torch.Tensor | None) -> PreparedCall:
+        """The decode's temperature where the rows set none, the seeded draws where something reads
+        them (the ordering's ``uniform`` and the token samples'), the rows that repeat another of
+        their group, and the row budget for this canvas."""
+        if rows.temperature is None and settings.sampling.temperature > 0:
+            rows = attrs.evolve(rows, temperature=torch.full((len(rows.slot),), float(settings.sampling.temperature)))
+        sampled = rows.temperature is not None and bool((rows.temperature > 0).any())
+        ordering = statistics_registry.from_source(settings.statistics, "draws")
+        uniform = draw = None
+        if sampled or ordering:
+            position = rows.attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
+            seed = torch.tensor(self.seed) if rows.seed is None else rows.seed[:, None]
+            keys = [seed, rows.uid[:, None], rows.call[:, None], rows.row_key[:, None], position]
+            uniform = hashed_uniform(keys) if ordering else None
+            draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else None
+        self._estimate_budget(rows.attention, settings.from_column)
+        copy_of = None if group is None else _merged(rows.tokens, group)
+        return PreparedCall(rows, settings, uniform, draw, copy_of)
+
+    def _estimate_budget(self, attention: torch.Tensor, from_column: int) -> None:
+        """``row_budget=auto``: the rows that fit the device, estimated once per canvas shape."""
+        if self.row_budget != "auto":
+            return
+        width = attention.shape[1]
+        key = (width - int(attention.long().argmax(dim=1).min()), width - from_column)
+        if self.auto_key != key:
+            self.auto_key = key
+            dtype = getattr(torch, self.adapter.dtype)
+            self.auto_budget = auto_row_budget(self.adapter.module, self.adapter.device, dtype, *key, self.cache.stores)
+
+    def _run(self, prepared: PreparedCall, forward: Forward) -> ForwardOutput:
+        """One forward's rows through the model and the summaries."""
+        rows, settings = prepared.rows, prepared.settings
+        index = forward.rows
+        span, real = self._span(forward, rows.attention[index])
+        merged = None if forward.cached or settings.shadow_length else prepared.copy_of  # shadow rows: all computed
+        source = _within(index, merged)
+        computed = source == torch.arange(len(index))
+        summaries, kv = self._summarise(prepared, forward, span, real, None if bool(computed.all()) else source)
+        if forward.layerwise:  # columns the policy did not bring up to date read as the mask
+            real = real & kv[0]
+        return ForwardOutput(summaries, kv, computed, span, real)
+
+    def _charge(self, prepared: PreparedCall, forward: Forward, output: ForwardOutput, outputs: CallOutputs) -> None:
+        """A forward's cost per row it computed: rows (a guided row twice), and token-forwards (a
+        cached row: its window, one column earlier for a shifted model; a layerwise one: the
+        columns recomputed summed over layers, in whole-canvas forwards' units, rounded up; a
+        shadow block is part of its row)."""
+        rows, settings = prepared.rows, prepared.settings
+        computed = output.computed
+        counted = forward.rows[computed]
+        copies = 2 if settings.guidance > 0 else 1
+        outputs.row_cost[counted] += copies
+        if forward.layerwise:
+            recomputed = output.kv[1][computed]
+            layers = recomputed.shape[1]
+            outputs.token_cost[counted] += (recomputed.sum(dim=1) + layers - 1) // layers
+            self.layer_forwards += recomputed.sum(dim=0)
+            self.layer_columns += int(rows.attention[counted].sum())
+        elif forward.cached:
+            low, high = forward.query[computed, 0], forward.query[computed, 1]
+            shifted = self.capabilities.shift_logits
+            outputs.token_cost[counted] += copies * (high - low + (shifted & (low > 0)).long()) + settings.shadow_length
+        else:
+            outputs.token_cost[counted] += copies * rows.attention[counted].sum(dim=1) + settings.shadow_length
+
+    def _store(self, prepared: PreparedCall, forward: Forward, output: ForwardOutput) -> None:
+        """Refreshing rows' keys and values into their slots' storage (a layerwise policy's forward
+        and an exact store's cached forward wrote theirs in place: the latter marks how far)."""
+        if forward.layerwise:
+            return
+        storage, refresh = prepared.settings.memory.kv, forward.refresh
+        slots = prepared.rows.slot[forward.rows][refresh]
+        if forward.cached and forward.settled is not None:
+            storage.mark_settled(slots, forward.settled[refresh])
+        elif bool(refresh.any()):
+            keep = refresh.nonzero().squeeze(1).to(output.kv[0][0].device)
+            kv = [(k[keep], v[keep]) for k, v in output.kv]
+            storage.store(slots, forward.first, kv, forward.query[refresh], prepared.rows.tokens.shape[1])
 
     def _forward(
         self,
@@ -566,17 +631,8 @@ class RolloutEngine:
         for i in range(0, len(distinct), budget):
             yield index[torch.isin(original, distinct[i : i + budget])]
 
-    def _plan(
-        self,
-        attention: torch.Tensor,
-        sample: torch.Tensor,
-        row_key: torch.Tensor,
-        from_column: int,
-        window: tuple[torch.Tensor, torch.Tensor] | None,
-        storage: KVStorage,
-        copy_of: torch.Tensor | None = None,
-    ) -> list[Forward]:
-        """The forwards of one step: row chunks of at most ``current_budget`` rows.
+    def _plan(self, rows: CallRows, settings: CallSettings, copy_of: torch.Tensor | None = None) -> list[Forward]:
+        """The forwards of one call: row chunks of at most ``current_budget`` rows.
 
         Columns that are padding in every row of a chunk are dropped, so a row costs the same
         alone or batched. A model that ignores the padding mask gets only rows of one prompt
@@ -586,6 +642,8 @@ class RolloutEngine:
         those whose keys and values refresh their slot's storage. Rows that repeat another row
         (``copy_of``) travel with it.
         """
+        attention, sample, window, from_column = rows.attention, rows.slot, rows.window, settings.from_column
+        storage, row_key = settings.memory.kv, rows.row_key
         rows, width = attention.shape
         first = attention.long().argmax(dim=1)  # first real column of each row
         if (
@@ -598,7 +656,7 @@ class RolloutEngine:
                 for part in self._chunks(torch.arange(rows), None)
             ]
         policy = self.cache if window is not None else NoCache()
-        if isinstance(policy, BlockCache) and not storage.layers:  # filled by cached forwards alone
+        if policy.exact and not storage.layers:  # filled in place by cached forwards alone
             storage.allocate(self.adapter.empty_kv(len(storage.window_of), width))
         query = (
             policy.columns(window[0], window[1], width, first, storage, sample)
@@ -637,71 +695,126 @@ class RolloutEngine:
 
     def _summarise(
         self,
-        tokens: torch.Tensor,
-        attention: torch.Tensor,
-        draw: torch.Tensor | None,
+        prepared: PreparedCall,
+        forward: Forward,
+        span: torch.Tensor,
         real: torch.Tensor,
-        statistics: frozenset[str],
-        uid: torch.Tensor,
-        low: int | torch.Tensor,
-        high: int | torch.Tensor,
-        cache: tuple | None,  # (storage, slots, rows that may write in place, first column whose logits are read)
-        sampling: Sampling,
-        temperature: torch.Tensor | None = None,
-        copy_of: torch.Tensor | None = None,
-        prompt_end: int = 0,
-        guidance: float = 0.0,
-        history: tuple[SlotMemory, torch.Tensor, torch.Tensor] | None = None,
-        shadow: tuple[torch.Tensor, int] | None = None,
-    ) -> tuple[dict[str, torch.Tensor], list | None]:
+        source: torch.Tensor | None,
+    ) -> tuple[dict[str, torch.Tensor], list | tuple | None]:
+        """A forward's per-position summaries on the host, and its keys and values.
+
+        Args:
+            prepared: the call (rows, settings, draws).
+            forward: the piece that runs.
+            span: ``[rows, columns]`` the canvas columns summarised per row.
+            real: ``[rows, columns]`` which of them are real tokens of the row's window.
+            source: ``[rows]`` the row each one copies (None: every row computed).
+        """
+        rows, settings = prepared.rows, prepared.settings
+        index = forward.rows
         with self._timed("summary"):
-            verify = None
-            if shadow is not None:  # WINO: the block's shadow in the same forward (every row computed: no merging)
-                with self._timed("model"):
-                    starts = low if cache is not None else torch.full((len(tokens),), low)
-                    logits, shadow_logits, kv = self.adapter.shadow_logits(
-                        tokens, attention, starts, high, shadow[0], shadow[1], cache
-                    )
-                mirror = shadow[0][:, None] + torch.arange(shadow[1])[None, :]
-                current = tokens.gather(1, mirror).to(logits.device)
-                verified = (
-                    torch.softmax(shadow_logits.double(), dim=-1).gather(-1, current[..., None]).squeeze(-1).float()
-                )
-                verify = torch.zeros(logits.shape[:2], device=logits.device).scatter(
-                    1, (mirror - starts[:, None]).to(logits.device), verified
-                )
-            elif copy_of is None:
-                logits, kv = self._model(tokens, attention, low, high, cache, prompt_end, guidance)
-            else:  # rows that repeat an earlier row of their group: forward the distinct rows, then copy
-                distinct = torch.unique(copy_of)
-                logits, kv = self._model(tokens[distinct], attention[distinct], low, high, None, prompt_end, guidance)
-                where = torch.searchsorted(distinct, copy_of).to(logits.device)
-                logits = logits[where]
-                kv = None if kv is None else [(k[where], v[where]) for k, v in kv]
+            logits, kv, verify = self._logits(prepared, forward, source)
             logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
-            summaries = summarise_logits(
-                logits, sampling, temperature, draw, statistics_registry.of_distribution(statistics)
-            )
+            temperature = None if rows.temperature is None else rows.temperature[index]
+            draw = None if prepared.draw is None else prepared.draw[index[:, None], span]
+            of_distribution = statistics_registry.of_distribution(settings.statistics)
+            summaries = summarise_logits(logits, settings.sampling, temperature, draw, of_distribution)
             if verify is not None:
                 summaries["verify"] = verify
-            if (
-                history is not None
-            ):  # (the slots' memory, the rows' slots, which rows are roots); the columns start at the generation region
-                summaries["kl"] = history[0].history.step(logits, history[1], low - prompt_end, history[2])
-            token, confidence = summaries.pop("token"), summaries["confidence"]
-            if self.adapter.deferred_ids:
-                deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))
-                summaries["confidence"] = torch.where(deferred, 0.0, confidence)
-            # One device-to-host transfer per forward: the tokens ride with the float summaries
-            # (exact: token ids are below 2**24), so there is no per-row synchronisation.
-            host = dict(zip(["token", *summaries], torch.stack([token.float(), *summaries.values()]).cpu().unbind(0)))
-            bad = (host.pop("nan").bool() & real).any(dim=1)
-            if bool(bad.any()):
-                raise FloatingPointError(
-                    f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad].tolist()))}"
+            history = statistics_registry.from_source(settings.statistics, "history")
+            if history:  # KLASS: against the slot's previous distributions; columns start at the generation region
+                low = forward.query[:, 0] if forward.cached else forward.columns[0]
+                step = settings.memory.history.step(
+                    logits, rows.slot[index], low - settings.from_column, rows.root[index]
                 )
-            host["token"] = host["token"].long()
-            return host, kv
+                summaries.update(dict.fromkeys(history, step))
+            return self._to_host(summaries, real, rows.uid[index]), kv
+
+    def _logits(
+        self, prepared: PreparedCall, forward: Forward, source: torch.Tensor | None
+    ) -> tuple[torch.Tensor, list | tuple | None, torch.Tensor | None]:
+        """The forward's logits (left-aligned from its first summarised column), its keys and
+        values, and WINO's ``verify`` where a shadow block rides along."""
+        rows, settings = prepared.rows, prepared.settings
+        index, first = forward.rows, forward.first
+        tokens, attention = rows.tokens[index, first:], rows.attention[index, first:]
+        low, high = (forward.query[:, 0], forward.query[:, 1]) if forward.cached else forward.columns
+        low, high = low - first, high - first
+        cached = self._cached_rows(prepared, forward)
+        if settings.shadow_length:  # every row computed: no merging
+            return self._shadow(
+                tokens, attention, low, high, rows.window[0][index] - first, settings.shadow_length, cached
+            )
+        prompt_end = settings.from_column - first
+        if source is None:
+            logits, kv = self._model(tokens, attention, low, high, cached, prompt_end, settings.guidance)
+            return logits, kv, None
+        # rows that repeat an earlier row of their group: forward the distinct rows, then copy
+        distinct = torch.unique(source)
+        logits, kv = self._model(tokens[distinct], attention[distinct], low, high, None, prompt_end, settings.guidance)
+        where = torch.searchsorted(distinct, source).to(logits.device)
+        return logits[where], None if kv is None else [(k[where], v[where]) for k, v in kv], None
+
+    def _cached_rows(self, prepared: PreparedCall, forward: Forward) -> CachedRows | LayerwiseForward | None:
+        """What a forward reads of its slots' stores: a layerwise policy's stores, the key/value
+        storage (an exact store: the refreshing rows write in place), or nothing (a full forward)."""
+        rows, memory = prepared.rows, prepared.settings.memory
+        index = forward.rows
+        if forward.layerwise:
+            return LayerwiseForward(memory, rows.slot[index], rows.root[index], prepared.settings.from_column)
+        if forward.cached:
+            in_place = forward.refresh if self.cache.exact else None
+            return CachedRows(memory.kv, rows.slot[index], in_place, forward.logits_from)
+        return None
+
+    def _shadow(
+        self,
+        tokens: torch.Tensor,
+        attention: torch.Tensor,
+        low: int | torch.Tensor,
+        high: int | torch.Tensor,
+        start: torch.Tensor,
+        length: int,
+        cached: CachedRows | None,
+    ) -> tuple[torch.Tensor, list | None, torch.Tensor]:
+        """WINO: the block's shadow in the same forward; ``verify`` is the shadow's probability of
+        each block column's current token.
+
+        Args:
+            tokens: ``[rows, columns]`` from the forward's first column.
+            attention: ``[rows, columns]``.
+            low: the first column forwarded (per row, against a cache).
+            high: the end column.
+            start: ``[rows]`` the block's first column.
+            length: the block's length.
+            cached: the rows' stores, for a prefix cache.
+        """
+        with self._timed("model"):
+            starts = low if cached is not None else torch.full((len(tokens),), low)
+            logits, shadow_logits, kv = self.adapter.shadow_logits(
+                tokens, attention, starts, high, start, length, cached
+            )
+        mirror = start[:, None] + torch.arange(length)[None, :]
+        current = tokens.gather(1, mirror).to(logits.device)
+        verified = torch.softmax(shadow_logits.double(), dim=-1).gather(-1, current[..., None]).squeeze(-1).float()
+        columns = (mirror - starts[:, None]).to(logits.device)
+        verify = torch.zeros(logits.shape[:2], device=logits.device).scatter(1, columns, verified)
+        return logits, kv, verify
+
+    def _to_host(self, summaries: dict[str, torch.Tensor], real: torch.Tensor, uid: torch.Tensor) -> dict:
+        """Deferred tokens' confidence to 0, then one device-to-host transfer per forward (the
+        tokens ride with the float summaries: exact, token ids are below 2**24, so there is no
+        per-row synchronisation); NaN logits in a real column fail, naming the samples."""
+        token, confidence = summaries.pop("token"), summaries["confidence"]
+        if self.adapter.deferred_ids:
+            deferred = torch.isin(token, torch.tensor(self.adapter.deferred_ids, device=token.device))
+            summaries["confidence"] = torch.where(deferred, 0.0, confidence)
+        host = dict(zip(["token", *summaries], torch.stack([token.float(), *summaries.values()]).cpu().unbind(0)))
+        bad = (host.pop("nan").bool() & real).any(dim=1)
+        if bool(bad.any()):
+            raise FloatingPointError(f"model produced NaN logits for sample uid(s) {sorted(set(uid[bad].tolist()))}")
+        host["token"] = host["token"].long()
+        return host
 
     def _timed(self, part: str) -> AbstractContextManager[None]:
         """The profile's timer for ``part`` (``model`` or ``summary``), or nothing without a profile."""
@@ -713,7 +826,7 @@ class RolloutEngine:
         attention: torch.Tensor,
         low: int | torch.Tensor,
         high: int | torch.Tensor,
-        cache: tuple | None,
+        cache: CachedRows | LayerwiseForward | None,
         prompt_end: int,
         guidance: float,
     ) -> tuple[torch.Tensor, list | None]:
@@ -730,7 +843,7 @@ class RolloutEngine:
                 device = self.adapter.device
                 return self._layerwise(tokens.to(device), attention.to(device), low.to(device), high.to(device), cache)
             if cache is not None:
-                return self.adapter.cached_logits(tokens, attention, low, high, *cache), None
+                return self.adapter.cached_logits(tokens, attention, low, high, cache), None
             return self.adapter.window_logits(tokens, attention, low, high)
 
     def _layerwise(

@@ -63,3 +63,8 @@ def check(statistics: frozenset[str]) -> None:
 def of_distribution(statistics: frozenset[str]) -> list[Statistic]:
     """The requested statistics computed from the distribution, in the registry's order."""
     return [s for name, s in REGISTRY.items() if name in statistics and s.source == "distribution"]
+
+
+def from_source(statistics: frozenset[str], source: str) -> frozenset[str]:
+    """The requested statistics that ``source`` provides (the engine asks each provider for its own)."""
+    return frozenset(name for name in statistics if REGISTRY[name].source == source)

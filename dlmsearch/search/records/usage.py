@@ -21,9 +21,18 @@ class CallCost:
 
     rows: torch.Tensor  # [R] long
     tokens: torch.Tensor  # [R] long
-    calls: torch.Tensor | None = (
-        None  # [R] long: sequential model calls the row took (None: one; the block cache's separate write: two)
-    )
+    # [R] long: sequential model calls the row took (None: one; the block cache's separate write: two)
+    calls: torch.Tensor | None = None
+
+    def after(self, at: torch.Tensor, first: CallCost) -> CallCost:
+        """This call's cost where rows ``at`` first took a forward of their own (``first``, the
+        block cache's separate write): its rows and tokens added, one more sequential call each."""
+        calls = torch.ones_like(self.rows) if self.calls is None else self.calls
+        return CallCost(
+            rows=self.rows.index_add(0, at, first.rows),
+            tokens=self.tokens.index_add(0, at, first.tokens),
+            calls=calls.index_add(0, at, torch.ones_like(at)),
+        )
 
 
 @attrs.frozen(eq=False)

@@ -141,6 +141,9 @@ class LayerwisePolicy:
     layerwise: ClassVar[bool] = True
     family_defaults: ClassVar[dict[str, dict[str, object]]] = {}
 
+    def prepare_call(self, *_: object) -> None:
+        """Nothing to write before the call: the layerwise forward writes the store itself."""
+
     def prepare(self, store: LayerStore, call: LayerCall, dtype: torch.dtype, device: torch.device | str) -> None:
         """Allocate the fields this policy keeps (keys and values per layer, and its own)."""
         c = call.config
