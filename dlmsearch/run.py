@@ -268,7 +268,10 @@ class Decoding:
         gen_length = len(items[0].generation)
         if self.fallback is not None:
             self.plan(self.fallback, gen_length)
-        return self.plan(self.decoder, gen_length)
+        plan = self.plan(self.decoder, gen_length)
+        longest = max(items, key=lambda item: len(item.prompt))
+        plan.check_canvas(len(longest.prompt), f"the canvas of item {longest.id}")
+        return plan
 
     def plan(self, decoder: SearchDecoder, gen_length: int) -> DecodePlan:
         """The decoder's plan for this generation length (made once)."""
@@ -519,11 +522,6 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     )
     items = task.items()
     plan = decoding.prepare(items)
-    longest = max(items, key=lambda item: len(item.prompt) + len(item.generation))
-    engine.capabilities.check_length(
-        len(longest.prompt) + len(longest.generation),
-        f"the canvas of item {longest.id} (prompt {len(longest.prompt)} + generation {len(longest.generation)})",
-    )
     done = read_all_done(out)
     already = sum(1 for item in items if item.id in done)
     if already and ranks.rank == 0:

@@ -140,6 +140,11 @@ class FixedLogits(torch.nn.Module):
         return self.table.expand(input_ids.shape[0], -1, -1).clone()  # fresh, as a real forward is
 
 
+def plan_on(engine: RolloutEngine, preset: str = "llada") -> None:
+    """Plan ``preset`` on ``engine``: where every engine x model x cache refusal is raised (plan.RULES)."""
+    text_decoder(preset).plan(engine, 16, 8, None)
+
+
 def record(result: DecodeResult) -> tuple:
     """Everything a decode result says about one sample, comparable with ``==`` (sessions, caches)."""
     parts = (result.tokens, result.commit_call, result.commit_depth, result.commit_branch, result.revisions)

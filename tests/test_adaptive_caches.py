@@ -9,7 +9,7 @@ import functools
 
 import pytest
 import torch
-from conftest import NoRepeatVerifier, cached_adapter, record, renumbered, text_decoder
+from conftest import NoRepeatVerifier, cached_adapter, plan_on, record, renumbered, text_decoder
 from family_models import BLOCK, GEN, adapter_for, requests_for
 
 from dlmsearch.config import build, compose
@@ -128,7 +128,7 @@ def test_a_model_that_cannot_run_the_layerwise_forward_is_refused(adapter) -> No
         ValueError,
         match=r"^cache=dllm_cache runs the layerwise forward of the native LLaDA and Dream models; BidirectionalDenoiser cannot: use cache=none$",
     ):
-        RolloutEngine(adapter=adapter, cache="dllm_cache")
+        plan_on(RolloutEngine(adapter=adapter, cache="dllm_cache"))
 
 
 def test_a_block_diffusion_model_is_pointed_to_its_exact_cache() -> None:
@@ -137,7 +137,7 @@ def test_a_block_diffusion_model_is_pointed_to_its_exact_cache() -> None:
         ValueError,
         match=r"^cache=dkv recomputes stale keys and values of a full-attention model; this block-diffusion model .* use cache=block",
     ):
-        RolloutEngine(adapter=block_model, cache="dkv")
+        plan_on(RolloutEngine(adapter=block_model, cache="dkv"))
 
 
 @pytest.mark.parametrize("preset", ["remdm", "saber", "rcr", "wino"])

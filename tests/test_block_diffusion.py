@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NoRepeatVerifier, text_decoder
+from conftest import NoRepeatVerifier, plan_on, text_decoder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -201,11 +201,11 @@ def test_a_lookahead_branch_forwards_only_its_block(adapter) -> None:
 
 def test_bad_inputs_fail_in_one_line(sdar_dir, adapter, tmp_path) -> None:
     with pytest.raises(ValueError, match="use cache=block"):
-        RolloutEngine(adapter=adapter, cache="prefix")
+        plan_on(RolloutEngine(adapter=adapter, cache="prefix"))
     from conftest import cached_adapter
 
     with pytest.raises(ValueError, match="cache=block is the exact cache of block-diffusion models"):
-        RolloutEngine(adapter=cached_adapter(), cache="block")
+        plan_on(RolloutEngine(adapter=cached_adapter(), cache="block"))
     with pytest.raises(ValueError, match="model.block_length=8 but .* has block_size=4"):
         load_text_model(str(sdar_dir), "sdar", block_length=8, device="cpu", dtype="float32")
     with pytest.raises(ValueError, match="decodes with its native transformer only"):

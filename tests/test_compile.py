@@ -6,7 +6,7 @@ from __future__ import annotations
 import conftest
 import pytest
 import torch
-from conftest import text_decoder, tiny_denoiser
+from conftest import plan_on, text_decoder, tiny_denoiser
 from family_models import BLOCK, MASK_ID, VOCAB, requests_for, tiny_family_model
 
 from dlmsearch.models.adapter import ModelAdapter
@@ -51,7 +51,9 @@ def test_compiled_decoding_equals_eager(family: str, cache: str, preset: str) ->
 
 def test_compile_needs_a_native_model() -> None:
     with pytest.raises(ValueError, match="engine.compile=true compiles the native"):
-        RolloutEngine(
-            adapter=ModelAdapter(module=tiny_denoiser(), mask_id=conftest.MASK_ID, vocab_size=conftest.VOCAB),
-            compile=True,
+        plan_on(
+            RolloutEngine(
+                adapter=ModelAdapter(module=tiny_denoiser(), mask_id=conftest.MASK_ID, vocab_size=conftest.VOCAB),
+                compile=True,
+            )
         )

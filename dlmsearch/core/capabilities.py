@@ -47,8 +47,3 @@ class ModelCapabilities:
     layerwise: bool = (
         False  # the layerwise cache policies (dllm_cache, d2cache, elastic, dkv): a native full-attention model
     )
-
-    def check_length(self, length: int, what: str) -> None:
-        """Fail before decoding when a canvas cannot fit the model."""
-        if self.max_length is not None and length > self.max_length:
-            raise ValueError(f"{what} is {length} tokens, longer than the model's maximum length of {self.max_length}")

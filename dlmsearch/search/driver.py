@@ -208,7 +208,7 @@ class SearchDecoder:
         none is given) and lays out the canvases; the counters start at zero."""
         gen_length = len(requests[0].generation)
         plan = plan or self.plan(engine, gen_length, block_length, verifier)
-        self._check_requests(engine, plan, requests)
+        self._check_requests(plan, requests)
         size = plan.population.size
         mask_id = engine.mask_id
         if plan.attention_block is None:
@@ -251,18 +251,12 @@ class SearchDecoder:
         )
 
     @staticmethod
-    def _check_requests(engine: RolloutEngine, plan: DecodePlan, requests: list[DecodeRequest]) -> None:
+    def _check_requests(plan: DecodePlan, requests: list[DecodeRequest]) -> None:
         """What only the requests can show: one generation length, canvases that fit, ids in the vocabulary."""
         if any(len(r.generation) != plan.gen_length for r in requests):
             raise ValueError(f"all requests of a decode must share the plan's generation length ({plan.gen_length})")
         longest = max(requests, key=lambda r: len(r.prompt))
-        length = len(longest.prompt) + plan.gen_length
-        if plan.attention_block is not None:  # the reference canvas runs to the end of the last block
-            length = -(-length // plan.attention_block) * plan.attention_block
-        engine.capabilities.check_length(
-            length,
-            f"the canvas of sample uid {longest.uid} (prompt {len(longest.prompt)} + generation {plan.gen_length})",
-        )
+        plan.check_canvas(len(longest.prompt), f"the canvas of sample uid {longest.uid}")
         bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= plan.vocab_size)).any())]
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {plan.vocab_size}) in sample uid(s) {bad}")

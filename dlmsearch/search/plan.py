@@ -12,10 +12,12 @@ from it, so a refused combination fails once at the start, not once per item.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
+from dlmsearch.core.capabilities import ModelCapabilities
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.components.candidates import CandidateGenerator
 from dlmsearch.search.components.commit import CommitRule
@@ -24,7 +26,9 @@ from dlmsearch.search.components.revision import Revision
 from dlmsearch.search.components.scorers import Scorer
 from dlmsearch.search.components.selectors import Selector
 from dlmsearch.search.components.triggers import Trigger
+from dlmsearch.search.engine.cache_policy import CachePolicy
 from dlmsearch.search.engine.guidance import Guidance
+from dlmsearch.search.engine.statistics import from_source
 from dlmsearch.search.records.state import Layout, aligned_generation_length
 from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.search.width.population_hook import PopulationHook
@@ -77,6 +81,7 @@ class DecodePlan:
     stop_ids: tuple[int, ...]  # empty unless the decoder stops at the end of the answer
     vocab_size: int
     mask_id: int
+    max_length: int | None  # the model's longest canvas (None: unbounded)
     # a block-diffusion model's block size: canvases are block-aligned (``block_aligned``)
     attention_block: int | None = None
 
@@ -92,6 +97,18 @@ class DecodePlan:
             if self.attention_block is None
             else aligned_generation_length(self.gen_length, self.attention_block)
         )
+
+    def check_canvas(self, prompt_length: int, what: str) -> None:
+        """The one canvas-length rule (every entry point asks it before decoding): the prompt and the
+        generation, on a block-aligned canvas up to the end of the last block, fit the model."""
+        length = prompt_length + self.gen_length
+        if self.attention_block is not None:  # the reference canvas runs to the end of the last block
+            length = -(-length // self.attention_block) * self.attention_block
+        if self.max_length is not None and length > self.max_length:
+            raise ValueError(
+                f"{what} (prompt {prompt_length} + generation {self.gen_length}) is {length} tokens, "
+                f"longer than the model's maximum length of {self.max_length}"
+            )
 
     def layout(self, gen_start: int) -> Layout:
         """The canvas layout of a batch whose longest prompt (its whole blocks, on a block-aligned canvas) ends at ``gen_start``."""
@@ -110,72 +127,183 @@ def make_plan(
 ) -> DecodePlan:
     """Check the decoder against the engine, the model, the layout and the verifier; bind what the layout fixes."""
     able = engine.capabilities
-    cache = engine.cache.name
+    validate(decoder, engine)
     if able.attention_block is not None:  # a block-diffusion model decodes its own attention blocks
-        if decoder.block_length is not None and decoder.block_length != able.attention_block:
-            raise ValueError(
-                f"decoder {decoder.name!r} decodes blocks of {decoder.block_length}, but this block-diffusion model attends in blocks of "
-                f"{able.attention_block}: its blocks are the model's (decoder.block_length=null adopts them)"
-            )
         block_length = able.attention_block
     else:
         block_length = decoder.block_length or block_length
-    statistics = decoder.statistics
-    if decoder.guidance.active and engine.cache.stores:
-        raise ValueError(
-            f"decoder.guidance.scale={decoder.guidance.scale} needs cache=none (the unconditional rows would need "
-            f"key/value caches of their own); got cache={cache}"
-        )
-    if decoder.stop_at_eos and not able.stop_ids:
-        raise ValueError("decoder.stop_at_eos needs the model's stop tokens (model.stop_ids); this model has none")
-    if cache == "block" and decoder.commit.whole_prefix:
-        raise ValueError(
-            f"decoder {decoder.name!r} re-reads every committed position of the generation (Saber's whole-prefix rule), but the block "
-            "cache computes the blocks being decoded only: use cache=none"
-        )
-    if engine.layerwise and decoder.revision.revises:
-        raise ValueError(
-            f"decoder {decoder.name!r} re-masks committed tokens, but cache={cache} decides what to recompute from a canvas whose "
-            "commits are final (its stored keys, values and selections assume it): use cache=none, prefix or dual"
-        )
-    if "kl" in statistics and engine.cache.stores:
-        raise ValueError(
-            f"the kl statistic (KLASS) compares full distributions step to step and needs cache=none; got cache={cache}"
-        )
-    if "verify" in statistics:
-        if cache not in ("none", "prefix") or decoder.guidance.active:
-            raise ValueError(
-                f"the verify statistic (WINO's shadow block) needs cache=none or prefix and no guidance; got cache={cache}"
-            )
-        if not able.shadow:
-            raise ValueError(
-                f"the verify statistic (WINO's shadow block) needs a model that takes an explicit attention mask and unshifted logits; {able.name} does not"
-            )
-    # Checks the block length against the generation. Rules that split a number of steps over the blocks split it
-    # over the generation's gen_length / block blocks (a block-aligned canvas has one more, partly the prompt's: every
-    # block gets the same budget)
+    # Rules that split a number of steps over the blocks split it over the generation's gen_length / block
+    # blocks (a block-aligned canvas has one more, partly the prompt's: every block gets the same budget)
     layout = Layout(gen_start=0, gen_length=gen_length, block_length=block_length)
     commit = decoder.commit.bind(layout)
-    revision = decoder.revision.bind(layout, commit.block_budget)
-    population = decoder.population.for_verifier(verifier)
-    sampling = engine.sampling_over(decoder.sampling)
     return DecodePlan(
         name=decoder.name,
         gen_length=gen_length,
         block_length=block_length,
         commit=commit,
-        revision=revision,
-        population=population,
+        revision=decoder.revision.bind(layout, commit.block_budget),
+        population=decoder.population.for_verifier(verifier),
         trigger=decoder.trigger,
         candidates=decoder.candidates,
         scorer=decoder.scorer,
         expansion=decoder.expansion,
         selector=decoder.selector,
-        statistics=statistics,
-        sampling=sampling,
+        statistics=decoder.statistics,
+        sampling=engine.sampling_over(decoder.sampling),
         guidance=decoder.guidance.scale,
         stop_ids=able.stop_ids if decoder.stop_at_eos else (),
         vocab_size=able.vocab_size,
         mask_id=able.mask_id,
+        max_length=able.max_length,
         attention_block=able.attention_block,
     )
+
+
+@attrs.frozen
+class Meeting:
+    """What the cross-object rules read: a decoder, the engine's cache policy and compile flag, the model."""
+
+    decoder: DecoderSettings
+    cache: CachePolicy
+    compile: bool
+    able: ModelCapabilities
+
+    @property
+    def block_model(self) -> str:
+        return f"this block-diffusion model (blocks of {self.able.attention_block})"
+
+
+def validate(decoder: DecoderSettings, engine: RolloutEngine) -> None:
+    """Refuse a combination that cannot work, with the first rule it breaks (one line naming the
+    setting to change), as transformers' ``GenerationConfig.validate`` lists its checks: the rules
+    are :data:`RULES`, in order, and nothing else in the engine, adapter or driver refuses a
+    combination of objects."""
+    meeting = Meeting(decoder, engine.cache, engine.compile, engine.capabilities)
+    for rule in RULES:
+        message = rule(meeting)
+        if message is not None:
+            raise ValueError(message)
+
+
+def _layerwise_cache(m: Meeting) -> str | None:
+    """1. A layerwise cache (dllm_cache, d2cache, elastic, dkv) needs the native full-attention forward."""
+    if not m.cache.layerwise or m.able.layerwise:
+        return None
+    if m.able.attention_block is not None:
+        return (
+            f"cache={m.cache.name} recomputes stale keys and values of a full-attention model; {m.block_model} "
+            "has an exact cache instead, which needs no refresh: use cache=block (or cache=none)"
+        )
+    return f"cache={m.cache.name} runs the layerwise forward of the native LLaDA and Dream models; {m.able.name} cannot: use cache=none"
+
+
+def _cache_the_model_runs(m: Meeting) -> str | None:
+    """2. Any other cache must be one the model can store keys and values for."""
+    if m.cache.layerwise or m.cache.name in m.able.cache_policies:
+        return None
+    if m.able.attention_block is not None:
+        return f"cache={m.cache.name} is a full-attention model's cache; {m.block_model} has an exact one: use cache=block (or cache=none)"
+    if m.cache.name == "block":
+        return (
+            "cache=block is the exact cache of block-diffusion models (model=sdar); "
+            f"{m.able.name} attends to the whole canvas: use cache=none, prefix or dual"
+        )
+    return (
+        f"cache={m.cache.name} needs a model that can cache keys and values (the native LLaDA and Dream "
+        f"models); {m.able.name} cannot: use cache=none"
+    )
+
+
+def _compile(m: Meeting) -> str | None:
+    """3. engine.compile needs blocks that compile."""
+    if m.compile and not m.able.compiles:
+        return f"engine.compile=true compiles the native LLaDA and Dream models' blocks; {m.able.name} has none: use engine.compile=false"
+    return None
+
+
+def _model_blocks(m: Meeting) -> str | None:
+    """4. A block-diffusion model decodes its own attention blocks."""
+    blocks, own = m.decoder.block_length, m.able.attention_block
+    if own is None or blocks is None or blocks == own:
+        return None
+    return (
+        f"decoder {m.decoder.name!r} decodes blocks of {blocks}, but this block-diffusion model attends in blocks of "
+        f"{own}: its blocks are the model's (decoder.block_length=null adopts them)"
+    )
+
+
+def _guidance(m: Meeting) -> str | None:
+    """5. Guidance's unconditional rows would need caches of their own."""
+    if m.decoder.guidance.active and m.cache.stores:
+        return (
+            f"decoder.guidance.scale={m.decoder.guidance.scale} needs cache=none (the unconditional rows would need "
+            f"key/value caches of their own); got cache={m.cache.name}"
+        )
+    return None
+
+
+def _stop_tokens(m: Meeting) -> str | None:
+    """6. Stopping at the end of the answer needs the model's stop tokens."""
+    if m.decoder.stop_at_eos and not m.able.stop_ids:
+        return "decoder.stop_at_eos needs the model's stop tokens (model.stop_ids); this model has none"
+    return None
+
+
+def _whole_prefix(m: Meeting) -> str | None:
+    """7. Saber's whole-prefix rule re-reads columns the block cache does not compute."""
+    if m.cache.name == "block" and m.decoder.commit.whole_prefix:
+        return (
+            f"decoder {m.decoder.name!r} re-reads every committed position of the generation (Saber's whole-prefix rule), "
+            "but the block cache computes the blocks being decoded only: use cache=none"
+        )
+    return None
+
+
+def _revision_over_layerwise(m: Meeting) -> str | None:
+    """8. A layerwise cache's stored selections assume that commits are final."""
+    if m.cache.layerwise and m.decoder.revision.revises:
+        return (
+            f"decoder {m.decoder.name!r} re-masks committed tokens, but cache={m.cache.name} decides what to recompute from a canvas "
+            "whose commits are final (its stored keys, values and selections assume it): use cache=none, prefix or dual"
+        )
+    return None
+
+
+def _history(m: Meeting) -> str | None:
+    """9. A statistic of the previous step's distributions (KLASS's kl) needs every column recomputed."""
+    names = from_source(m.decoder.statistics, "history")
+    if names and m.cache.stores:
+        return (
+            f"the {', '.join(sorted(names))} statistic (KLASS) compares full distributions step to step and needs cache=none; "
+            f"got cache={m.cache.name}"
+        )
+    return None
+
+
+def _shadow(m: Meeting) -> str | None:
+    """10. A statistic of a shadow block (WINO's verify) needs its rows beside the canvas, unshifted."""
+    names = from_source(m.decoder.statistics, "shadow")
+    if not names:
+        return None
+    what = f"the {', '.join(sorted(names))} statistic (WINO's shadow block)"
+    if m.cache.name not in ("none", "prefix") or m.decoder.guidance.active:
+        return f"{what} needs cache=none or prefix and no guidance; got cache={m.cache.name}"
+    if not m.able.shadow:
+        return (
+            f"{what} needs a model that takes an explicit attention mask and unshifted logits; {m.able.name} does not"
+        )
+    return None
+
+
+RULES: tuple[Callable[[Meeting], str | None], ...] = (
+    _layerwise_cache,
+    _cache_the_model_runs,
+    _compile,
+    _model_blocks,
+    _guidance,
+    _stop_tokens,
+    _whole_prefix,
+    _revision_over_layerwise,
+    _history,
+    _shadow,
+)

@@ -163,19 +163,15 @@ class Server:
         prompts = self._prompts(body)
         max_tokens = body.max_tokens or self.default_tokens
         gen_length = -(-max_tokens // self.block_length) * self.block_length
-        longest = max(len(p) for p in prompts)
-        try:
-            self.adapter.capabilities.check_length(
-                longest + gen_length,
-                f"the prompt ({longest} tokens) with max_tokens={max_tokens} (a canvas of {gen_length})",
-            )
-        except ValueError as error:
-            raise APIError(400, str(error), param="max_tokens", code="context_length_exceeded") from None
         key = self.lanes.key(
             body.preset, gen_length, body.temperature, body.top_p, body.top_k, dict(body.decoder), body.deadline_s
         )
         async with self.lane_lock:  # Hydra's composition is not thread-safe: one lane is built at a time
             lane = await asyncio.to_thread(self.lanes.get, key)
+        try:
+            lane.plan.check_canvas(max(len(p) for p in prompts), f"the prompt with max_tokens={max_tokens}")
+        except ValueError as error:
+            raise APIError(400, str(error), param="max_tokens", code="context_length_exceeded") from None
         seed = int(self.cfg.seed) if body.seed is None else int(body.seed)
         mask = torch.full((gen_length,), self.adapter.mask_id, dtype=torch.long)
         choices = [

@@ -271,39 +271,14 @@ class RolloutEngine:
         }
 
     def __attrs_post_init__(self) -> None:
+        """Set up what the cache policy and compile flag need; whether the model can run them is the
+        plan's question (:func:`~dlmsearch.search.plan.validate`), asked before any forward."""
         able = self.capabilities
-        if self.layerwise:
-            if not able.layerwise:
-                if able.attention_block is not None:
-                    raise ValueError(
-                        f"cache={self.cache.name} recomputes stale keys and values of a full-attention model; this block-diffusion model "
-                        f"(blocks of {able.attention_block}) has an exact cache instead, which needs no refresh: use cache=block (or cache=none)"
-                    )
-                raise ValueError(
-                    f"cache={self.cache.name} runs the layerwise forward of the native LLaDA and Dream models; {able.name} cannot: use cache=none"
-                )
+        if self.layerwise and able.layerwise:
             self.layer_forwards = torch.zeros(self.adapter.module.config.num_layers, dtype=torch.long)
-        elif self.cache.name not in able.cache_policies:
-            if able.attention_block is not None:
-                raise ValueError(
-                    f"cache={self.cache.name} is a full-attention model's cache; this block-diffusion model (blocks of "
-                    f"{able.attention_block}) has an exact one: use cache=block (or cache=none)"
-                )
-            if self.cache.name == "block":
-                raise ValueError(
-                    f"cache=block is the exact cache of block-diffusion models (model=sdar); {able.name} attends to the whole canvas: use cache=none, prefix or dual"
-                )
-            raise ValueError(
-                f"cache={self.cache.name} needs a model that can cache keys and values (the native LLaDA and Dream "
-                f"models); {able.name} cannot: use cache=none"
-            )
         if not str(self.adapter.device).startswith("cuda"):
             keep_freed_memory()  # vocabulary-sized tensors are reused instead of page-faulted in every forward
-        if self.compile:
-            if not able.compiles:
-                raise ValueError(
-                    f"engine.compile=true compiles the native LLaDA and Dream models' blocks; {able.name} has none: use engine.compile=false"
-                )
+        if self.compile and able.compiles:
             self.adapter.compile()
 
     @property
