@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import NoRepeatVerifier, make_requests, text_decoder
-from test_text_batching import GEN, MASK_ID, adapter_for
+from family_models import GEN, MASK_ID, adapter_for
 
 from dlmsearch.config import build, compose, decoder_presets
 from dlmsearch.models.loading import load_denoiser
