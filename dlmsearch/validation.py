@@ -69,7 +69,16 @@ def number(
     open_low: bool = False,
     **kwargs: Any,
 ) -> Any:
-    """An attrs field holding a typed number within a range (``optional``: None allowed, meaning not set)."""
+    """An attrs field holding a typed number within a range.
+
+    Args:
+        kind: the number's type (``int`` or ``float``).
+        low: the least value allowed.
+        high: the greatest value allowed.
+        optional: None allowed, meaning not set.
+        open_low: ``low`` itself not allowed (the range ``(low, high]``).
+        **kwargs: passed to :func:`attrs.field` (``default``, ``converter``, ...).
+    """
     return attrs.field(
         validator=[check_type(kind, optional=optional), check_range(low, high, optional=optional, open_low=open_low)],
         **kwargs,

@@ -251,8 +251,22 @@ class ModelAdapter:
         column, so it predicts the token there from everything else. With ``cache`` (a prefix
         cache and the rows' slots; ``high`` is the canvas's end) only each row's window
         ``low[r]:`` and the shadow are forwarded, against its cached columns before it; without,
-        ``low`` is one column for all rows. Returns the canvas logits (left-aligned per row), the
-        shadow's, and the canvas's keys and values (a full forward's, for refreshing a cache)."""
+        ``low`` is one column for all rows.
+
+        Args:
+            tokens: ``[R, T]`` the rows' canvases.
+            attention_mask: ``[R, T]`` which columns are real (not padding).
+            low: the first canvas column read (``[R]`` per row, or one for all rows).
+            high: the end of the canvas columns read.
+            block_start: ``[R]`` each row's block's first column (the shadow's mirror).
+            block_length: the block's columns (the shadow's length).
+            cache: the rows' cached keys and values (a prefix cache and the rows' slots), or None.
+
+        Returns:
+            The canvas logits ``[R, n, V]`` (left-aligned per row), the shadow's ``[R, block_length,
+            V]``, and the canvas's keys and values (a full forward's, for refreshing a cache; None
+            with ``cache``, or where the module keeps none).
+        """
         if not self.capabilities.shadow:
             raise ValueError(
                 f"{type(self.module).__name__} cannot run a shadow block (it takes no explicit attention mask, or its logits are shifted)"

@@ -176,13 +176,19 @@ class SearchDecoder:
     ) -> list[DecodeResult]:
         """Decode a batch; each sample's result is independent of the others in the batch.
 
-        ``on_round`` sees the canvases of all slots after every round, and the slot of the
-        previous round's canvases each continues from (None: its own), for traces and tests.
-        Past ``deadline_s`` seconds, samples still decoding stop exploring and finish with the
-        base commit rule alone (their results say so). ``verifier`` is the task's check of the
-        batch's outputs, for populations that use one. ``on_lookahead`` sees every level of every
-        lookahead (:class:`~dlmsearch.search.components.lookahead.Lookahead`: depth, live branches, scores).
-        ``plan`` (from :meth:`plan`) saves checking again per batch.
+        Args:
+            engine: the model's only caller.
+            requests: the batch, one request per sample (all with the same generation length).
+            block_length: the columns committed block by block (the semi-autoregressive block).
+            on_round: sees the canvases of all slots (``[slots, T]``) after every round, and
+                ``[slots]`` the slot of the previous round's canvases each continues from (None:
+                its own), for traces and tests.
+            deadline_s: past it (seconds), samples still decoding stop exploring and finish with
+                the base commit rule alone (their results say so).
+            verifier: the task's check of the batch's outputs, for populations that use one.
+            on_lookahead: sees every level of every lookahead
+                (:class:`~dlmsearch.search.components.lookahead.Lookahead`: depth, live branches, scores).
+            plan: the checked plan (from :meth:`plan`), which saves checking again per batch.
         """
         if not requests:
             return []
@@ -270,7 +276,16 @@ class SearchDecoder:
         on_round: Callable[[Canvas, torch.Tensor | None], None] | None = None,
         on_lookahead: Callable[[Lookahead], None] | None = None,
     ) -> DecodeState:
-        """One round for every slot still decoding (:func:`step`: it reads the state's plan only)."""
+        """One round for every slot still decoding (:func:`step`: it reads the state's plan only).
+
+        Args:
+            engine: the model's only caller.
+            state: the latest state.
+            verifier: the task's check of the batch's outputs, for populations that use one.
+            deadline_s: past it, a sample stops exploring and finishes with the base rule.
+            on_round: sees ``[slots]`` canvases after the round, and the slot each continues from.
+            on_lookahead: sees every level of every lookahead.
+        """
         return step(engine, state, verifier, deadline_s, on_round, on_lookahead)
 
     def finish(self, engine: RolloutEngine, state: DecodeState, verifier: Verifier | None = None) -> list[DecodeResult]:
@@ -310,6 +325,18 @@ class SearchDecoder:
         layout: Layout,
         late: bool,
     ) -> DecodeResult:
+        """One sample's result, read from the slot the population chose for it.
+
+        Args:
+            canvas: the final canvases (``[slots, T]``).
+            usage: the decode's counters (``[samples]`` each).
+            slots: the slot table (each slot's uid and generation region).
+            outcome: the population's account of the sample.
+            slot: the chosen slot's index.
+            sample: the sample's index (its counters' row).
+            layout: the decode's layout (where the generation starts).
+            late: whether the sample passed its deadline.
+        """
         first, end = (layout.gen_start + int(c) for c in slots.region[slot])
         # the sample's output (a block-aligned row: after its prompt, to the end of its last block)
         gen = slice(first, end)

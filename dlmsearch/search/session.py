@@ -158,7 +158,16 @@ class DecodeSession:
         verifier: Verifier | None = None,
         deadline_s: float | None = None,
     ) -> DecodeSession:
-        """A session whose plan is checked once, before any request is admitted."""
+        """A session whose plan is checked once, before any request is admitted.
+
+        Args:
+            decoder: the decoder every admitted request decodes with.
+            engine: the model's only caller.
+            gen_length: the generation length every request shares.
+            block_length: the columns committed block by block.
+            verifier: a population's task check, keyed by uid (see :attr:`verifier`).
+            deadline_s: past it (seconds from a sample's start), a sample stops exploring.
+        """
         return cls(decoder, engine, decoder.plan(engine, gen_length, block_length, verifier), verifier, deadline_s)
 
     @property

@@ -93,6 +93,19 @@ class Scheduler:
         on_progress: Callable[[Job, Choice, torch.Tensor, int], None],
         batch_wait_s: float = 0.0,
     ) -> None:
+        """A scheduler not yet started (:meth:`start` runs its thread).
+
+        Args:
+            metrics: the server's counters, told of every step.
+            max_batch: the most samples decoding at once.
+            max_rows: the most rows (samples times their rows each) decoding at once.
+            max_queue: the most requests waiting; one more is a 429.
+            on_result: turns a finished choice's result into the body posted to its request.
+            on_progress: sees a streaming choice's output columns ``[n]`` and how many of them
+                are settled, after every step.
+            batch_wait_s: how long a step may wait for arrivals to refill the slots the last
+                step freed (0: none).
+        """
         self.metrics = metrics
         self.max_batch, self.max_rows, self.max_queue = max_batch, max_rows, max_queue
         self.batch_wait_s = batch_wait_s

@@ -55,8 +55,16 @@ class CachePolicy(Protocol):
         storage: KVStorage,
         slot: torch.Tensor,
     ) -> torch.Tensor:
-        """``[rows, 2]`` first and end column a cached row computes, for windows ``start:end``
-        (``first``: each row's first real column; ``slot``: its slot in ``storage``)."""
+        """``[rows, 2]`` first and end column a cached row computes, for windows ``start:end``.
+
+        Args:
+            start: ``[rows]`` the first column of each row's window.
+            end: ``[rows]`` the end of each row's window.
+            width: the canvas's length.
+            first: ``[rows]`` each row's first real column.
+            storage: the slots' stored keys and values.
+            slot: ``[rows]`` each row's slot in ``storage``.
+        """
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """``[rows]`` rows that run against their slot's stored keys and values."""
@@ -89,6 +97,16 @@ class NoCache:
         storage: KVStorage,
         slot: torch.Tensor,
     ) -> torch.Tensor:
+        """``[rows, 2]`` no columns: nothing is cached.
+
+        Args:
+            start: ``[rows]`` the first column of each row's window.
+            end: ``[rows]`` the end of each row's window.
+            width: the canvas's length.
+            first: ``[rows]`` each row's first real column.
+            storage: the slots' stored keys and values.
+            slot: ``[rows]`` each row's slot in ``storage``.
+        """
         return torch.zeros(len(start), 2, dtype=torch.long)
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
@@ -138,6 +156,16 @@ class PrefixCache(_WindowRefresh):
         storage: KVStorage,
         slot: torch.Tensor,
     ) -> torch.Tensor:
+        """``[rows, 2]`` the window and everything after it.
+
+        Args:
+            start: ``[rows]`` the first column of each row's window.
+            end: ``[rows]`` the end of each row's window.
+            width: the canvas's length.
+            first: ``[rows]`` each row's first real column.
+            storage: the slots' stored keys and values.
+            slot: ``[rows]`` each row's slot in ``storage``.
+        """
         return torch.stack([start, torch.full_like(end, width)], dim=1)
 
 
@@ -158,6 +186,16 @@ class DualCache(_WindowRefresh):
         storage: KVStorage,
         slot: torch.Tensor,
     ) -> torch.Tensor:
+        """``[rows, 2]`` the window alone.
+
+        Args:
+            start: ``[rows]`` the first column of each row's window.
+            end: ``[rows]`` the end of each row's window.
+            width: the canvas's length.
+            first: ``[rows]`` each row's first real column.
+            storage: the slots' stored keys and values.
+            slot: ``[rows]`` each row's slot in ``storage``.
+        """
         return torch.stack([start, end], dim=1)
 
 
@@ -202,6 +240,16 @@ class BlockCache:
         storage: KVStorage,
         slot: torch.Tensor,
     ) -> torch.Tensor:
+        """``[rows, 2]`` from the slot's stored end (or the window's start, if earlier) to the window's end.
+
+        Args:
+            start: ``[rows]`` the first column of each row's window.
+            end: ``[rows]`` the end of each row's window.
+            width: the canvas's length.
+            first: ``[rows]`` each row's first real column.
+            storage: the slots' stored keys and values.
+            slot: ``[rows]`` each row's slot in ``storage``.
+        """
         return torch.stack([torch.minimum(self.stored_end(storage, slot, first), start), end], dim=1)
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:

@@ -79,7 +79,16 @@ def free_bytes(device: str) -> int:
 def auto_row_budget(
     module: torch.nn.Module, device: str, dtype: torch.dtype, width: int, columns: int, cached: bool
 ) -> int:
-    """Rows per forward that fit ``MARGIN`` of the free memory (at least one, at most ``MAX_ROWS``)."""
+    """Rows per forward that fit ``MARGIN`` of the free memory (at least one, at most ``MAX_ROWS``).
+
+    Args:
+        module: the model (its ``config`` gives the shape numbers, :func:`model_shape`).
+        device: where the forward runs (its free memory is the budget).
+        dtype: the model's parameter dtype (the activations' element size).
+        width: the canvas's length in tokens.
+        columns: the columns summarised per row.
+        cached: whether the rows keep keys and values (a cache policy that stores them).
+    """
     element = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
     per_row = row_bytes(model_shape(module), width, columns, element, cached)
     return max(1, min(MAX_ROWS, int(MARGIN * free_bytes(device) // per_row)))

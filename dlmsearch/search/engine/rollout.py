@@ -807,7 +807,17 @@ class RolloutEngine:
     ) -> tuple[torch.Tensor, list | None]:
         """The rows' logits: against the cache (each row its own window), or of the columns
         ``low:high`` (guided: each row beside its unconditional copy in the same call, combined;
-        guidance never runs with a cache)."""
+        guidance never runs with a cache).
+
+        Args:
+            tokens: ``[R, T]`` the rows' canvases.
+            attention: ``[R, T]`` which columns are real (not padding).
+            low: the first column read (``[R]`` per row, or one for all rows).
+            high: the end of the columns read (``[R]`` per row, or one for all rows).
+            cache: the rows' cached keys and values, a layerwise policy's forward, or None.
+            prompt_end: the prompt's last column + 1 (what the unconditional copy masks).
+            guidance: the classifier-free guidance scale (0: none).
+        """
         if guidance > 0:
             rows = len(tokens)
             both = torch.cat([tokens, unconditional(tokens, attention, prompt_end, self.mask_id)])

@@ -199,8 +199,19 @@ class Canvas:
         advance: bool = True,
     ) -> Canvas:
         """Write ``proposal`` where ``chosen`` (masked positions only), then advance blocks by
-        ``rule`` (:meth:`advance_blocks`). ``advance=False`` leaves the blocks for the caller (a
-        revision acts first)."""
+        ``rule`` (:meth:`advance_blocks`).
+
+        Args:
+            chosen: ``[R, T]`` bool, the positions to commit (unmasked ones are left alone).
+            proposal: ``[R, T]`` long, the tokens to write there.
+            confidence: ``[R, T]`` float, their confidences (recorded as ``commit_confidence``).
+            call: ``[R]`` long, each row's model-call count (recorded as ``commit_call``).
+            depth: the lookahead depth that produced the commit (one for all rows, or ``[R]``).
+            branch: the lookahead branch that produced it (one for all rows, or ``[R]``).
+            layout: the decode's layout (where the blocks are).
+            rule: when a row leaves its block.
+            advance: False leaves the blocks for the caller (a revision acts first).
+        """
         chosen = chosen & self.masked
         depth = torch.as_tensor(depth, device=chosen.device).expand(self.rows)
         branch = torch.as_tensor(branch, device=chosen.device).expand(self.rows)
@@ -244,8 +255,17 @@ class Canvas:
         post_steps: torch.Tensor,
     ) -> Canvas:
         """Replace committed ``positions`` by ``proposal`` (a revision that writes a token, not a mask:
-        LLaDA2.1's editing), counted as revisions and recorded as commits of ``call [R]``; given
-        tokens are never rewritten. ``review``, ``post_steps``: the rows' new block hold (:attr:`review`)."""
+        LLaDA2.1's editing), counted as revisions and recorded as commits of ``call``; given
+        tokens are never rewritten.
+
+        Args:
+            positions: ``[R, T]`` bool, the committed positions to rewrite.
+            proposal: ``[R, T]`` long, the tokens to write there.
+            confidence: ``[R, T]`` float, their confidences (recorded as ``commit_confidence``).
+            call: ``[R]`` long, each row's model-call count (recorded as ``commit_call``).
+            review: ``[R]`` bool, the rows' new block hold (:attr:`review`).
+            post_steps: ``[R]`` long, the rows' new count of editing rounds (:attr:`post_steps`).
+        """
         positions = positions & ~self.masked & (self.commit_call >= 0)
         return attrs.evolve(
             self,

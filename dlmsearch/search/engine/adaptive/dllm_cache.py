@@ -80,6 +80,20 @@ class _Rule(RecomputeRule):
         mlp: torch.Tensor,
         weights: torch.Tensor | None,
     ) -> torch.Tensor:
+        """The stream leaving ``layer`` from the recomputed columns' attention and MLP outputs and
+        the cached ones of the rest (each stored back for the next call).
+
+        Args:
+            layer: the layer's index.
+            x: ``[rows, columns, hidden]`` the layer's input.
+            index: ``[rows, n]`` the recomputed columns (padded with column 0).
+            valid: ``[rows, n]`` which entries of ``index`` are real.
+            queries: ``[rows, heads, n, head_dim]`` the recomputed columns' queries (rotated).
+            attended: ``[rows, n, hidden]`` their attention output (before the residual).
+            mlp: ``[rows, n, hidden]`` their MLP output (before the residual).
+            weights: ``[rows, heads, n, columns]`` their attention probabilities (None where the
+                policy does not ask for them).
+        """
         at = cells(index, valid)
         attention, feed = self.fields["attention"][:, layer], self.fields["mlp"][:, layer]
         attention[at] = attended[valid].to(attention.dtype)
