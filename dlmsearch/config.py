@@ -33,6 +33,17 @@ def _checkpoint_id(key: str, _parent_: DictConfig) -> Any:
 OmegaConf.register_new_resolver("checkpoint", _checkpoint_id, replace=True)
 
 
+def _trained_on(key: str, default: Any, *, _root_: DictConfig) -> Any:
+    """``${trained_on:KEY,DEFAULT}`` (conf/task/*.yaml): what ``model.path``'s directory declares it
+    was trained to do (its trained_on.json), else ``DEFAULT``."""
+    from dlmsearch.models.trained_on import read_trained_on
+
+    return read_trained_on(OmegaConf.select(_root_, "model.path", default=None)).get(key, default)
+
+
+OmegaConf.register_new_resolver("trained_on", _trained_on, replace=True)
+
+
 class ConfigError(ValueError):
     """A config value that cannot be used; the message names the key."""
 

@@ -270,7 +270,9 @@ class Decoding:
             self.plan(self.fallback, gen_length)
         plan = self.plan(self.decoder, gen_length)
         longest = max(items, key=lambda item: len(item.prompt))
-        plan.check_canvas(len(longest.prompt), f"the canvas of item {longest.id}")
+        plan.check_canvas(
+            len(longest.prompt), f"the canvas of item {longest.id}", "task.gen_length (gen_length= in the Python API)"
+        )
         return plan
 
     def plan(self, decoder: SearchDecoder, gen_length: int) -> DecodePlan:

@@ -220,7 +220,6 @@ def test_shipped_tasks_load_offline_with_the_cli_tasks_prompts_and_judges(offlin
     from lm_eval.tasks import TaskManager
     from omegaconf import OmegaConf
 
-    from dlmsearch.config import CONF_DIR
     from dlmsearch.lm_eval.__main__ import only_included_tasks, task_manager_class
     from dlmsearch.lm_eval.shipped import (
         COUNTDOWN_TEMPLATE,
@@ -229,6 +228,7 @@ def test_shipped_tasks_load_offline_with_the_cli_tasks_prompts_and_judges(offlin
         countdown_results,
         gsm8k_results,
     )
+    from dlmsearch.models.trained_on import read_trained_on
     from dlmsearch.shipped import package_data
     from dlmsearch.tasks.gsm8k import GSM8KTask
 
@@ -247,7 +247,7 @@ def test_shipped_tasks_load_offline_with_the_cli_tasks_prompts_and_judges(offlin
         0
     ]  # any tokenizer: prompts are text
     assert gsm8k.doc_to_text(docs[0]) == first[1] and gsm8k.config.generation_kwargs["max_gen_toks"] == 256
-    trained = OmegaConf.load(CONF_DIR / "model" / "countdown.yaml").trained_on
+    trained = OmegaConf.create(read_trained_on(str(package_data("countdown_model"))))
     assert (COUNTDOWN_TEMPLATE, COUNTDOWN_TIER) == (trained.template, trained.tier)
     cd_docs = list(countdown.test_docs())
     assert len(cd_docs) == 256 and countdown.doc_to_text(cd_docs[0]) == "Make 42 from 14, 6, 18."

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,7 @@ from dlmsearch.tasks.countdown import load_countdown, shipped_countdown_path
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = Path(compose(["model=countdown"]).model.path)
-TEMPLATE = compose(["model=countdown"]).trained_on.template
+TEMPLATE = compose(["model=countdown", "task=countdown"]).task.template
 LLADA_FALLBACK = (126336, 126464, [126081, 126348])
 DREAM_FALLBACK = (151666, 152064, [151643, 151645])
 
@@ -121,16 +122,43 @@ def test_llada_preset_on_the_shipped_model_decodes_as_model_countdown() -> None:
 
 
 def test_llada_preset_runs_the_countdown_task_as_model_countdown(tmp_path: Path) -> None:
-    """What ``python -m dlmsearch`` does: the same records (output, judge, counters)."""
-    same_task = ["task.tier=small", "task.gen_length=16", "task.block_length=8", f"task.template='{TEMPLATE}'"]
+    """What ``python -m dlmsearch`` does: the same records (output, judge, counters), with the
+    prompt format, lengths and tier that the directory declares (trained_on.json; issue 36, item 7)."""
     common = ["+decoder=fast_dllm", "model.device=cpu", "task=countdown", "task.limit=4"]
-    run(compose([*common, "model=llada", f"model.path={SHIPPED}", *same_task, f"out_dir={tmp_path / 'llada'}"]))
+    run(compose([*common, "model=llada", f"model.path={SHIPPED}", f"out_dir={tmp_path / 'llada'}"]))
     run(compose([*common, "model=countdown", f"out_dir={tmp_path / 'countdown'}"]))
     records = {}
     for name in ("llada", "countdown"):
         lines = (tmp_path / name / "results.jsonl").read_text().splitlines()
         records[name] = [{k: v for k, v in json.loads(line).items() if k not in TIMING_FIELDS} for line in lines]
     assert len(records["llada"]) == 4 and records["llada"] == records["countdown"]
+
+
+def test_a_directory_declares_what_it_was_trained_on(tmp_path: Path) -> None:
+    """The task's unset lengths, template and tier come from the directory's trained_on.json; a
+    directory without one leaves the task's defaults, and a canvas that cannot fit names the setting."""
+    declared = compose(["model=llada", f"model.path={SHIPPED}", "task=countdown"]).task
+    assert (declared.gen_length, declared.block_length, declared.tier, declared.template) == (16, 8, "small", TEMPLATE)
+    assert compose(["model=llada", f"model.path={SHIPPED}", "task=countdown", "task.gen_length=8"]).task.gen_length == 8
+    bare = tmp_path / "bare"
+    shutil.copytree(SHIPPED, bare, ignore=shutil.ignore_patterns("trained_on.json"))
+    plain = compose(["model=llada", f"model.path={bare}", "task=countdown", f"task.template='{TEMPLATE}'"])
+    assert (plain.task.gen_length, plain.task.block_length, plain.task.tier) == (256, 32, "d1")
+    with pytest.raises(
+        ValueError, match=r"\(prompt 24 \+ generation 256\) is 280 tokens, .* set task.gen_length .* at most 104"
+    ):
+        run(compose([*plain_overrides(bare), f"task.template='{TEMPLATE}'", "task.tier=small", f"out_dir={tmp_path}"]))
+
+
+def plain_overrides(directory: Path) -> list[str]:
+    return ["+decoder=llada", "model=llada", f"model.path={directory}", "model.device=cpu", "task=countdown"]
+
+
+def test_a_block_model_decodes_with_its_exact_cache_by_default() -> None:
+    """cache=auto: the block cache for a block-diffusion model, none for a full-attention one."""
+    for model, cache in (("countdown_block", "block"), ("countdown", "none")):
+        cfg = compose(["+decoder=sdar_greedy", f"model={model}", "model.device=cpu", "task=countdown"])
+        assert build(cfg, "engine", adapter=build(cfg, "model")).cache.name == cache
 
 
 def test_plain_compose_resolves_the_checkpoint_ids() -> None:
@@ -163,10 +191,6 @@ def test_cli_llada_preset_on_the_shipped_model(tmp_path: Path) -> None:
         "model=llada",
         f"model.path={SHIPPED}",
         "task=countdown",
-        "task.tier=small",
-        "task.gen_length=16",
-        "task.block_length=8",
-        f"task.template='{TEMPLATE}'",
         "task.limit=2",
         f"out_dir={tmp_path}",
     ]

@@ -30,7 +30,7 @@ from dlmsearch.api import Decoder, Model, compose_settings
 from dlmsearch.config import decoder_presets
 
 MODEL = "countdown"
-BLOCK = 8  # the shipped Countdown model's block length (conf/model/countdown.yaml: trained_on)
+BLOCK = 8  # the shipped Countdown model's block length (its trained_on.json)
 PROMPTS = [
     "Make 24 from 3 4 6 2.",
     "Make 10 from 2 5 1.",

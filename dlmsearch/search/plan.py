@@ -98,9 +98,10 @@ class DecodePlan:
             else aligned_generation_length(self.gen_length, self.attention_block)
         )
 
-    def check_canvas(self, prompt_length: int, what: str) -> None:
+    def check_canvas(self, prompt_length: int, what: str, setting: str = "") -> None:
         """The one canvas-length rule (every entry point asks it before decoding): the prompt and the
-        generation, on a block-aligned canvas up to the end of the last block, fit the model."""
+        generation, on a block-aligned canvas up to the end of the last block, fit the model.
+        ``setting`` names the generation length's setting where the caller has one, for the hint."""
         length = prompt_length + self.gen_length
         if self.attention_block is not None:  # the reference canvas runs to the end of the last block
             length = -(-length // self.attention_block) * self.attention_block
@@ -108,7 +109,16 @@ class DecodePlan:
             raise ValueError(
                 f"{what} (prompt {prompt_length} + generation {self.gen_length}) is {length} tokens, "
                 f"longer than the model's maximum length of {self.max_length}"
+                + self._canvas_hint(prompt_length, setting)
             )
+
+    def _canvas_hint(self, prompt_length: int, setting: str) -> str:
+        """What to change, where the caller names its generation length's setting."""
+        if not setting or self.max_length is None:
+            return ""
+        if prompt_length >= self.max_length:
+            return "; the prompt alone does not fit: shorten it"
+        return f"; set {setting} to at most {self.max_length - prompt_length}, or shorten the prompt"
 
     def layout(self, gen_start: int) -> Layout:
         """The canvas layout of a batch whose longest prompt (its whole blocks, on a block-aligned canvas) ends at ``gen_start``."""

@@ -271,6 +271,20 @@ class BlockCache:
         return root & (self.stored_end(storage, slot, first) < start)
 
 
+@attrs.frozen
+class ModelsExact:
+    """``cache=auto`` (the default): the model's own exact cache, chosen when the engine meets the
+    model — a block-diffusion model's block cache (the reference loops' ``store_kv``: the same
+    tokens, a quarter of the token-forwards on the shipped block model), else no cache. The
+    approximate caches (prefix, dual, the adaptive ones) are never chosen for the user."""
+
+    name: ClassVar[str] = "auto"
+
+    @staticmethod
+    def for_model(attention_block: int | None) -> CachePolicy:
+        return BlockCache() if attention_block is not None else NoCache()
+
+
 def _policies() -> dict[str, type]:
     from dlmsearch.search.engine.adaptive import ADAPTIVE_POLICIES
 
@@ -282,10 +296,12 @@ POLICIES: dict[str, type] = _policies()
 
 def cache_policy(value: object) -> CachePolicy:
     """A policy, or the name of one (``engine.cache=prefix``, the older spelling of ``cache=prefix``)."""
+    if value == "auto" or isinstance(value, ModelsExact):
+        return ModelsExact()  # type: ignore[return-value]  (the engine resolves it: ModelsExact.for_model)
     if isinstance(value, str):
         if value not in POLICIES:
             raise ValueError(
-                f"unknown cache policy {value!r}; available: {', '.join(POLICIES)} (choose one with cache=NAME)"
+                f"unknown cache policy {value!r}; available: auto, {', '.join(POLICIES)} (choose one with cache=NAME)"
             )
         chosen = POLICIES[value]
         return chosen.for_family() if hasattr(chosen, "for_family") else chosen()

@@ -29,7 +29,7 @@ from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.kv_storage import CachedRows
 from dlmsearch.search.engine import statistics as statistics_registry
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall
-from dlmsearch.search.engine.cache_policy import CachePolicy, NoCache, cache_policy
+from dlmsearch.search.engine.cache_policy import CachePolicy, ModelsExact, NoCache, cache_policy
 from dlmsearch.search.engine.guidance import combine, unconditional
 from dlmsearch.search.engine.host_memory import keep_freed_memory
 from dlmsearch.search.engine.memory import auto_row_budget
@@ -274,6 +274,8 @@ class RolloutEngine:
         """Set up what the cache policy and compile flag need; whether the model can run them is the
         plan's question (:func:`~dlmsearch.search.plan.validate`), asked before any forward."""
         able = self.capabilities
+        if isinstance(self.cache, ModelsExact):
+            self.cache = self.cache.for_model(able.attention_block)
         if self.layerwise and able.layerwise:
             self.layer_forwards = torch.zeros(self.adapter.module.config.num_layers, dtype=torch.long)
         if not str(self.adapter.device).startswith("cuda"):
@@ -405,8 +407,7 @@ class RolloutEngine:
         prepared = self._prepare(rows, settings, group)
         outputs = CallOutputs.empty(rows.tokens.shape, settings.statistics, self.mask_id)
         run = functools.partial(self._run, prepared)
-        plan = self._plan(rows, settings, prepared.copy_of)
-        for planned in plan:
+        for planned in self._forwards(rows, settings, prepared.copy_of):
             for forward, output in self._forward(planned, run, rows.uid):
                 outputs.write(forward, output)
                 self._charge(prepared, forward, output, outputs)
@@ -606,7 +607,7 @@ class RolloutEngine:
         for i in range(0, len(distinct), budget):
             yield index[torch.isin(original, distinct[i : i + budget])]
 
-    def _plan(self, rows: CallRows, settings: CallSettings, copy_of: torch.Tensor | None = None) -> list[Forward]:
+    def _forwards(self, rows: CallRows, settings: CallSettings, copy_of: torch.Tensor | None = None) -> list[Forward]:
         """The forwards of one call: row chunks of at most ``current_budget`` rows.
 
         Columns that are padding in every row of a chunk are dropped, so a row costs the same
@@ -648,7 +649,7 @@ class RolloutEngine:
             groups += [(full[first[full] == f], False) for f in torch.unique(first[full]).tolist()]
         if bool(hit.any()):  # one forward for every cached row, whatever its window
             groups.append((hit.nonzero().squeeze(1), True))
-        plan = []
+        forwards = []
         for index, cached in groups:
             for part in self._chunks(index, None if cached else copy_of):
                 refresh = refreshes[part]
@@ -661,12 +662,12 @@ class RolloutEngine:
                     if cached and policy.exact
                     else None
                 )
-                plan.append(
+                forwards.append(
                     Forward(
                         part, start, (from_column, width), cached, refresh, query[part], distinct, settled, logits_from
                     )
                 )
-        return plan
+        return forwards
 
     def _summarise(
         self,
