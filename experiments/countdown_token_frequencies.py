@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
-from outputs import RUNS, add_flag, resolve
 from train_countdown import EOS_ID, EOT_ID, ProblemSampler, held_out_triples
+
+from outputs import RUNS, add_flag, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         + "\n"
     )
     print(f"wrote {args.out}: {len(counts)} token ids, {sum(counts.values())} tokens")
+    if args.write_committed:  # the block model shares the tokenizer and answers: the same table in its directory
+        block_copy = ROOT / "dlmsearch" / "data" / "countdown_block_model" / "token_frequencies.json"
+        shutil.copyfile(args.out, block_copy)
+        print(f"copied to {block_copy}")
     return 0
 
 

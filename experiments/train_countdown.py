@@ -28,6 +28,7 @@ from tqdm import tqdm
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.llada_checkpoint import save_llada
 from dlmsearch.models.tokenizer_build import LLADA_CHAT_TEMPLATE, byte_level_bpe, save_tokenizer
+from dlmsearch.models.trained_on import write_trained_on
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.tasks.countdown import TIERS, CountdownTask, load_countdown, shipped_countdown_path
 from dlmsearch.tasks.countdown_problems import CountdownProblem, draw_worked
@@ -178,6 +179,14 @@ def main(cfg: DictConfig) -> None:
 
     def on_checkpoint(step: int, seconds: float, done: float) -> dict:
         save_llada(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
+        write_trained_on(
+            model_dir,
+            template=cfg.template,
+            gen_length=cfg.gen_length,
+            block_length=cfg.decode_block_length,
+            tier="small",
+            token_frequencies="token_frequencies.json",
+        )
         adapter = ModelAdapter(module=model, mask_id=MASK_ID, vocab_size=VOCAB_SIZE, max_length=m.max_sequence_length)
         measured = [
             checkpoint_accuracy(adapter, task, eval_items, decoder, ("task=countdown",))

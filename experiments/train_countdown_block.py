@@ -42,6 +42,7 @@ from train_countdown import (
 
 from dlmsearch.core import attention as pattern
 from dlmsearch.models.sdar_checkpoint import save_sdar
+from dlmsearch.models.trained_on import write_trained_on
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.tasks.countdown import load_countdown, shipped_countdown_path
 from dlmsearch.tasks.countdown_problems import CountdownProblem, solutions
@@ -181,6 +182,14 @@ def main(cfg: DictConfig) -> None:
 
     def on_checkpoint(step: int, seconds: float, done: float) -> dict:
         save_sdar(model_dir, model, mask_id=MASK_ID, eos_id=EOS_ID, eot_id=EOT_ID)
+        write_trained_on(
+            model_dir,
+            template=cfg.template,
+            gen_length=cfg.gen_length,
+            block_length=cfg.block_length,
+            tier="small",
+            token_frequencies="token_frequencies.json",
+        )
         record = {"numbers_up_to": sampler.high(done), "held_out_masked_ce": round(held_out_ce(), 5)}
         tqdm.write(f"checkpoint step {step}: held-out masked CE {record['held_out_masked_ce']:.4f}")
         return record
