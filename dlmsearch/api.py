@@ -256,7 +256,16 @@ class Decoder:
         batch_size: int = 8,
         **engine: Any,
     ) -> DictConfig:
-        """The whole config a decode with these settings uses (what ``python -m dlmsearch`` would compose)."""
+        """The whole config a decode with these settings uses (what ``python -m dlmsearch`` would compose).
+
+        Args:
+            model: the loaded model (its config name and settings).
+            gen_length: tokens to generate (None: what the model declares, else 256).
+            block_length: the semi-autoregressive block (None: the model's, else 32).
+            chat: wrap prompts in the tokenizer's chat template.
+            batch_size: samples decoded together.
+            engine: engine settings given explicitly (cache, temperature, top_p, top_k, seed, row_budget).
+        """
         task: list[Setting] = []
         if model.is_text:
             # Unset lengths stay the config's: what the model was trained for, else 256 in blocks of 32 (conf/task/prompts.yaml)
@@ -304,11 +313,26 @@ class Decoder:
         Text: ``gen_length`` tokens in blocks of ``block_length`` (defaults: ``model.lengths``,
         what the model was trained for, else 256 in blocks of 32, a block-diffusion model's own blocks);
         ``chat=True`` wraps each prompt in the tokenizer's chat template (Instruct models),
-        ``chat=False`` encodes the raw text (Base models). ``cache`` (none|prefix|dual),
+        ``chat=False`` encodes the raw text (Base models). ``cache`` (auto|none|prefix|dual|...),
         ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``row_budget`` override the engine's
         settings (None: the preset's, the checkpoint's generation_config.json, else conf/engine). Prompts are decoded ``batch_size`` at a time, longest first
         (results do not depend on the batch); item ``i`` keys its randomness with uid ``i``, as
         the CLI does for the ``i``-th item of a task.
+
+        Args:
+            model: the loaded model (:meth:`Model.load`).
+            prompts: the texts (or puzzles), one generation each.
+            gen_length: tokens to generate (None: the model's declared length, else 256).
+            block_length: the semi-autoregressive block (None: the model's, else 32).
+            chat: wrap each prompt in the chat template (Instruct models).
+            batch_size: prompts decoded together (results do not depend on it).
+            cache: the cache policy's name (None: the config's, ``auto``).
+            temperature: sampling temperature (None: the preset's or the checkpoint's).
+            seed: keys the counter-based randomness.
+            row_budget: rows per forward chunk.
+            progress: show a progress bar over prompts.
+            top_p: nucleus truncation.
+            top_k: keep the k most likely tokens.
         """
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of strings (got one string): generate(model, [prompt])")

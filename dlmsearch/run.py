@@ -511,18 +511,8 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     identity = RunIdentity.of(to_plain(cfg), overrides)
     claim(out, identity)
     ranks = Ranks.from_environment()
-    adapter = build(cfg, "model", **ranks.model_overrides(cfg))
-    task = build(cfg, "task")
-    engine = build(cfg, "engine", adapter=adapter)
-    decoding = Decoding(
-        build(cfg, "decoder"),
-        engine,
-        task,
-        build_fallback(cfg),
-        cfg.get("deadline_s"),
-        LookaheadLog() if cfg.trace else None,
-    )
-    items = task.items()
+    decoding = _decoding(cfg, ranks)
+    items = decoding.task.items()
     plan = decoding.prepare(items)
     done = read_all_done(out)
     already = sum(1 for item in items if item.id in done)
@@ -532,11 +522,73 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     # Longest prompts first, so that a decode's rows carry little padding; results do not depend on
     # the batch (tested), and results.jsonl is rewritten in the task's order at the end (merge).
     pending.sort(key=lambda pair: -len(pair[1].prompt))
-    decoder_name = decoding.decoder.name
+    _decode_pending(cfg, out, ranks, decoding, pending, done, len(items))
+    done = ranks.merge(out, [item.id for item in items], partial(read_done, keep_errors=True))
+    records = [done[item.id] for item in items if item.id in done]
+    summary = {
+        "decoder": decoding.decoder.name,
+        "task": decoding.task.name,
+        "cache": decoding.engine.cache.name,
+        "population": population_name(decoding.decoder),
+        "overrides": overrides,
+        "fingerprint": identity.fingerprint,
+        **summarise(records),
+        **peak_memory_mb(),
+        "world_size": ranks.world,
+        "sampling": plan.sampling.as_dict(),  # what was used: the engine's, the checkpoint's and the decoder's settings layered
+        **decoding.engine.layerwise_cost(),
+        "config": to_plain(cfg),
+    }
+    if ranks.rank == 0:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary["examples"] = [
+        decoding.task.render(item, done[item.id]["output"])
+        for item in items[: int(cfg.examples)]
+        if "output" in done.get(item.id, {})
+    ]
+    return summary
+
+
+def _decoding(cfg: DictConfig, ranks: Ranks) -> Decoding:
+    """The run's model, task, engine, decoder and fallback, built from the config (this rank's device)."""
+    adapter = build(cfg, "model", **ranks.model_overrides(cfg))
+    task = build(cfg, "task")
+    engine = build(cfg, "engine", adapter=adapter)
+    return Decoding(
+        build(cfg, "decoder"),
+        engine,
+        task,
+        build_fallback(cfg),
+        cfg.get("deadline_s"),
+        LookaheadLog() if cfg.trace else None,
+    )
+
+
+def _decode_pending(
+    cfg: DictConfig,
+    out: Path,
+    ranks: Ranks,
+    decoding: Decoding,
+    pending: list[tuple[int, TaskItem]],
+    done: dict[str, dict[str, Any]],
+    total: int,
+) -> None:
+    """Decode ``pending`` with continuous batching, writing each sample's record the moment it
+    finishes, with a progress bar over samples; a signal stops admission, and what finished is kept.
+
+    Args:
+        cfg: the run's config (batch_size, trace).
+        out: the run's directory (this rank's results and trace files).
+        ranks: this process's place among torchrun's ranks (its files, the bar's step).
+        decoding: the built decoder, engine and task, prepared for the items.
+        pending: ``(uid, item)`` pairs still to decode, in admission order.
+        done: records already in ``out`` (their solve rate starts the bar's).
+        total: the task's items, done or not (the bar's length).
+    """
     bar = tqdm(
-        total=len(items),
-        initial=len(items) - len(pending) * ranks.world,
-        desc=f"{decoder_name} on {task.name}",
+        total=total,
+        initial=total - len(pending) * ranks.world,
+        desc=f"{decoding.decoder.name} on {decoding.task.name}",
         unit="item",
         dynamic_ncols=True,
         disable=ranks.rank > 0,
@@ -551,7 +603,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
         (out / ranks.trace_name).open("a") if cfg.trace else nullcontext() as traces,
     ):
         for finished in decoding.stream(pending, int(cfg.batch_size), lambda: stop["signal"] is not None):
-            write_finished(finished, results, traces, decoding, task)
+            write_finished(finished, results, traces, decoding, decoding.task)
             written += 1
             bar.update(ranks.world)
             if finished.record.get("correct") is not None:
@@ -560,30 +612,6 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
                 bar.set_postfix(correct=f"{100 * solved / len(judged):.1f}%")
         if stop["signal"] is not None:
             raise Interrupted(stop["signal"], written)
-    done = ranks.merge(out, [item.id for item in items], partial(read_done, keep_errors=True))
-    records = [done[item.id] for item in items if item.id in done]
-    summary = {
-        "decoder": decoder_name,
-        "task": task.name,
-        "cache": engine.cache.name,
-        "population": population_name(decoding.decoder),
-        "overrides": overrides,
-        "fingerprint": identity.fingerprint,
-        **summarise(records),
-        **peak_memory_mb(),
-        "world_size": ranks.world,
-        "sampling": plan.sampling.as_dict(),  # what was used: the engine's, the checkpoint's and the decoder's settings layered
-        **engine.layerwise_cost(),
-        "config": to_plain(cfg),
-    }
-    if ranks.rank == 0:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    summary["examples"] = [
-        task.render(item, done[item.id]["output"])
-        for item in items[: int(cfg.examples)]
-        if "output" in done.get(item.id, {})
-    ]
-    return summary
 
 
 def write_finished(finished: Finished, results: Any, traces: Any, decoding: Decoding, task: Task) -> None:
