@@ -69,7 +69,7 @@ def canvas(row: str, layout: Layout = ONE, block: int = 0, step: int = 0, psi: l
         )
         revised = torch.tensor([[ch == "r" for ch in row]])
         state = state.remask(revised, MASK)
-    return attrs.evolve(state, block=torch.tensor([block]), block_step=torch.tensor([step]))
+    return attrs.evolve(state, block=torch.tensor([block]), block_round=torch.tensor([step]))
 
 
 def evaluation(confidence: list[float], tokens: list[int] | None = None, **statistics: list[float]) -> Evaluation:

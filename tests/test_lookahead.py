@@ -50,10 +50,10 @@ def test_records_are_new_objects_and_the_live_set_only_shrinks(adapter) -> None:
             assert not bool((after.live & ~before.live).any())
 
 
-def test_every_policy_plans() -> None:
+def test_every_policy_binds_to_its_roots() -> None:
     for policy in (FixedDepth(depth=2), VarianceGate()):
-        assert policy.plan(None, None, None) is policy  # type: ignore[arg-type]
-    with pytest.raises(RuntimeError, match="call its plan"):
+        assert policy.for_roots(None, None, None) is policy  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="call its for_roots"):
         ConfidenceDepth().should_continue(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), 1)
 
 

@@ -43,7 +43,7 @@ def remasked(confidence: torch.Tensor) -> list[int]:
         BlockMoves(block_budget=16, holds_block=True),
         advance=False,
     )
-    after = attrs.evolve(after, block_step=torch.tensor([7]))
+    after = attrs.evolve(after, block_round=torch.tensor([7]))
     evaluation = Evaluation.empty(1, LAYOUT.width, frozenset())
     positions = revision.revise(after, after, LAYOUT, evaluation, evaluation)
     assert positions is not None

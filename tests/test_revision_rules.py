@@ -91,7 +91,7 @@ def test_saber_block_is_full_only_when_the_whole_prefix_is() -> None:
     canvas = commit(canvas, at(layout, 4, 5), evaluation, layout).remask(
         at(layout, 2), MASK
     )  # block 1's first step backtracks into block 0
-    assert (int(canvas.block), int(canvas.block_step)) == (1, 1) and bool(canvas.masked[0, layout.gen_start + 2])
+    assert (int(canvas.block), int(canvas.block_round)) == (1, 1) and bool(canvas.masked[0, layout.gen_start + 2])
     after = commit(canvas, at(layout, 6, 7), evaluation, layout)  # block 1 full; block 0 is not
     assert int(after.advance_blocks(layout, BlockMoves(whole_prefix=True)).block) == 1
     assert int(after.advance_blocks(layout, BlockMoves()).block) == 2  # the other reading

@@ -273,11 +273,11 @@ def test_confidence_depth_maps_top_confidence_to_depth() -> None:
     top = torch.tensor([0.95, 0.9, 0.8, 0.7, 0.3, -float("inf")])
     assert policy.depth_for(top).tolist() == [1, 3, 3, 5, 5, 5]  # strictly above the thresholds
     assert ConfidenceDepth(max_depth=2).depth_for(top).tolist() == [1, 2, 2, 2, 2, 2]
-    bound = attrs.evolve(policy, depths=torch.tensor([1, 3]))  # what plan() returns for two samples
+    bound = attrs.evolve(policy, depths=torch.tensor([1, 3]))  # what for_roots() returns for two samples
     live = torch.ones(2, 4, dtype=torch.bool)
     assert bound.should_continue(torch.zeros(2, 4), live, 1).tolist() == [False, True]
     assert bound.should_continue(torch.zeros(2, 4), live, 3).tolist() == [False, False]
-    with pytest.raises(RuntimeError, match="call its plan"):
+    with pytest.raises(RuntimeError, match="call its for_roots"):
         policy.should_continue(torch.zeros(2, 4), live, 1)
 
 

@@ -53,12 +53,12 @@ def test_the_shadow_runs_against_a_prefix_cache() -> None:
     tokens, attention = padded_rows()
     start = torch.tensor([6, 7])
     canvas, shadow, kv = adapter.shadow_logits(tokens, attention, 6, 14, start, 4)
-    cache = KVStorage()
-    cache.reset(2)
-    cache.store(torch.arange(2), 0, kv, torch.tensor([[6, 14], [6, 14]]), 14)
+    storage = KVStorage()
+    storage.reset(2)
+    storage.store(torch.arange(2), 0, kv, torch.tensor([[6, 14], [6, 14]]), 14)
     low = torch.tensor([6, 7])  # the second row's window starts a column later
     cached_canvas, cached_shadow, _ = adapter.shadow_logits(
-        tokens, attention, low, 14, start, 4, cache=CachedRows(cache, torch.arange(2))
+        tokens, attention, low, 14, start, 4, cached=CachedRows(storage, torch.arange(2))
     )
     assert torch.allclose(cached_canvas[0], canvas[0], atol=1e-5) and torch.allclose(
         cached_canvas[1, :7], canvas[1, 1:], atol=1e-5

@@ -173,7 +173,7 @@ class ModelAdapter:
         Fast-dLLM's caches do). ``cached.logits_from [rows]`` (unshifted models): logits only of
         columns ``logits_from[r]:high[r]`` (left-aligned): the columns before are forwarded only
         to be written into the cache."""
-        cache, slot, in_place, logits_from = cached.storage, cached.slot, cached.in_place, cached.logits_from
+        storage, slot, in_place, logits_from = cached.storage, cached.slot, cached.in_place, cached.logits_from
         first = self._forwarded(low, high)
         length = int((high - first).max())
         offset = torch.arange(length)
@@ -186,7 +186,7 @@ class ModelAdapter:
             cache_visible, fresh_visible = pattern.block_window_visibility(
                 attention_mask, first, high, length, self.attention_block
             )
-        window = cache.window(slot, torch.where(valid, column, -1), cache_visible, fresh_visible, in_place)
+        window = storage.window(slot, torch.where(valid, column, -1), cache_visible, fresh_visible, in_place)
         inside = column.clamp(max=tokens.shape[1] - 1)
         assert logits_from is None or not self.shift_logits, "logits_from is for unshifted models (the block cache)"
         head_from = (
@@ -242,13 +242,13 @@ class ModelAdapter:
         high: int,
         block_start: torch.Tensor,
         block_length: int,
-        cache: CachedRows | None = None,
+        cached: CachedRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list | None]:
         """Logits of columns ``low:high`` and of a *shadow* of each row's block in the same forward
         (WINO): ``block_length`` mask tokens appended at the positions of the block's columns
         ``block_start[r] + j``. Canvas queries see the canvas only (the canvas logits are the plain
         forward's); shadow query ``j`` sees every shadow slot and the canvas except its own mirror
-        column, so it predicts the token there from everything else. With ``cache`` (a prefix
+        column, so it predicts the token there from everything else. With ``cached`` (a prefix
         cache and the rows' slots; ``high`` is the canvas's end) only each row's window
         ``low[r]:`` and the shadow are forwarded, against its cached columns before it; without,
         ``low`` is one column for all rows.
@@ -260,12 +260,12 @@ class ModelAdapter:
             high: the end of the canvas columns read.
             block_start: ``[R]`` each row's block's first column (the shadow's mirror).
             block_length: the block's columns (the shadow's length).
-            cache: the rows' cached keys and values (a prefix cache and the rows' slots), or None.
+            cached: the rows' cached keys and values (a prefix cache and the rows' slots), or None.
 
         Returns:
             The canvas logits ``[R, n, V]`` (left-aligned per row), the shadow's ``[R, block_length,
             V]``, and the canvas's keys and values (a full forward's, for refreshing a cache; None
-            with ``cache``, or where the module keeps none).
+            with ``cached``, or where the module keeps none).
         """
         if not self.capabilities.shadow:
             raise ValueError(
@@ -278,8 +278,8 @@ class ModelAdapter:
         mirror = block_start[:, None] + torch.arange(block_length)[None, :]  # [R, B] canvas columns
         shadow_positions = positions.gather(1, mirror)
         shadow_tokens = torch.full((rows, block_length), self.mask_id)
-        if cache is not None:
-            store, slot, in_place = cache.storage, cache.slot, cache.in_place
+        if cached is not None:
+            store, slot, in_place = cached.storage, cached.slot, cached.in_place
             length = int((width - low).max())
             column = low[:, None] + torch.arange(length)[None, :]
             valid = column < width

@@ -92,15 +92,15 @@ class DecodeResult:
 class DecodeState:
     """Everything a batch's decoding carries between rounds: ``state = decoder.step(engine, state)``
     until ``finished``. The plan, the slot table, the per-sample counters, the population's own
-    state (opaque to the loop), the canvases, their cached evaluations, the per-slot flags and
+    state (opaque to the loop), the canvases, their latest evaluations, the per-slot flags and
     the slots' stores are here, none of it in the engine, so a caller can stream finished
     samples or admit new ones between steps (:class:`~dlmsearch.search.session.DecodeSession`)."""
 
     plan: DecodePlan
     layout: Layout
     canvas: Canvas  # [slots] every slot's canvas
-    cache: Evaluation  # [slots] the latest evaluation of each slot's canvas
-    fresh: torch.Tensor  # [slots] the cached evaluation is of the current canvas
+    evaluation: Evaluation  # [slots] the latest evaluation of each slot's canvas
+    fresh: torch.Tensor  # [slots] ``evaluation`` is of the current canvas
     late: torch.Tensor  # [slots] past the deadline: the base rule alone finishes it
     slots: Slots  # which sample and particle each slot is
     population: object  # the population hook's state (None for a population of one)
@@ -245,7 +245,7 @@ class SearchDecoder:
             plan=plan,
             layout=layout,
             canvas=canvas,
-            cache=Evaluation.empty(slots, layout.width, plan.statistics),
+            evaluation=Evaluation.empty(slots, layout.width, plan.statistics),
             fresh=torch.zeros(slots, dtype=torch.bool),
             late=torch.zeros(slots, dtype=torch.bool),
             slots=slots_table,
@@ -410,7 +410,7 @@ def _check_current(state: DecodeState) -> None:
 
 def _evaluate_roots(engine: RolloutEngine, state: DecodeState) -> tuple[DecodeState, Round | None]:
     """The slots decoding this round, each root evaluated unless the last round left it fresh."""
-    plan, canvas, cache = state.plan, state.canvas, state.cache
+    plan, canvas, latest = state.plan, state.canvas, state.evaluation
     active = canvas.decoding & plan.population.running(state.population, state.slots)
     if not bool(active.any()):
         return state, None
@@ -418,12 +418,12 @@ def _evaluate_roots(engine: RolloutEngine, state: DecodeState) -> tuple[DecodeSt
     fresh, usage = state.fresh.clone(), state.usage
     if need.numel():
         evaluation, usage = _evaluate(engine, state, usage, canvas.take(need), need, torch.zeros_like(need))
-        cache = cache.put(need, evaluation)
+        latest = latest.put(need, evaluation)
         fresh[need] = True
     rows = active.nonzero().squeeze(1)
     exploit = torch.ones(len(rows), dtype=torch.bool)
-    round_ = Round(rows, canvas.take(rows), cache.take(rows), exploit, prior=state.cache)
-    return attrs.evolve(state, cache=cache, fresh=fresh, usage=usage), round_
+    round_ = Round(rows, canvas.take(rows), latest.take(rows), exploit, prior=state.evaluation)
+    return attrs.evolve(state, evaluation=latest, fresh=fresh, usage=usage), round_
 
 
 def _explore(
@@ -457,8 +457,8 @@ def _explore(
         evaluation=round_.evaluation.put(at, adopted_eval),
         exploit=exploit,
     )
-    canvas, cache = state.canvas.put(explored, adopted), state.cache.put(explored, adopted_eval)
-    return attrs.evolve(state, canvas=canvas, cache=cache, usage=usage), round_
+    canvas, evaluation = state.canvas.put(explored, adopted), state.evaluation.put(explored, adopted_eval)
+    return attrs.evolve(state, canvas=canvas, evaluation=evaluation, usage=usage), round_
 
 
 def _scattered(rows: torch.Tensor, size: int) -> torch.Tensor:
@@ -520,20 +520,20 @@ def _advance(
     """End the round: fill after an answer's end, let the population end, stop or resample
     particles (slots take over others' stores), count the round."""
     plan, layout, slots = state.plan, state.layout, state.slots
-    canvas, cache, fresh, late = state.canvas, state.cache, state.fresh, state.late
+    canvas, evaluation, fresh, late = state.canvas, state.evaluation, state.fresh, state.late
     if plan.stop_ids:
         whole_block = plan.attention_block is not None
         canvas = fill_after_end(canvas, layout, torch.tensor(plan.stop_ids), slots.region[:, 0], whole_block)
     population, source = plan.population.after_round(canvas, slots, state.population, layout, state.rounds, verifier)
     if source is not None:
-        canvas, cache, fresh, late = canvas.take(source), cache.take(source), fresh[source], late[source]
+        canvas, evaluation, fresh, late = canvas.take(source), evaluation.take(source), fresh[source], late[source]
         state.memory.reorder(source)
     if on_round is not None:
         on_round(canvas, source)
     return attrs.evolve(
         state,
         canvas=canvas,
-        cache=cache,
+        evaluation=evaluation,
         fresh=fresh,
         late=late,
         population=population,
@@ -616,35 +616,36 @@ def _lookahead(
     return adopted, adopted_eval, look.restarted, usage
 
 
-def _open(state: DecodeState, usage: Usage, root: Canvas, evaluation: Evaluation, slots: torch.Tensor) -> Lookahead:
-    """Depth 1: each candidate position committed on a copy of its slot's root (not yet evaluated)."""
+def _open(state: DecodeState, usage: Usage, root: Canvas, evaluation: Evaluation, exploring: torch.Tensor) -> Lookahead:
+    """Depth 1: each candidate position committed on a copy of its slot's root (not yet evaluated);
+    ``exploring`` ``[S]``: the roots' slots."""
     plan, layout = state.plan, state.layout
     assert plan.candidates and plan.expansion
-    calls = usage.steps[state.slots.owner[slots]]
+    calls = usage.steps[state.slots.owner[exploring]]
     positions, live = plan.candidates.propose(root, evaluation, layout)
-    samples, width = positions.shape
-    rows = samples * width
+    roots, width = positions.shape
+    rows = roots * width
     first = torch.zeros(rows, root.tokens.shape[1], dtype=torch.bool)
     first[torch.arange(rows), positions.flatten()] = True
     first &= live.flatten()[:, None]
     token = evaluation.token.repeat_interleave(width, dim=0)
     confidence = evaluation.confidence.repeat_interleave(width, dim=0)
-    branch_id = torch.arange(width).repeat(samples)
+    branch_id = torch.arange(width).repeat(roots)
     branches = root.repeat(width).commit(
         first, token, confidence, calls.repeat_interleave(width), 1, branch_id, layout, plan.commit
     )
     return Lookahead(
-        slots=slots,
+        slots=exploring,
         width=width,
         branches=branches,
         evaluation=Evaluation.empty(rows, root.tokens.shape[1], plan.statistics),
         scores=torch.zeros(rows),
         step_log_conf=torch.log(evaluation.confidence.gather(1, positions).clamp(min=1e-30)).flatten(),
         live=live,
-        rolling=torch.ones(samples, dtype=torch.bool),
-        restarted=torch.zeros(samples, dtype=torch.bool),
+        rolling=torch.ones(roots, dtype=torch.bool),
+        restarted=torch.zeros(roots, dtype=torch.bool),
         depth=1,
-        expansion=plan.expansion.plan(root, evaluation, layout),
+        expansion=plan.expansion.for_roots(root, evaluation, layout),
         calls=calls,
     )
 

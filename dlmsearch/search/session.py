@@ -63,7 +63,7 @@ def join(state: DecodeState, other: DecodeState) -> DecodeState:
         state,
         layout=state.plan.layout(gen_start),
         canvas=cat_rows(pad(state.canvas, wider), pad(other.canvas, narrower)),
-        cache=_evaluations(pad_evaluation(state.cache, wider), pad_evaluation(other.cache, narrower)),
+        evaluation=_evaluations(pad_evaluation(state.evaluation, wider), pad_evaluation(other.evaluation, narrower)),
         fresh=torch.cat([state.fresh, other.fresh]),
         late=torch.cat([state.late, other.late]),
         slots=state.slots.joined(other.slots),
@@ -87,7 +87,7 @@ def keep(state: DecodeState, samples: torch.Tensor, copy_stores: bool = False) -
     return attrs.evolve(
         state,
         canvas=state.canvas.take(slot),
-        cache=state.cache.take(slot),
+        evaluation=state.evaluation.take(slot),
         fresh=state.fresh[slot],
         late=state.late[slot],
         slots=slots,

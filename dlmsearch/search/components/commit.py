@@ -1,7 +1,7 @@
 """Base commit rules: which masked positions a step writes, given one evaluation.
 
 Every decoder builds on one of these; lookahead only changes which state they act on. A rule
-also says how blocks advance (``block_budget``: commits per block before moving on, ``None`` =
+also says how blocks advance (``block_budget``: rounds per block before moving on, ``None`` =
 stay until the block is full). All rules are vectorised over rows.
 """
 
@@ -133,7 +133,7 @@ class LowConfidenceSchedule(_FixedSteps):
         assert self.block_budget is not None, "bind() the rule to a layout first"
         eligible = canvas.masked & canvas.in_current_block(layout)
         remaining = eligible.sum(dim=1)
-        steps_left = (self.block_budget - canvas.block_step).clamp(min=1)
+        steps_left = (self.block_budget - canvas.block_round).clamp(min=1)
         k = (remaining + steps_left - 1) // steps_left
         return top_k_mask(self.ranking(canvas, evaluation, eligible, layout), eligible, k.clamp(min=1))
 
@@ -223,7 +223,7 @@ class DreamSchedule(_FixedSteps):
         eligible = canvas.masked & canvas.in_current_block(layout)
         remaining = eligible.sum(dim=1)
         timesteps = torch.linspace(1, self.eps, self.block_budget + 1)
-        step = canvas.block_step.clamp(max=self.block_budget - 1)
+        step = canvas.block_round.clamp(max=self.block_budget - 1)
         t, s = timesteps[step], timesteps[step + 1]
         # float32 arithmetic in upstream's order, truncated as its int() does
         k = (remaining.float() * (1 - s / t)).long()
@@ -357,7 +357,7 @@ class ReMDMSchedule:
         loop = self.block_budget - self.plain
         positions = block_positions(canvas, layout)
         start = remdm_loop_start(positions, self.plain, self.loop_start_frac)
-        step = canvas.block_step
+        step = canvas.block_round
         in_loop = (step >= start) & (step < start + loop)
         plain_step = torch.where(step < start, step, step - loop)
         k = torch.where(in_loop, self.k, llada_split(positions, self.plain, plain_step))
@@ -468,12 +468,12 @@ class StableConfidenceRule(_FixedSteps):
             eligible
             & (evaluation.confidence > self.confidence)
             & (evaluation.kl < self.kl)
-            & (canvas.block_step >= 1)[:, None]
+            & (canvas.block_round >= 1)[:, None]
         )
         positions = block_positions(
             canvas, layout
         )  # the split is fixed at the block's start, as upstream precomputes it
-        step = canvas.block_step
+        step = canvas.block_round
         k = llada_split(positions, self.block_budget, step)
         scheduled = top_k_mask(self.ranking(canvas, evaluation, eligible, layout), eligible, k)
         return torch.where(ready.any(dim=1, keepdim=True), ready, scheduled)
@@ -531,7 +531,7 @@ class BlockDiffusionSchedule(_UntilBlockFull):
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         eligible = canvas.masked & canvas.in_current_block(layout)
-        k = even_split(layout.block_length, self.steps, canvas.block_step)
+        k = even_split(layout.block_length, self.steps, canvas.block_round)
         if self.remasking == "sequential":
             leftmost = -torch.arange(eligible.shape[1], dtype=evaluation.confidence.dtype).expand_as(eligible)
             return top_k_mask(leftmost, eligible, k)

@@ -16,7 +16,7 @@ class ExpansionPolicy(Protocol):
     max_depth: int
     accumulate: bool  # branch score = sum over depths (True) or the last depth's (False)
 
-    def plan(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> ExpansionPolicy:
+    def for_roots(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> ExpansionPolicy:
         """The policy for one lookahead from these roots (the rows of ``root``): a policy that
         decides from the root evaluation binds it here; one that decides from scores returns itself."""
 
@@ -25,9 +25,9 @@ class ExpansionPolicy(Protocol):
 
 
 class DecidesFromScores:
-    """For policies that need nothing from the root: ``plan`` is the policy itself."""
+    """For policies that need nothing from the root: ``for_roots`` is the policy itself."""
 
-    def plan(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> DecidesFromScores:
+    def for_roots(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> DecidesFromScores:
         return self
 
 
@@ -80,9 +80,9 @@ class ConfidenceDepth:
     most ``max_depth``), anything else ``max_depth`` (the guide: 0.9, 0.7, 3 and 5).
 
     The depth is decided once per lookahead from the root evaluation, which ``should_continue``
-    does not see. ``plan(root, evaluation, layout)`` returns a copy bound to those samples, whose
+    does not see. ``for_roots(root, evaluation, layout)`` returns a copy bound to those samples, whose
     ``should_continue`` rolls each sample to its own depth; the driver calls every policy's
-    ``plan`` at the start of every lookahead. An unbound copy cannot decide and says so instead of guessing.
+    ``for_roots`` at the start of every lookahead. An unbound copy cannot decide and says so instead of guessing.
     """
 
     high: float = number(float, 0.0, 1.0, default=0.9)
@@ -90,7 +90,8 @@ class ConfidenceDepth:
     mid_depth: int = number(int, 1, default=3)
     max_depth: int = number(int, 1, default=5)
     accumulate: bool = attrs.field(default=False, validator=check_type(bool))
-    depths: torch.Tensor | None = attrs.field(default=None, kw_only=True, repr=False, eq=False)  # [S], set by plan()
+    # [S] each sample's depth, set by for_roots()
+    depths: torch.Tensor | None = attrs.field(default=None, kw_only=True, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.mid > self.high:
@@ -108,17 +109,17 @@ class ConfidenceDepth:
         deepest = torch.full_like(top, self.max_depth, dtype=torch.long)
         return torch.where(top > self.high, 1, torch.where(top > self.mid, middle, deepest))
 
-    def plan(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> ConfidenceDepth:
+    def for_roots(self, root: Canvas, evaluation: Evaluation, layout: Layout) -> ConfidenceDepth:
         """A copy bound to the lookahead's samples (the rows of ``root``)."""
         return attrs.evolve(self, depths=self.depth_for(self.top_confidence(root, evaluation, layout)))
 
     def should_continue(self, scores: torch.Tensor, live: torch.Tensor, depth: int) -> torch.Tensor:
         if self.depths is None:
             raise RuntimeError(
-                "ConfidenceDepth decides each sample's depth from the root evaluation: call its plan() at the start of a lookahead"
+                "ConfidenceDepth decides each sample's depth from the root evaluation: call its for_roots() at the start of a lookahead"
             )
         if self.depths.shape[0] != scores.shape[0]:
             raise RuntimeError(
-                f"ConfidenceDepth was planned for {self.depths.shape[0]} samples but asked about {scores.shape[0]}"
+                f"ConfidenceDepth was bound to {self.depths.shape[0]} samples but asked about {scores.shape[0]}"
             )
         return depth < self.depths

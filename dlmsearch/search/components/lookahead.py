@@ -30,7 +30,7 @@ class Lookahead:
     rolling: torch.Tensor  # [S] slots whose branches are rolled deeper
     restarted: torch.Tensor  # [S] slots whose selector asked for a fresh lookahead from the adopted state
     depth: int  # commits applied to the branches so far
-    expansion: ExpansionPolicy  # bound to these slots (``plan``)
+    expansion: ExpansionPolicy  # bound to these slots (``for_roots``)
     calls: torch.Tensor  # [S] the model calls each slot's sample has made so far (traces)
     done: bool = False  # no slot rolls deeper: adopt
 

@@ -143,7 +143,7 @@ class RunningConfidence(_Revising):
     def revise(
         self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
     ) -> torch.Tensor | None:
-        done = before.block_step + 1  # the block's steps so far, this one included
+        done = before.block_round + 1  # the block's steps so far, this one included
         revising = done < self.steps  # the last step of a block re-masks nothing
         n = block_positions(before, layout)
         count = torch.where(revising, self.masked_after(n, done), 0)
@@ -184,7 +184,7 @@ class LoopRemask(_Revising):
         self, before: Canvas, after: Canvas, layout: Layout, evaluation: Evaluation, previous: Evaluation
     ) -> torch.Tensor | None:
         start = remdm_loop_start(block_positions(before, layout), self.plain, self.loop_start_frac)
-        step = after.block_step  # the next step's index in the block
+        step = after.block_round  # the next step's index in the block
         revising = (step >= start) & (step < start + self.loop)
         if not bool(revising.any()):
             return None
@@ -226,7 +226,7 @@ class ConfidenceDrop(_Revising):
         first_step = ~((before.commit_call >= 0) | (before.revisions > 0)).any(
             dim=1
         )  # c_prev is still the record's initial 0
-        scored_before = before.block_step[:, None] > 0  # the previous step decoded this block too
+        scored_before = before.block_round[:, None] > 0  # the previous step decoded this block too
         seen = before.unlocked(layout) & (scored_before | ~before.in_current_block(layout) | first_step[:, None])
         prior = torch.where(first_step[:, None], 0.0, previous.confidence)
         drop = torch.where(seen, evaluation.confidence - prior, math.inf)
@@ -260,7 +260,7 @@ class NarrowOut(_Revising):
         accepted = (before.masked & ~after.masked & in_block).sum(dim=1)
         call = torch.where(after.commit_call >= 0, after.commit_call, -1).max(dim=1).values  # this step's call
         last_accept = torch.where(
-            before.block_step > 0,
+            before.block_round > 0,
             ((before.commit_call == (call - 1)[:, None]) & in_block).sum(dim=1),
             self.first_accept,
         )
@@ -268,7 +268,7 @@ class NarrowOut(_Revising):
         failing = earlier & (evaluation.verify < self.tau2)
         count = failing.sum(dim=1)
         count = torch.where(count >= last_accept, (last_accept - 1).clamp(min=0), count)
-        revising = (accepted > 1) & (before.block_step < self.max_revising_steps)
+        revising = (accepted > 1) & (before.block_round < self.max_revising_steps)
         count = torch.where(revising, count, 0)
         if not bool((count > 0).any()):
             return None

@@ -327,7 +327,7 @@ class RolloutEngine:
         self,
         tokens: torch.Tensor,
         attention: torch.Tensor,
-        sample: torch.Tensor,
+        slot: torch.Tensor,
         sample_uid: torch.Tensor,
         row_key: torch.Tensor,
         call: torch.Tensor,
@@ -359,7 +359,7 @@ class RolloutEngine:
         Args:
             tokens: ``[rows, width]`` the canvases.
             attention: ``[rows, width]`` their real (non-padding) columns.
-            sample: ``[rows]`` each row's slot (its stores in ``memory``).
+            slot: ``[rows]`` each row's slot (its stores in ``memory``).
             sample_uid: ``[rows]`` the sample's dataset-wide id: the draws' second key.
             row_key: ``[rows]`` the row's branch within its sample (0: the slot's root): a draws key.
             call: ``[rows]`` the model calls its sample made before this one: a draws key.
@@ -375,7 +375,7 @@ class RolloutEngine:
             seed: ``[rows]`` the draws' first key (None: the engine's ``seed``).
         """
         statistics_registry.check(statistics)
-        rows = CallRows(tokens, attention, sample, sample_uid, row_key, call, window, temperature, seed)
+        rows = CallRows(tokens, attention, slot, sample_uid, row_key, call, window, temperature, seed)
         shadow_length = self._shadow_length(statistics, window)
         settings = CallSettings(memory, sampling, statistics, from_column, guidance, shadow_length)
         rows, written = self._write_first(rows, settings)
@@ -618,7 +618,7 @@ class RolloutEngine:
         those whose keys and values refresh their slot's storage. Rows that repeat another row
         (``copy_of``) travel with it.
         """
-        attention, sample, window, from_column = rows.attention, rows.slot, rows.window, settings.from_column
+        attention, slot, window, from_column = rows.attention, rows.slot, rows.window, settings.from_column
         storage, row_key = settings.memory.kv, rows.row_key
         rows, width = attention.shape
         first = attention.long().argmax(dim=1)  # first real column of each row
@@ -635,11 +635,11 @@ class RolloutEngine:
         if policy.exact and not storage.layers:  # filled in place by cached forwards alone
             storage.allocate(self.adapter.empty_kv(len(storage.window_of), width))
         query = (
-            policy.columns(window[0], window[1], width, first, storage, sample)
+            policy.columns(window[0], window[1], width, first, storage, slot)
             if window is not None
             else torch.zeros(rows, 2, dtype=torch.long)
         )
-        hit = policy.hits(storage, sample, query)
+        hit = policy.hits(storage, slot, query)
         refreshes = policy.refreshes(hit, is_root(row_key))
         groups: list[tuple[torch.Tensor, bool]] = []
         full = (~hit).nonzero().squeeze(1)
@@ -802,7 +802,7 @@ class RolloutEngine:
         attention: torch.Tensor,
         low: int | torch.Tensor,
         high: int | torch.Tensor,
-        cache: CachedRows | LayerwiseForward | None,
+        cached: CachedRows | LayerwiseForward | None,
         prompt_end: int,
         guidance: float,
     ) -> tuple[torch.Tensor, list | None]:
@@ -815,7 +815,7 @@ class RolloutEngine:
             attention: ``[R, T]`` which columns are real (not padding).
             low: the first column read (``[R]`` per row, or one for all rows).
             high: the end of the columns read (``[R]`` per row, or one for all rows).
-            cache: the rows' cached keys and values, a layerwise policy's forward, or None.
+            cached: the rows' cached keys and values, a layerwise policy's forward, or None.
             prompt_end: the prompt's last column + 1 (what the unconditional copy masks).
             guidance: the classifier-free guidance scale (0: none).
         """
@@ -825,11 +825,11 @@ class RolloutEngine:
             logits, _ = self._model(both, torch.cat([attention, attention]), low, high, None, prompt_end, 0.0)
             return combine(logits[:rows], logits[rows:], guidance), None
         with self._timed("model"):
-            if isinstance(cache, LayerwiseForward):
+            if isinstance(cached, LayerwiseForward):
                 device = self.adapter.device
-                return self._layerwise(tokens.to(device), attention.to(device), low.to(device), high.to(device), cache)
-            if cache is not None:
-                return self.adapter.cached_logits(tokens, attention, low, high, cache), None
+                return self._layerwise(tokens.to(device), attention.to(device), low.to(device), high.to(device), cached)
+            if cached is not None:
+                return self.adapter.cached_logits(tokens, attention, low, high, cached), None
             return self.adapter.window_logits(tokens, attention, low, high)
 
     def _layerwise(

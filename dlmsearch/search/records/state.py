@@ -99,7 +99,7 @@ class Layout:
 class BlockRule(Protocol):
     """When a row leaves its block; every commit rule carries these (the rule itself is passed)."""
 
-    block_budget: int | None  # commits a row may spend in one block (fast block diffusion); None: no budget
+    block_budget: int | None  # rounds a row may spend in one block (fast block diffusion); None: no budget
     holds_block: bool  # stay for the whole budget even when the block is full (rules paired with a revision)
     whole_prefix: bool  # a block is full only when no mask is left before its end, earlier blocks' too (Saber)
 
@@ -130,7 +130,7 @@ class Canvas:
     attention: torch.Tensor  # [R, T] bool, False on left padding
     masked: torch.Tensor  # [R, T] bool, True where the generation region still holds the mask
     block: torch.Tensor  # [R] long, the current block
-    block_step: torch.Tensor  # [R] long, commits made in the current block
+    block_round: torch.Tensor  # [R] long, rounds spent in the current block (one per commit, tokens or none)
     commit_call: torch.Tensor  # [R, T] long
     commit_confidence: torch.Tensor  # [R, T] float
     commit_depth: torch.Tensor  # [R, T] long
@@ -220,7 +220,7 @@ class Canvas:
             attention=self.attention,
             masked=self.masked & ~chosen,
             block=self.block,
-            block_step=self.block_step + 1,
+            block_round=self.block_round + 1,
             commit_call=torch.where(chosen, call[:, None], self.commit_call),
             commit_confidence=torch.where(chosen, confidence, self.commit_confidence),
             commit_depth=torch.where(chosen, depth[:, None], self.commit_depth),
@@ -280,21 +280,21 @@ class Canvas:
     def advance_blocks(self, layout: Layout, rule: BlockRule = FULL_BLOCKS) -> Canvas:
         """Move rows to their next block when the current one is full (no mask left; with
         ``rule.whole_prefix``, none before its end: Saber), or when they have used
-        ``rule.block_budget`` commits there (fast block diffusion); with ``rule.holds_block`` (rules
+        ``rule.block_budget`` rounds there (fast block diffusion); with ``rule.holds_block`` (rules
         that revise: RCR, ReMDM) only once the budget is spent. The last block never moves."""
-        block, block_step, post_steps = self.block, self.block_step, self.post_steps
+        block, block_round, post_steps = self.block, self.block_round, self.post_steps
         budget = rule.block_budget
         for _ in range(layout.num_blocks):
             remaining = self.masks_left(layout, block, rule.whole_prefix)
-            spent = block_step >= budget if budget is not None else torch.zeros_like(remaining, dtype=torch.bool)
+            spent = block_round >= budget if budget is not None else torch.zeros_like(remaining, dtype=torch.bool)
             full = (remaining == 0) & ~torch.tensor(rule.holds_block and budget is not None)
             move = (full | spent) & ~self.review & (block < layout.num_blocks - 1)
             if not bool(move.any()):
                 break
             block = block + move.long()
-            block_step = torch.where(move, 0, block_step)
+            block_round = torch.where(move, 0, block_round)
             post_steps = torch.where(move, 0, post_steps)
-        return attrs.evolve(self, block=block, block_step=block_step, post_steps=post_steps)
+        return attrs.evolve(self, block=block, block_round=block_round, post_steps=post_steps)
 
 
 ABSENT = -1  # in a generation template: no column (the right padding of a shorter block-aligned row)
@@ -355,7 +355,7 @@ def initial_canvas(
         attention=attention,
         masked=masked,
         block=zeros,
-        block_step=zeros,
+        block_round=zeros,
         commit_call=torch.full_like(tokens, -1),
         commit_confidence=torch.zeros(tokens.shape),
         commit_depth=torch.full_like(tokens, -1),
