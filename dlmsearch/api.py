@@ -356,35 +356,41 @@ class Decoder:
         )
         decoder = build(cfg, "decoder")
         engine = build(cfg, "engine", adapter=model.adapter)
-        if model.is_text:
-            bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
-            if bad:
-                raise TypeError(f"prompts[{bad[0]}] is a {type(prompts[bad[0]]).__name__}, not a string")
-            task: Any = model._text_task(cfg.task, prompts)
-            items = task.items()
-        else:
-            task = build(cfg, "task")
-            items = [puzzle_item(_puzzle(p, i)) for i, p in enumerate(prompts)]
+        task, items = _task_items(model, cfg, prompts)
         decoding = Decoding(decoder, engine, task, deadline_s=cfg.get("deadline_s"))
-        order = sorted(range(len(items)), key=lambda i: -len(items[i].prompt))
-        results: list[Generation | None] = [None] * len(items)
-        bar = (
-            _progress(len(items), f"{decoder.name} on {len(items)} {'prompts' if model.is_text else 'puzzles'}")
-            if progress
-            else None
-        )
-        try:
-            for start in range(0, len(order), batch_size):
-                batch = order[start : start + batch_size]
-                decoded = decoding.results(decoder, [items[i] for i in batch], batch)
-                for i, result in zip(batch, decoded):
-                    results[i] = _generation(task, items[i], result)
-                if bar is not None:
-                    bar.update(len(batch))
-        finally:
+        what = f"{decoder.name} on {len(items)} {'prompts' if model.is_text else 'puzzles'}"
+        return _in_batches(decoding, items, batch_size, what if progress else None)
+
+
+def _task_items(model: Model, cfg: DictConfig, prompts: list[Any]) -> tuple[Any, list[TaskItem]]:
+    """The task that reads the outputs, and one item per prompt (text) or puzzle (Sudoku)."""
+    if model.is_text:
+        bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
+        if bad:
+            raise TypeError(f"prompts[{bad[0]}] is a {type(prompts[bad[0]]).__name__}, not a string")
+        task: Any = model._text_task(cfg.task, prompts)
+        return task, task.items()
+    return build(cfg, "task"), [puzzle_item(_puzzle(p, i)) for i, p in enumerate(prompts)]
+
+
+def _in_batches(decoding: Decoding, items: list[TaskItem], batch_size: int, progress: str | None) -> list[Generation]:
+    """Decode ``batch_size`` items at a time, longest first (results do not depend on the batch);
+    item ``i`` keys its randomness with uid ``i``. ``progress``: the bar's label, None for no bar."""
+    order = sorted(range(len(items)), key=lambda i: -len(items[i].prompt))
+    results: list[Generation | None] = [None] * len(items)
+    bar = _progress(len(items), progress) if progress is not None else None
+    try:
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            decoded = decoding.results(decoding.decoder, [items[i] for i in batch], batch)
+            for i, result in zip(batch, decoded):
+                results[i] = _generation(decoding.task, items[i], result)
             if bar is not None:
-                bar.close()
-        return results  # type: ignore[return-value]
+                bar.update(len(batch))
+    finally:
+        if bar is not None:
+            bar.close()
+    return results  # type: ignore[return-value]
 
 
 def _generation(task: Any, item: TaskItem, result: Any) -> Generation:

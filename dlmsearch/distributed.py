@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import attrs
 import torch
 
-from dlmsearch.records import read_records, write_records
+from dlmsearch.run_records import read_records, write_records
 
 Item = TypeVar("Item")
 

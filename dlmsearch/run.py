@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from dlmsearch.config import build, compose_checked, to_plain
 from dlmsearch.distributed import Ranks
-from dlmsearch.records import RunIdentity, check_same_run, percentile, read_records
+from dlmsearch.run_records import RunIdentity, check_same_run, percentile, read_records
 from dlmsearch.search.components.lookahead import Lookahead
 from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
@@ -496,7 +496,7 @@ def claim(out: Path, identity: RunIdentity) -> None:
 
 def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, Any]:
     """Decode every item of the task, writing each sample's record as it finishes; resume from
-    ``out_dir`` only a run of the same config (``run.json``; :data:`~dlmsearch.records.RESULT_NEUTRAL_KEYS`
+    ``out_dir`` only a run of the same config (``run.json``; :data:`~dlmsearch.run_records.RESULT_NEUTRAL_KEYS`
     may change). ``overrides``: what the config was composed with, for the summary (None: the
     running Hydra job's, if any).
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from dlmsearch import records
+from dlmsearch import run_records as records
 from dlmsearch.config import compose
 from dlmsearch.run import run
 

@@ -20,7 +20,7 @@ LAYERS = [
     ["search.plan"],
     ["search.driver"],
     ["search.session"],
-    ["tasks", "records", "sweeps", "distributed"],
+    ["tasks", "run_records", "sweeps", "distributed"],
     ["config", "run", "startup"],
     ["api", "lm_eval", "training", "__main__"],
     ["serve"],

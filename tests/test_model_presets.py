@@ -26,8 +26,8 @@ from dlmsearch.config import ConfigError, build, compose
 from dlmsearch.models.llada_checkpoint import save_llada
 from dlmsearch.models.loading import checkpoint_ids, load_text_model
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
-from dlmsearch.records import TIMING_FIELDS
 from dlmsearch.run import run
+from dlmsearch.run_records import TIMING_FIELDS
 from dlmsearch.tasks.countdown import load_countdown, shipped_countdown_path
 
 torch.set_num_threads(1)

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from dlmsearch.config import compose
-from dlmsearch.records import percentile
 from dlmsearch.run import run
+from dlmsearch.run_records import percentile
 from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.session import DecodeSession
 
 TESTS = Path(__file__).resolve().parent
-RUN_FILE = "run.json"  # dlmsearch.records.RUN_FILE, spelt out so that each test fails on its own on code without it
+RUN_FILE = "run.json"  # dlmsearch.run_records.RUN_FILE, spelt out so that each test fails on its own on code without it
 TIMING_FIELDS = ("wall_seconds", "latency_seconds")
 ENV = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
 

@@ -8,7 +8,7 @@ import functools
 
 import pytest
 import torch
-from conftest import FixedLogits, NoRepeatVerifier, text_decoder
+from conftest import FixedLogits, NoRepeatVerifier, plan_on, text_decoder
 from family_models import BLOCK, GEN, MASK_ID, VOCAB, adapter_for, requests_for
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -189,4 +189,4 @@ def test_caches_compute_fewer_positions(adapters, preset: str) -> None:
 
 def test_a_cache_needs_a_model_that_can_cache(adapters) -> None:
     with pytest.raises(ValueError, match="cache=prefix needs a model that can cache"):
-        RolloutEngine(adapter=adapters["llada", False], cache="prefix")
+        plan_on(RolloutEngine(adapter=adapters["llada", False], cache="prefix"))

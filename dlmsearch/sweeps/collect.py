@@ -37,7 +37,7 @@ from typing import Any
 import attrs
 import yaml
 
-from dlmsearch import records as result_records
+from dlmsearch import run_records as result_records
 from dlmsearch.stats import pareto_front, wilson_interval
 
 CONFIG_SECTIONS = ("decoder", "decoding", "task", "model", "engine", "seed", "batch_size", "deadline_s", "fallback")
