@@ -84,7 +84,7 @@ def test_a_run_refuses_once_at_the_start(tmp_path: Path) -> None:
 def test_cache_policies_by_group_and_by_the_older_name() -> None:
     assert isinstance(build(compose(["cache=dual"]), "engine", adapter=cached_adapter()).cache, DualCache)
     assert isinstance(build(compose(["engine.cache=prefix"]), "engine", adapter=cached_adapter()).cache, PrefixCache)
-    with pytest.raises(ValueError, match="unknown cache policy 'prefx'; available: none, prefix, dual"):
+    with pytest.raises(ValueError, match="unknown cache policy 'prefx'; available: auto, none, prefix, dual"):
         cache_policy("prefx")
 
 
