@@ -99,13 +99,7 @@ class NoCache:
     ) -> torch.Tensor:
         """``[rows, 2]`` no columns: nothing is cached.
 
-        Args:
-            start: ``[rows]`` the first column of each row's window.
-            end: ``[rows]`` the end of each row's window.
-            width: the canvas's length.
-            first: ``[rows]`` each row's first real column.
-            storage: the slots' stored keys and values.
-            slot: ``[rows]`` each row's slot in ``storage``.
+        Args: as :meth:`CachePolicy.columns`.
         """
         return torch.zeros(len(start), 2, dtype=torch.long)
 
@@ -158,13 +152,7 @@ class PrefixCache(_WindowRefresh):
     ) -> torch.Tensor:
         """``[rows, 2]`` the window and everything after it.
 
-        Args:
-            start: ``[rows]`` the first column of each row's window.
-            end: ``[rows]`` the end of each row's window.
-            width: the canvas's length.
-            first: ``[rows]`` each row's first real column.
-            storage: the slots' stored keys and values.
-            slot: ``[rows]`` each row's slot in ``storage``.
+        Args: as :meth:`CachePolicy.columns`.
         """
         return torch.stack([start, torch.full_like(end, width)], dim=1)
 
@@ -188,13 +176,7 @@ class DualCache(_WindowRefresh):
     ) -> torch.Tensor:
         """``[rows, 2]`` the window alone.
 
-        Args:
-            start: ``[rows]`` the first column of each row's window.
-            end: ``[rows]`` the end of each row's window.
-            width: the canvas's length.
-            first: ``[rows]`` each row's first real column.
-            storage: the slots' stored keys and values.
-            slot: ``[rows]`` each row's slot in ``storage``.
+        Args: as :meth:`CachePolicy.columns`.
         """
         return torch.stack([start, end], dim=1)
 
@@ -242,13 +224,7 @@ class BlockCache:
     ) -> torch.Tensor:
         """``[rows, 2]`` from the slot's stored end (or the window's start, if earlier) to the window's end.
 
-        Args:
-            start: ``[rows]`` the first column of each row's window.
-            end: ``[rows]`` the end of each row's window.
-            width: the canvas's length.
-            first: ``[rows]`` each row's first real column.
-            storage: the slots' stored keys and values.
-            slot: ``[rows]`` each row's slot in ``storage``.
+        Args: as :meth:`CachePolicy.columns`.
         """
         return torch.stack([torch.minimum(self.stored_end(storage, slot, first), start), end], dim=1)
 

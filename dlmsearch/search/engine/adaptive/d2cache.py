@@ -140,16 +140,7 @@ class _Rule(RecomputeRule):
         """The default stream, and the attention rollout extended by this layer's mean attention
         (d2Cache's importance, read in ``finish``).
 
-        Args:
-            layer: the layer's index.
-            x: ``[rows, columns, hidden]`` the layer's input.
-            index: ``[rows, n]`` the recomputed columns (padded with column 0).
-            valid: ``[rows, n]`` which entries of ``index`` are real.
-            queries: ``[rows, heads, n, head_dim]`` the recomputed columns' queries (rotated).
-            attended: ``[rows, n, hidden]`` their attention output (before the residual).
-            mlp: ``[rows, n, hidden]`` their MLP output (before the residual).
-            weights: ``[rows, heads, n, columns]`` their attention probabilities (None where the
-                policy does not ask for them).
+        Args: as :meth:`~dlmsearch.models.layerwise.LayerRule.layer_output`.
         """
         out = super().layer_output(layer, x, index, valid, queries, attended, mlp, weights)
         assert weights is not None

@@ -83,16 +83,7 @@ class _Rule(RecomputeRule):
         """The stream leaving ``layer`` from the recomputed columns' attention and MLP outputs and
         the cached ones of the rest (each stored back for the next call).
 
-        Args:
-            layer: the layer's index.
-            x: ``[rows, columns, hidden]`` the layer's input.
-            index: ``[rows, n]`` the recomputed columns (padded with column 0).
-            valid: ``[rows, n]`` which entries of ``index`` are real.
-            queries: ``[rows, heads, n, head_dim]`` the recomputed columns' queries (rotated).
-            attended: ``[rows, n, hidden]`` their attention output (before the residual).
-            mlp: ``[rows, n, hidden]`` their MLP output (before the residual).
-            weights: ``[rows, heads, n, columns]`` their attention probabilities (None where the
-                policy does not ask for them).
+        Args: as :meth:`~dlmsearch.models.layerwise.LayerRule.layer_output`.
         """
         at = cells(index, valid)
         attention, feed = self.fields["attention"][:, layer], self.fields["mlp"][:, layer]

@@ -119,16 +119,7 @@ class RecomputeRule:
         """The stream ``[rows, columns, hidden]`` leaving ``layer``: the recomputed columns' residual
         sums, the carried columns as they came (and the recomputed set noted for :meth:`read`).
 
-        Args:
-            layer: the layer's index.
-            x: ``[rows, columns, hidden]`` the layer's input.
-            index: ``[rows, n]`` the recomputed columns (padded with column 0).
-            valid: ``[rows, n]`` which entries of ``index`` are real.
-            queries: ``[rows, heads, n, head_dim]`` the recomputed columns' queries (rotated).
-            attended: ``[rows, n, hidden]`` their attention output (before the residual).
-            mlp: ``[rows, n, hidden]`` their MLP output (before the residual).
-            weights: ``[rows, heads, n, columns]`` their attention probabilities (None where the
-                policy does not ask for them).
+        Args: as :meth:`~dlmsearch.models.layerwise.LayerRule.layer_output`.
         """
         chosen = torch.zeros_like(self.call.real)
         chosen[cells(index, valid)] = True
