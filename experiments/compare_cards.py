@@ -14,8 +14,9 @@ import argparse
 import json
 from pathlib import Path
 
-from dlmsearch import run_records as records
 from outputs import add_flag, check
+
+from dlmsearch import run_records as records
 
 
 def compare(before: list[dict], after: list[dict]) -> list[str]:

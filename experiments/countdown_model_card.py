@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 from decoder_table import measure, paired, parse_variant, plot_accuracy_vs_steps
+from outputs import add_flag, check
 from safetensors.torch import load_file
 
 from dlmsearch import run_records as records
 from dlmsearch.config import compose, decoder_presets
 from dlmsearch.tasks.arithmetic import wrong_steps
 from dlmsearch.tasks.countdown import TIERS
-from outputs import add_flag, check
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["model=countdown", "task=countdown", "model.device=cpu"]

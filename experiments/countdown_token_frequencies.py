@@ -19,9 +19,8 @@ from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
-from train_countdown import EOS_ID, EOT_ID, ProblemSampler, held_out_triples
-
 from outputs import RUNS, add_flag, resolve
+from train_countdown import EOS_ID, EOT_ID, ProblemSampler, held_out_triples
 
 ROOT = Path(__file__).resolve().parents[1]
 

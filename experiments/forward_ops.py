@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.engine.rollout import CallRows, CallSettings, RolloutEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 METADATA = {
@@ -88,9 +88,8 @@ def measure(size: str, compile_: bool) -> dict[str, dict[str, int]]:
     for cache in ("none", "dual"):
         engine = RolloutEngine(adapter=adapter, cache=cache, compile=compile_)
         memory, sampling = engine.memory(1), engine.sampling_over(Sampling())
-        call = lambda: engine.evaluate(
-            tokens, attention, zeros, zeros, zeros, zeros, memory, sampling, frozenset(), prompt, window
-        )
+        rows = CallRows(tokens, attention, zeros, zeros, zeros, zeros, window)
+        call = lambda: engine.evaluate(rows, CallSettings(memory, sampling, frozenset(), prompt))
         for _ in range(3):  # the first call refreshes the cache (dual); later ones hit it; compiles warm up
             call()
         out["dual-cache call (32-token window)" if cache == "dual" else "full forward (96 tokens)"] = counted(call)

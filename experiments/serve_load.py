@@ -39,6 +39,7 @@ from serving import running_server
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attrs
 from bench.random_model import initialise, model_config
+from outputs import RUNS, add_flag, resolve
 
 from dlmsearch.api import Decoder, Model
 from dlmsearch.models.llada_checkpoint import save_llada
@@ -46,7 +47,6 @@ from dlmsearch.models.loading import checkpoint_ids
 from dlmsearch.models.transformer import BidirectionalTransformer
 from dlmsearch.run_records import percentile
 from dlmsearch.shipped import package_data
-from outputs import RUNS, add_flag, resolve
 
 COMMITTED_OUT = Path(__file__).resolve().parent / "results" / "serve"
 BLOCK = 8  # the Countdown model's block length; the random LLaDA is served with the same

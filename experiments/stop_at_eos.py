@@ -19,10 +19,11 @@ import argparse
 import json
 from pathlib import Path
 
+from outputs import ROOT, RUNS, add_flag, resolve
+
 from dlmsearch import run_records as records
 from dlmsearch.config import compose
 from dlmsearch.run import run
-from outputs import ROOT, RUNS, add_flag, resolve
 
 EOS, STOPS = 1401, (1401, 1405)  # the Countdown tokenizer's <|endoftext|> and <|eot_id|>
 

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-ruff check . && ruff format --check .  # the linter and the layout (pyproject.toml [tool.ruff])
+ruff check .            # the linter (pyproject.toml [tool.ruff]); its own line, so that set -e stops on it
+ruff format --check .   # the layout
 python -m pytest -q -p no:cacheprovider -n auto tests
 bash scripts/check_wheel.sh

@@ -17,7 +17,7 @@ from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.loading import generation_defaults
 from dlmsearch.search.components.stopping import answer_ended, fill_after_end
-from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.engine.rollout import CallRows, CallSettings, RolloutEngine
 from dlmsearch.search.engine.summaries import top_k_filter, top_p_filter
 from dlmsearch.search.records.state import Layout, initial_canvas
 
@@ -131,16 +131,8 @@ def test_truncation_changes_confidence_only_where_it_is_read(adapter: ModelAdapt
         "sampling": Sampling(top_k=3, confidence="sampling"),
     }.items():
         evaluations[name], _ = engine.evaluate(
-            canvas.tokens,
-            canvas.attention,
-            zero,
-            zero,
-            zero,
-            zero,
-            engine.memory(1),
-            engine.sampling_over(sampling),
-            frozenset({"margin", "entropy"}),
-            4,
+            CallRows(canvas.tokens, canvas.attention, zero, zero, zero, zero, None),
+            CallSettings(engine.memory(1), engine.sampling_over(sampling), frozenset({"margin", "entropy"}), 4),
         )
     plain, model, sampled = evaluations["plain"], evaluations["model"], evaluations["sampling"]
     assert torch.equal(plain.token, model.token) and torch.equal(plain.token, sampled.token)

@@ -17,7 +17,7 @@ from dlmsearch.config import decoder_presets
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.driver import DecodeRequest
-from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.engine.rollout import CallRows, CallSettings, RolloutEngine
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +126,10 @@ def test_llada_end_of_text_switches() -> None:
         engine = RolloutEngine(
             adapter=ModelAdapter(module=FixedLogits(logits), mask_id=MASK_ID, vocab_size=VOCAB, **switches)
         )
-        return engine.evaluate(
-            tokens, attention, one, one, one, one, engine.memory(1), engine.sampling_over(Sampling())
-        )[0]
+        rows = CallRows(tokens, attention, one, one, one, one, None)
+        return engine.evaluate(rows, CallSettings(engine.memory(1), engine.sampling_over(Sampling()), frozenset(), 0))[
+            0
+        ]
 
     plain = evaluate()
     assert (plain.token[0, 2:5] == eos).all() and (plain.token[0, 5:8] == eot).all()

@@ -42,7 +42,7 @@ from dlmsearch.search.components.selectors import Selector
 from dlmsearch.search.components.stopping import fill_after_end
 from dlmsearch.search.components.triggers import NeverTrigger, Trigger
 from dlmsearch.search.engine.guidance import Guidance
-from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.engine.rollout import CallRows, CallSettings, RolloutEngine
 from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.plan import DecodePlan, make_plan
 from dlmsearch.search.records.randomness import BRANCH_KEYS
@@ -564,23 +564,20 @@ def _evaluate(
     slots, plan = state.slots, state.plan
     row_key = slots.particle[slot] * BRANCH_KEYS + branch_key
     owner = slots.owner[slot]
-    evaluation, cost = engine.evaluate(
+    rows = CallRows(
         canvas.tokens,
         canvas.attention,
         slot,
         slots.key[slot],
         row_key,
         usage.steps[owner],
-        state.memory,
-        plan.sampling,
-        plan.statistics,
-        state.layout.gen_start,
         canvas.window(state.layout),
         temperature=plan.population.token_temperature(state.population, slots, slot),
-        group=None if slots.size == 1 else slots.owner[slot] * BRANCH_KEYS + branch_key,
-        guidance=plan.guidance,
         seed=slots.seed[slot],
+        group=None if slots.size == 1 else slots.owner[slot] * BRANCH_KEYS + branch_key,
     )
+    settings = CallSettings(state.memory, plan.sampling, plan.statistics, state.layout.gen_start, plan.guidance)
+    evaluation, cost = engine.evaluate(rows, settings)
     return evaluation, usage.charge(owner, cost)
 
 

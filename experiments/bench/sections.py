@@ -20,7 +20,7 @@ from dlmsearch.search.driver import DecodeResult
 from dlmsearch.search.engine.adaptive import ADAPTIVE_POLICIES
 from dlmsearch.search.engine.cache_policy import BlockCache
 from dlmsearch.search.engine.profile import ForwardProfile
-from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.engine.rollout import CallRows, CallSettings, RolloutEngine
 from dlmsearch.search.records.state import Layout, initial_canvas
 
 # The reference loops are a test helper (tests/upstream.py), not part of the package.
@@ -156,9 +156,8 @@ def section_lookahead(bench: Bench, adapter: ModelAdapter, plan: dict[str, Any])
         def call(k: int) -> int:
             """One engine call of ``1 + k`` rows; the positions it computed."""
             tokens, attention, zeros, row_key, window = inputs[k]
-            _, cost = engine.evaluate(
-                tokens, attention, zeros, zeros, row_key, zeros, memory, sampling, frozenset(), prompt_len, window
-            )
+            rows = CallRows(tokens, attention, zeros, zeros, row_key, zeros, window)
+            _, cost = engine.evaluate(rows, CallSettings(memory, sampling, frozenset(), prompt_len))
             return int(cost.tokens.sum())
 
         memory, sampling = engine.memory(1), engine.sampling_over(Sampling())

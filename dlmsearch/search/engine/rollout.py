@@ -88,6 +88,7 @@ class CallRows:
     window: tuple[torch.Tensor, torch.Tensor] | None  # [rows] first and end column each row decodes
     temperature: torch.Tensor | None = None  # [rows] token sampling's, over the decode's
     seed: torch.Tensor | None = None  # [rows] the draws' first key (None: the engine's)
+    group: torch.Tensor | None = None  # [rows] rows of one group with the same tokens share a forward
 
     @property
     def root(self) -> torch.Tensor:
@@ -97,7 +98,8 @@ class CallRows:
     def take(self, at: torch.Tensor) -> CallRows:
         window = None if self.window is None else (self.window[0][at], self.window[1][at])
         optional = {
-            name: None if getattr(self, name) is None else getattr(self, name)[at] for name in ("temperature", "seed")
+            name: None if getattr(self, name) is None else getattr(self, name)[at]
+            for name in ("temperature", "seed", "group")
         }
         picked = {name: getattr(self, name)[at] for name in ("tokens", "attention", "slot", "uid", "row_key", "call")}
         return CallRows(**picked, window=window, **optional)
@@ -111,8 +113,7 @@ class CallSettings:
     sampling: Sampling
     statistics: frozenset[str]
     from_column: int  # the generation region's first column: only columns from here on are summarised
-    guidance: float = 0.0
-    shadow_length: int = 0  # WINO's shadow block (the ``shadow`` statistics' provider); 0: none
+    guidance: float = 0.0  # > 0: each row's unconditional copy (prompt masked) rides along; the logits combined
 
 
 @attrs.frozen
@@ -125,6 +126,7 @@ class PreparedCall:
     uniform: torch.Tensor | None  # [rows, width] the ordering's draws (the ``uniform`` statistic)
     draw: torch.Tensor | None  # [rows, width] the token samples' draws
     copy_of: torch.Tensor | None  # [rows] the first row of its group with the same tokens
+    shadow_length: int = 0  # WINO's shadow block (the ``shadow`` statistics' provider); 0: none
 
 
 @attrs.frozen
@@ -323,33 +325,16 @@ class RolloutEngine:
         """Empty per-slot stores for a decode of ``slots`` slots."""
         return SlotMemory.for_slots(slots)
 
-    def evaluate(
-        self,
-        tokens: torch.Tensor,
-        attention: torch.Tensor,
-        slot: torch.Tensor,
-        sample_uid: torch.Tensor,
-        row_key: torch.Tensor,
-        call: torch.Tensor,
-        memory: SlotMemory,
-        sampling: Sampling,
-        statistics: frozenset[str] = frozenset(),
-        from_column: int = 0,
-        window: tuple[torch.Tensor, torch.Tensor] | None = None,
-        temperature: torch.Tensor | None = None,
-        group: torch.Tensor | None = None,
-        guidance: float = 0.0,
-        seed: torch.Tensor | None = None,
-    ) -> tuple[Evaluation, CallCost]:
+    def evaluate(self, rows: CallRows, settings: CallSettings) -> tuple[Evaluation, CallCost]:
         """One model call for every row here: forward all rows, summarise per position.
 
-        Only columns from ``from_column`` on (the generation region) are summarised: prompt logits
-        are never computed where the model allows it, and read as the mask with confidence 0. The
-        cache policy decides which rows run against their slot's stored keys and values (only their
-        columns are forwarded; columns outside them then read as the mask with confidence 0) and
-        which refresh them. Rows with equal ``group`` and the same tokens (particles of a sample that
-        reached the same canvas) share one forward, counted once; each keeps its own draws. Returns
-        the summaries and what the call cost per row (the caller charges it to the samples).
+        Only columns from ``settings.from_column`` on (the generation region) are summarised: prompt
+        logits are never computed where the model allows it, and read as the mask with confidence 0.
+        The cache policy decides which rows run against their slot's stored keys and values (only
+        their columns are forwarded; columns outside them then read as the mask with confidence 0)
+        and which refresh them. Rows with equal ``group`` and the same tokens (particles of a sample
+        that reached the same canvas) share one forward, counted once; each keeps its own draws.
+        Returns the summaries and what the call cost per row (the caller charges it to the samples).
 
         With the block cache (``cache=block``, ``fuse_write=false``) a root row whose finished
         blocks are not stored yet first takes a forward of its own that writes them (the
@@ -357,29 +342,13 @@ class RolloutEngine:
         ``prepare_call``): two model calls for that row, its draws keyed by the second.
 
         Args:
-            tokens: ``[rows, width]`` the canvases.
-            attention: ``[rows, width]`` their real (non-padding) columns.
-            slot: ``[rows]`` each row's slot (its stores in ``memory``).
-            sample_uid: ``[rows]`` the sample's dataset-wide id: the draws' second key.
-            row_key: ``[rows]`` the row's branch within its sample (0: the slot's root): a draws key.
-            call: ``[rows]`` the model calls its sample made before this one: a draws key.
-            memory: the slots' stores (key/value storage, KLASS's history, a layerwise policy's store).
-            sampling: the decode's resolved sampling settings.
-            statistics: what to compute per position beyond token and confidence.
-            from_column: the generation region's first column.
-            window: ``[rows]`` first and end column each row is decoding (None: no cache policy applies).
-            temperature: ``[rows]`` overrides the decode's temperature for token sampling.
-            group: ``[rows]`` rows of one group with the same tokens share a forward.
-            guidance: > 0 forwards each row's unconditional copy (prompt masked) in the same call and
-                combines the logits (:mod:`~dlmsearch.search.engine.guidance`); the copies count as rows.
-            seed: ``[rows]`` the draws' first key (None: the engine's ``seed``).
+            rows: the canvases and what keys each row's stores and draws (:class:`CallRows`).
+            settings: what every row shares: the slots' stores, sampling, statistics, the
+                generation's first column, guidance (:class:`CallSettings`).
         """
-        statistics_registry.check(statistics)
-        rows = CallRows(tokens, attention, slot, sample_uid, row_key, call, window, temperature, seed)
-        shadow_length = self._shadow_length(statistics, window)
-        settings = CallSettings(memory, sampling, statistics, from_column, guidance, shadow_length)
+        statistics_registry.check(settings.statistics)
         rows, written = self._write_first(rows, settings)
-        evaluation, cost = self._call(rows, settings, group)
+        evaluation, cost = self._call(rows, settings)
         return evaluation, cost if written is None else cost.after(*written)
 
     def _write_first(self, rows: CallRows, settings: CallSettings) -> tuple[CallRows, tuple | None]:
@@ -393,18 +362,16 @@ class RolloutEngine:
             return rows, None
         at = writes.nonzero().squeeze(1)
         start = rows.window[0][at]
-        writing = attrs.evolve(rows.take(at), window=(start, start))
+        writing = attrs.evolve(rows.take(at), window=(start, start), group=None)
         _, cost = self._call(
             writing, CallSettings(settings.memory, settings.sampling, frozenset(), settings.from_column)
         )
         return attrs.evolve(rows, call=rows.call + writes.long()), (at, cost)
 
-    def _call(
-        self, rows: CallRows, settings: CallSettings, group: torch.Tensor | None = None
-    ) -> tuple[Evaluation, CallCost]:
+    def _call(self, rows: CallRows, settings: CallSettings) -> tuple[Evaluation, CallCost]:
         """prepare -> run -> collect: the planned forwards of the rows, each piece's summaries
         written into the call's outputs and its keys and values into the stores."""
-        prepared = self._prepare(rows, settings, group)
+        prepared = self._prepare(rows, settings)
         outputs = CallOutputs.empty(rows.tokens.shape, settings.statistics, self.mask_id)
         run = functools.partial(self._run, prepared)
         for planned in self._forwards(rows, settings, prepared.copy_of):
@@ -426,7 +393,7 @@ class RolloutEngine:
             raise ValueError("the verify statistic needs every row to decode one block of the same length")
         return int(lengths[0])
 
-    def _prepare(self, rows: CallRows, settings: CallSettings, group: torch.Tensor | None) -> PreparedCall:
+    def _prepare(self, rows: CallRows, settings: CallSettings) -> PreparedCall:
         """The decode's temperature where the rows set none, the seeded draws where something reads
         them (the ordering's ``uniform`` and the token samples'), the rows that repeat another of
         their group, and the row budget for this canvas."""
@@ -442,8 +409,10 @@ class RolloutEngine:
             uniform = hashed_uniform(keys) if ordering else None
             draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else None
         self._estimate_budget(rows.attention, settings.from_column)
-        copy_of = None if group is None else _merged(rows.tokens, group)
-        return PreparedCall(rows, settings, uniform, draw, copy_of)
+        copy_of = None if rows.group is None else _merged(rows.tokens, rows.group)
+        return PreparedCall(
+            rows, settings, uniform, draw, copy_of, self._shadow_length(settings.statistics, rows.window)
+        )
 
     def _estimate_budget(self, attention: torch.Tensor, from_column: int) -> None:
         """``row_budget=auto``: the rows that fit the device, estimated once per canvas shape."""
@@ -458,10 +427,10 @@ class RolloutEngine:
 
     def _run(self, prepared: PreparedCall, forward: Forward) -> ForwardOutput:
         """One forward's rows through the model and the summaries."""
-        rows, settings = prepared.rows, prepared.settings
+        rows = prepared.rows
         index = forward.rows
         span, real = self._span(forward, rows.attention[index])
-        merged = None if forward.cached or settings.shadow_length else prepared.copy_of  # shadow rows: all computed
+        merged = None if forward.cached or prepared.shadow_length else prepared.copy_of  # shadow rows: all computed
         source = _within(index, merged)
         computed = source == torch.arange(len(index))
         summaries, kv = self._summarise(prepared, forward, span, real, None if bool(computed.all()) else source)
@@ -488,9 +457,9 @@ class RolloutEngine:
         elif forward.cached:
             low, high = forward.query[computed, 0], forward.query[computed, 1]
             shifted = self.capabilities.shift_logits
-            outputs.token_cost[counted] += copies * (high - low + (shifted & (low > 0)).long()) + settings.shadow_length
+            outputs.token_cost[counted] += copies * (high - low + (shifted & (low > 0)).long()) + prepared.shadow_length
         else:
-            outputs.token_cost[counted] += copies * rows.attention[counted].sum(dim=1) + settings.shadow_length
+            outputs.token_cost[counted] += copies * rows.attention[counted].sum(dim=1) + prepared.shadow_length
 
     def _store(self, prepared: PreparedCall, forward: Forward, output: ForwardOutput) -> None:
         """Refreshing rows' keys and values into their slots' storage (a layerwise policy's forward
@@ -717,9 +686,9 @@ class RolloutEngine:
         low, high = (forward.query[:, 0], forward.query[:, 1]) if forward.cached else forward.columns
         low, high = low - first, high - first
         cached = self._cached_rows(prepared, forward)
-        if settings.shadow_length:  # every row computed: no merging
+        if prepared.shadow_length:  # every row computed: no merging
             return self._shadow(
-                tokens, attention, low, high, rows.window[0][index] - first, settings.shadow_length, cached
+                tokens, attention, low, high, rows.window[0][index] - first, prepared.shadow_length, cached
             )
         prompt_end = settings.from_column - first
         if source is None:
