@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+import attrs
 import torch
 import torch.nn.functional as F
 
@@ -32,6 +33,20 @@ from dlmsearch.models import token_ops
 
 if TYPE_CHECKING:
     from dlmsearch.models.transformer import BidirectionalTransformer, Block, TransformerConfig
+
+
+@attrs.frozen
+class LayerPass:
+    """What one layer computed for a call's recomputed columns (handed to :meth:`LayerRule.layer_output`)."""
+
+    layer: int  # the layer's index
+    x: torch.Tensor  # [rows, columns, hidden] the layer's input (what layer_input returned)
+    index: torch.Tensor  # [rows, n] the recomputed columns (gather_columns, padded with column 0)
+    valid: torch.Tensor  # [rows, n] which entries of index are real
+    queries: torch.Tensor  # [rows, heads, n, head_dim] their queries (rotated)
+    attended: torch.Tensor  # [rows, n, hidden] their attention output (projected, before the residual)
+    mlp: torch.Tensor  # [rows, n, hidden] their MLP output (before the residual)
+    weights: torch.Tensor | None  # [rows, heads, n, columns] their attention probabilities (needs_weights), else None
 
 
 class LayerRule(Protocol):
@@ -51,29 +66,12 @@ class LayerRule(Protocol):
     def select(self, layer: int, probed: torch.Tensor | None) -> torch.Tensor:
         """``[rows, columns]`` columns recomputed at ``layer`` (``probed``: their fresh values, zeros elsewhere; stored values not yet replaced)."""
 
-    def layer_output(
-        self,
-        layer: int,
-        x: torch.Tensor,
-        index: torch.Tensor,
-        valid: torch.Tensor,
-        queries: torch.Tensor,
-        attended: torch.Tensor,
-        mlp: torch.Tensor,
-        weights: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """The stream ``[rows, columns, hidden]`` leaving ``layer``.
+    def layer_output(self, computed: LayerPass) -> torch.Tensor:
+        """The stream ``[rows, columns, hidden]`` leaving ``computed.layer``, from what the layer computed
+        for the recomputed columns.
 
         Args:
-            layer: the layer's index.
-            x: ``[rows, columns, hidden]`` the layer's input (what :meth:`layer_input` returned).
-            index: ``[rows, n]`` the recomputed columns (:func:`gather_columns`, padded with column 0).
-            valid: ``[rows, n]`` which entries of ``index`` are real.
-            queries: ``[rows, heads, n, head_dim]`` the recomputed columns' queries (rotated).
-            attended: ``[rows, n, hidden]`` their attention output (projected, before the residual).
-            mlp: ``[rows, n, hidden]`` their MLP output (before the residual).
-            weights: ``[rows, heads, n, columns]`` their attention probabilities (where
-                :attr:`needs_weights` asks; else None).
+            computed: the layer's input and the recomputed columns' queries, attention and MLP outputs.
         """
 
     def final(self, x: torch.Tensor, logits_of: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -248,7 +246,8 @@ def _layer(
         block.down_proj.weight,
         module.config.activation,
     )
-    return rule.layer_output(layer, x, index, valid, q, attended, mlp, weights), chosen.sum(dim=1)
+    computed = LayerPass(layer, x, index, valid, q, attended, mlp, weights)
+    return rule.layer_output(computed), chosen.sum(dim=1)
 
 
 def layerwise_logits(

@@ -36,7 +36,7 @@ import attrs
 import torch
 
 from dlmsearch.models.layer_store import Fields, LayerStore
-from dlmsearch.models.layerwise import cells
+from dlmsearch.models.layerwise import LayerPass, cells
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall, LayerwisePolicy, RecomputeRule, committed_since
 from dlmsearch.validation import check_choice, number
 
@@ -126,23 +126,12 @@ class _Rule(RecomputeRule):
     def select(self, layer: int, probed: torch.Tensor | None) -> torch.Tensor:
         return self.chosen
 
-    def layer_output(
-        self,
-        layer: int,
-        x: torch.Tensor,
-        index: torch.Tensor,
-        valid: torch.Tensor,
-        queries: torch.Tensor,
-        attended: torch.Tensor,
-        mlp: torch.Tensor,
-        weights: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def layer_output(self, computed: LayerPass) -> torch.Tensor:
         """The default stream, and the attention rollout extended by this layer's mean attention
         (d2Cache's importance, read in ``finish``).
-
-        Args: as :meth:`~dlmsearch.models.layerwise.LayerRule.layer_output`.
         """
-        out = super().layer_output(layer, x, index, valid, queries, attended, mlp, weights)
+        x, index, valid, weights = computed.x, computed.index, computed.valid, computed.weights
+        out = super().layer_output(computed)
         assert weights is not None
         rows, width = self.call.real.shape
         eye = torch.eye(width, dtype=torch.float64, device=x.device).expand(rows, width, width)

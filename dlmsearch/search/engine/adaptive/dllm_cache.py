@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from dlmsearch.models.layer_store import Fields, LayerStore
-from dlmsearch.models.layerwise import cells
+from dlmsearch.models.layerwise import LayerPass, cells
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall, LayerwisePolicy, RecomputeRule
 from dlmsearch.validation import number
 
@@ -69,22 +69,18 @@ class _Rule(RecomputeRule):
         drifted = torch.zeros_like(chosen).scatter_(1, order, True) & self._adaptive(layer)[:, None]
         return chosen | drifted
 
-    def layer_output(
-        self,
-        layer: int,
-        x: torch.Tensor,
-        index: torch.Tensor,
-        valid: torch.Tensor,
-        queries: torch.Tensor,
-        attended: torch.Tensor,
-        mlp: torch.Tensor,
-        weights: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def layer_output(self, computed: LayerPass) -> torch.Tensor:
         """The stream leaving ``layer`` from the recomputed columns' attention and MLP outputs and
         the cached ones of the rest (each stored back for the next call).
-
-        Args: as :meth:`~dlmsearch.models.layerwise.LayerRule.layer_output`.
         """
+        layer, x, index, valid, attended, mlp = (
+            computed.layer,
+            computed.x,
+            computed.index,
+            computed.valid,
+            computed.attended,
+            computed.mlp,
+        )
         at = cells(index, valid)
         attention, feed = self.fields["attention"][:, layer], self.fields["mlp"][:, layer]
         attention[at] = attended[valid].to(attention.dtype)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from dlmsearch.models.layer_store import Fields, LayerStore
-from dlmsearch.models.layerwise import cells, gather_columns
+from dlmsearch.models.layerwise import LayerPass, cells, gather_columns
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall, LayerwisePolicy, RecomputeRule, committed_since
 from dlmsearch.validation import number
 
@@ -95,23 +95,19 @@ class _Rule(RecomputeRule):
             )  # [rows, heads, tracked, keys]
         return chosen
 
-    def layer_output(
-        self,
-        layer: int,
-        x: torch.Tensor,
-        index: torch.Tensor,
-        valid: torch.Tensor,
-        queries: torch.Tensor,
-        attended: torch.Tensor,
-        mlp: torch.Tensor,
-        weights: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def layer_output(self, computed: LayerPass) -> torch.Tensor:
         """The default stream; stores the recomputed columns' inputs and queries, tests the tracked
         columns' attention drift, and tracks the decoded columns the window attends to most.
-
-        Args: as :meth:`~dlmsearch.models.layerwise.LayerRule.layer_output`.
         """
-        out = super().layer_output(layer, x, index, valid, queries, attended, mlp, weights)
+        layer, x, index, valid, queries, weights = (
+            computed.layer,
+            computed.x,
+            computed.index,
+            computed.valid,
+            computed.queries,
+            computed.weights,
+        )
+        out = super().layer_output(computed)
         assert weights is not None and self.last is not None
         call, fields = self.call, self.fields
         row, column = cells(index, valid)

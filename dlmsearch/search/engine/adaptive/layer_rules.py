@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from dlmsearch.models.layer_store import Fields, LayerStore
-from dlmsearch.models.layerwise import cells
+from dlmsearch.models.layerwise import LayerPass, cells
 from dlmsearch.models.transformer import TransformerConfig
 
 
@@ -105,22 +105,11 @@ class RecomputeRule:
     def select(self, layer: int, probed: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
-    def layer_output(
-        self,
-        layer: int,
-        x: torch.Tensor,
-        index: torch.Tensor,
-        valid: torch.Tensor,
-        queries: torch.Tensor,
-        attended: torch.Tensor,
-        mlp: torch.Tensor,
-        weights: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def layer_output(self, computed: LayerPass) -> torch.Tensor:
         """The stream ``[rows, columns, hidden]`` leaving ``layer``: the recomputed columns' residual
         sums, the carried columns as they came (and the recomputed set noted for :meth:`read`).
-
-        Args: as :meth:`~dlmsearch.models.layerwise.LayerRule.layer_output`.
         """
+        x, index, valid, attended, mlp = computed.x, computed.index, computed.valid, computed.attended, computed.mlp
         chosen = torch.zeros_like(self.call.real)
         chosen[cells(index, valid)] = True
         self.last = chosen
