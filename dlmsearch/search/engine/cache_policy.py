@@ -30,6 +30,18 @@ import torch
 from dlmsearch.models.kv_storage import KVStorage
 
 
+@attrs.frozen
+class RowWindows:
+    """What a policy decides from, per engine call: each row's window, its first real column and its slot's store."""
+
+    start: torch.Tensor  # [rows] the first column of each row's window
+    end: torch.Tensor  # [rows] the end of each row's window
+    width: int  # the canvas's length
+    first: torch.Tensor  # [rows] each row's first real column
+    storage: KVStorage  # the slots' stored keys and values
+    slot: torch.Tensor  # [rows] each row's slot in storage
+
+
 class CachePolicy(Protocol):
     """What a policy declares (the engine reads these, never the policy's type) and what it answers."""
 
@@ -40,31 +52,13 @@ class CachePolicy(Protocol):
     exact: ClassVar[bool]
     layerwise: ClassVar[bool]  # it decides per layer inside one whole-canvas forward (adaptive KV caches)
 
-    def prepare_call(
-        self, storage: KVStorage, slot: torch.Tensor, first: torch.Tensor, start: torch.Tensor, root: torch.Tensor
-    ) -> torch.Tensor | None:
+    def prepare_call(self, rows: RowWindows, root: torch.Tensor) -> torch.Tensor | None:
         """``[rows]`` rows whose slot needs a write forward of its own before this call (the block
-        cache's separate write), or None: this call's forwards write what they need."""
+        cache's separate write), or None: this call's forwards write what they need (``root``: the
+        rows that are their slot's own canvas)."""
 
-    def columns(
-        self,
-        start: torch.Tensor,
-        end: torch.Tensor,
-        width: int,
-        first: torch.Tensor,
-        storage: KVStorage,
-        slot: torch.Tensor,
-    ) -> torch.Tensor:
-        """``[rows, 2]`` first and end column a cached row computes, for windows ``start:end``.
-
-        Args:
-            start: ``[rows]`` the first column of each row's window.
-            end: ``[rows]`` the end of each row's window.
-            width: the canvas's length.
-            first: ``[rows]`` each row's first real column.
-            storage: the slots' stored keys and values.
-            slot: ``[rows]`` each row's slot in ``storage``.
-        """
+    def columns(self, rows: RowWindows) -> torch.Tensor:
+        """``[rows, 2]`` first and end column a cached row computes, for its window."""
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """``[rows]`` rows that run against their slot's stored keys and values."""
@@ -85,23 +79,12 @@ class NoCache:
     exact: ClassVar[bool] = False
     layerwise: ClassVar[bool] = False
 
-    def prepare_call(self, *_: torch.Tensor | KVStorage) -> None:
+    def prepare_call(self, rows: RowWindows, root: torch.Tensor) -> None:
         return None
 
-    def columns(
-        self,
-        start: torch.Tensor,
-        end: torch.Tensor,
-        width: int,
-        first: torch.Tensor,
-        storage: KVStorage,
-        slot: torch.Tensor,
-    ) -> torch.Tensor:
-        """``[rows, 2]`` no columns: nothing is cached.
-
-        Args: as :meth:`CachePolicy.columns`.
-        """
-        return torch.zeros(len(start), 2, dtype=torch.long)
+    def columns(self, rows: RowWindows) -> torch.Tensor:
+        """``[rows, 2]`` no columns: nothing is cached."""
+        return torch.zeros(len(rows.start), 2, dtype=torch.long)
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         return torch.zeros(len(slot), dtype=torch.bool)
@@ -120,7 +103,7 @@ class _WindowRefresh:
     exact: ClassVar[bool] = False  # a slot's first row of a cached forward writes its window over the stale one
     layerwise: ClassVar[bool] = False
 
-    def prepare_call(self, *_: torch.Tensor | KVStorage) -> None:
+    def prepare_call(self, rows: RowWindows, root: torch.Tensor) -> None:
         return None
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
@@ -141,20 +124,9 @@ class PrefixCache(_WindowRefresh):
     name: ClassVar[str] = "prefix"
     stores: ClassVar[bool] = True
 
-    def columns(
-        self,
-        start: torch.Tensor,
-        end: torch.Tensor,
-        width: int,
-        first: torch.Tensor,
-        storage: KVStorage,
-        slot: torch.Tensor,
-    ) -> torch.Tensor:
-        """``[rows, 2]`` the window and everything after it.
-
-        Args: as :meth:`CachePolicy.columns`.
-        """
-        return torch.stack([start, torch.full_like(end, width)], dim=1)
+    def columns(self, rows: RowWindows) -> torch.Tensor:
+        """``[rows, 2]`` the window and everything after it."""
+        return torch.stack([rows.start, torch.full_like(rows.end, rows.width)], dim=1)
 
 
 @attrs.frozen
@@ -165,20 +137,9 @@ class DualCache(_WindowRefresh):
     name: ClassVar[str] = "dual"
     stores: ClassVar[bool] = True
 
-    def columns(
-        self,
-        start: torch.Tensor,
-        end: torch.Tensor,
-        width: int,
-        first: torch.Tensor,
-        storage: KVStorage,
-        slot: torch.Tensor,
-    ) -> torch.Tensor:
-        """``[rows, 2]`` the window alone.
-
-        Args: as :meth:`CachePolicy.columns`.
-        """
-        return torch.stack([start, end], dim=1)
+    def columns(self, rows: RowWindows) -> torch.Tensor:
+        """``[rows, 2]`` the window alone."""
+        return torch.stack([rows.start, rows.end], dim=1)
 
 
 @attrs.frozen
@@ -213,20 +174,11 @@ class BlockCache:
         end = storage.window_of[slot, 1]
         return torch.where(end >= 0, end, first)
 
-    def columns(
-        self,
-        start: torch.Tensor,
-        end: torch.Tensor,
-        width: int,
-        first: torch.Tensor,
-        storage: KVStorage,
-        slot: torch.Tensor,
-    ) -> torch.Tensor:
-        """``[rows, 2]`` from the slot's stored end (or the window's start, if earlier) to the window's end.
-
-        Args: as :meth:`CachePolicy.columns`.
-        """
-        return torch.stack([torch.minimum(self.stored_end(storage, slot, first), start), end], dim=1)
+    def columns(self, rows: RowWindows) -> torch.Tensor:
+        """``[rows, 2]`` from the slot's stored end (or the window's start, if earlier) to the window's end."""
+        return torch.stack(
+            [torch.minimum(self.stored_end(rows.storage, rows.slot, rows.first), rows.start), rows.end], dim=1
+        )
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         return torch.ones(len(slot), dtype=torch.bool)
@@ -237,14 +189,12 @@ class BlockCache:
     def settled(self, start: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         return torch.minimum(start, columns[:, 1])
 
-    def prepare_call(
-        self, storage: KVStorage, slot: torch.Tensor, first: torch.Tensor, start: torch.Tensor, root: torch.Tensor
-    ) -> torch.Tensor | None:
+    def prepare_call(self, rows: RowWindows, root: torch.Tensor) -> torch.Tensor | None:
         """``[rows]`` root rows with finished columns their slot has not stored yet, which a
         separate write forward stores first (``fuse_write=false``; ``fuse_write=true``: None)."""
         if self.fuse_write:
             return None
-        return root & (self.stored_end(storage, slot, first) < start)
+        return root & (self.stored_end(rows.storage, rows.slot, rows.first) < rows.start)
 
 
 @attrs.frozen

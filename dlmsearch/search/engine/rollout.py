@@ -29,7 +29,7 @@ from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.kv_storage import CachedRows
 from dlmsearch.search.engine import statistics as statistics_registry
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall
-from dlmsearch.search.engine.cache_policy import CachePolicy, ModelsExact, NoCache, cache_policy
+from dlmsearch.search.engine.cache_policy import CachePolicy, ModelsExact, NoCache, RowWindows, cache_policy
 from dlmsearch.search.engine.guidance import combine, unconditional
 from dlmsearch.search.engine.host_memory import keep_freed_memory
 from dlmsearch.search.engine.memory import auto_row_budget
@@ -357,7 +357,8 @@ class RolloutEngine:
         if rows.window is None:
             return rows, None
         first = rows.attention.long().argmax(dim=1)
-        writes = self.cache.prepare_call(settings.memory.kv, rows.slot, first, rows.window[0], rows.root)
+        windows = RowWindows(*rows.window, rows.tokens.shape[1], first, settings.memory.kv, rows.slot)
+        writes = self.cache.prepare_call(windows, rows.root)
         if writes is None or not bool(writes.any()):
             return rows, None
         at = writes.nonzero().squeeze(1)
@@ -604,7 +605,7 @@ class RolloutEngine:
         if policy.exact and not storage.layers:  # filled in place by cached forwards alone
             storage.allocate(self.adapter.empty_kv(len(storage.window_of), width))
         query = (
-            policy.columns(window[0], window[1], width, first, storage, slot)
+            policy.columns(RowWindows(*window, width, first, storage, slot))
             if window is not None
             else torch.zeros(rows, 2, dtype=torch.long)
         )

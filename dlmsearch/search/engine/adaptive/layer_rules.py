@@ -135,7 +135,7 @@ class LayerwisePolicy:
     layerwise: ClassVar[bool] = True
     family_defaults: ClassVar[dict[str, dict[str, object]]] = {}
 
-    def prepare_call(self, *_: object) -> None:
+    def prepare_call(self, rows: object, root: torch.Tensor) -> None:
         """Nothing to write before the call: the layerwise forward writes the store itself."""
 
     def prepare(self, store: LayerStore, call: LayerCall, dtype: torch.dtype, device: torch.device | str) -> None:
