@@ -46,7 +46,7 @@ from dlmsearch.search.engine.rollout import CallRows, CallSettings, RolloutEngin
 from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.plan import DecodePlan, make_plan
 from dlmsearch.search.records.randomness import BRANCH_KEYS
-from dlmsearch.search.records.slots import Slots
+from dlmsearch.search.records.slots import SlotRows, Slots
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout, block_aligned, initial_canvas
 from dlmsearch.search.records.usage import Usage
 from dlmsearch.search.records.verifier import Verifier
@@ -477,7 +477,8 @@ def _select_and_commit(state: DecodeState, round_: Round) -> tuple[DecodeState, 
         return state, None
     sub, sub_eval = round_.root.take(round_.exploit), round_.evaluation.take(round_.exploit)
     call = state.usage.steps[slots.owner[base]]
-    proposals, population = plan.population.perturb(sub_eval, sub, base, slots, state.population, call, state.layout)
+    at = SlotRows(sub, base, slots, call, state.layout)
+    proposals, population = plan.population.perturb(sub_eval, at, state.population)
     chosen = plan.commit.select(sub, proposals, state.layout)
     committed = sub.commit(
         chosen,

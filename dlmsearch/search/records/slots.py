@@ -12,7 +12,7 @@ import attrs
 import torch
 
 from dlmsearch.search.records.randomness import Stream, hashed_uniform
-from dlmsearch.search.records.state import Layout
+from dlmsearch.search.records.state import Canvas, Layout
 
 
 @attrs.frozen(eq=False)
@@ -92,3 +92,14 @@ class Slots:
             torch.tensor(stream),
         ]
         return hashed_uniform(keys)
+
+
+@attrs.frozen
+class SlotRows:
+    """Rows of one call, each a slot's canvas: what a population reads to perturb the base rule's proposals."""
+
+    canvas: Canvas  # [R, T] the rows' canvases
+    rows: torch.Tensor  # [R] the slot of each row
+    slots: Slots  # the slot table (who each slot is: sample, particle, seed)
+    call: torch.Tensor  # [R] each row's call index (seeds the draws)
+    layout: Layout  # the decode's layout

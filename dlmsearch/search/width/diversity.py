@@ -15,8 +15,8 @@ import attrs
 import torch
 
 from dlmsearch.search.records.randomness import Stream
-from dlmsearch.search.records.slots import Slots
-from dlmsearch.search.records.state import Canvas, Evaluation, Layout
+from dlmsearch.search.records.slots import SlotRows, Slots
+from dlmsearch.search.records.state import Evaluation
 from dlmsearch.search.width.particle_state import ParticleState
 from dlmsearch.validation import check_type, number
 
@@ -31,26 +31,13 @@ class Diversity(Protocol):
     def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         """``[R]`` token temperature for the rows of slots ``rows``, or None: the engine's own."""
 
-    def perturb(
-        self,
-        evaluation: Evaluation,
-        canvas: Canvas,
-        rows: torch.Tensor,
-        slots: Slots,
-        state: ParticleState,
-        call: torch.Tensor,
-        layout: Layout,
-    ) -> Evaluation:
+    def perturb(self, evaluation: Evaluation, at: SlotRows, state: ParticleState) -> Evaluation:
         """The evaluation the base rule commits from (order noise added where the particle diverges).
 
         Args:
             evaluation: the model's proposals for the rows (``[R, T]`` per position).
-            canvas: the rows' canvases (``[R, T]``).
-            rows: ``[R]`` the slot of each row.
-            slots: the slot table (who each slot is: sample, particle, seed).
+            at: the rows (canvases, slots, call indices, layout; :class:`SlotRows`).
             state: the particles' state (read only: ranks, who has diverged).
-            call: ``[R]`` each row's call index (seeds the draws).
-            layout: the decode's layout.
         """
 
 
@@ -61,26 +48,13 @@ class NoDiversity:
     def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         return None
 
-    def perturb(
-        self,
-        evaluation: Evaluation,
-        canvas: Canvas,
-        rows: torch.Tensor,
-        slots: Slots,
-        state: ParticleState,
-        call: torch.Tensor,
-        layout: Layout,
-    ) -> Evaluation:
+    def perturb(self, evaluation: Evaluation, at: SlotRows, state: ParticleState) -> Evaluation:
         """``evaluation`` as it is: the plain decoder's proposals.
 
         Args:
             evaluation: returned unchanged.
-            canvas: unused.
-            rows: unused.
-            slots: unused.
+            at: the rows (canvases, slots, call indices, layout; :class:`SlotRows`).
             state: unused.
-            call: unused.
-            layout: unused.
         """
         return evaluation
 
@@ -94,27 +68,15 @@ class OrderTemperature(NoDiversity):
     temperature: float = number(float, 0.0, default=0.1)
     keep_greedy: bool = attrs.field(default=True, validator=check_type(bool))
 
-    def perturb(
-        self,
-        evaluation: Evaluation,
-        canvas: Canvas,
-        rows: torch.Tensor,
-        slots: Slots,
-        state: ParticleState,
-        call: torch.Tensor,
-        layout: Layout,
-    ) -> Evaluation:
+    def perturb(self, evaluation: Evaluation, at: SlotRows, state: ParticleState) -> Evaluation:
         """Gumbel noise on the ranking of the rows whose particle varies.
 
         Args:
             evaluation: ``[R, T]`` proposals; ``order_noise`` is set on its copy.
-            canvas: unused (the noise covers every position; the rule picks among its own).
-            rows: ``[R]`` each row's slot (its particle: ``keep_greedy`` spares particle 0).
-            slots: the slot table whose seeds draw the noise.
+            at: the rows (canvases, slots, call indices, layout; :class:`SlotRows`).
             state: unused.
-            call: ``[R]`` each row's call index (a fresh draw per call).
-            layout: where the generation region starts (the draw is keyed by generation position).
         """
+        rows, slots, call, layout = at.rows, at.slots, at.call, at.layout
         noisy = varied(slots, rows, self.keep_greedy)
         if self.temperature == 0 or not bool(noisy.any()):
             return evaluation
@@ -143,27 +105,15 @@ class DistinctFirst(NoDiversity):
 
     uncertain_below: float = number(float, 0.0, 1.0, default=0.9)
 
-    def perturb(
-        self,
-        evaluation: Evaluation,
-        canvas: Canvas,
-        rows: torch.Tensor,
-        slots: Slots,
-        state: ParticleState,
-        call: torch.Tensor,
-        layout: Layout,
-    ) -> Evaluation:
+    def perturb(self, evaluation: Evaluation, at: SlotRows, state: ParticleState) -> Evaluation:
         """The r-th most confident open position first, for a family's particle of rank r, at its first uncertain step.
 
         Args:
             evaluation: ``[R, T]`` proposals (``confidence`` ranks the open positions).
-            canvas: ``[R, T]`` the rows' canvases (which positions are still open).
-            rows: ``[R]`` each row's slot.
-            slots: unused (the ranks are in ``state``).
+            at: the rows (canvases, slots, call indices, layout; :class:`SlotRows`).
             state: the particles' ranks and which families have already split.
-            call: unused (no draw).
-            layout: where the open positions may be (``unlocked``).
         """
+        canvas, rows, layout = at.canvas, at.rows, at.layout
         waiting = ~state.diverged[rows]
         if not bool(waiting.any()):
             return evaluation

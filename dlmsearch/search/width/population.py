@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from dlmsearch.search.records.randomness import Stream, hashed_uniform
-from dlmsearch.search.records.slots import Slots
+from dlmsearch.search.records.slots import SlotRows, Slots
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
 from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.search.width.diversity import Diversity, NoDiversity
@@ -98,35 +98,22 @@ class Population:
     def token_temperature(self, state: ParticleState, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         return None if self.size == 1 else self.diversity.token_temperature(slots, rows)
 
-    def perturb(
-        self,
-        evaluation: Evaluation,
-        canvas: Canvas,
-        rows: torch.Tensor,
-        slots: Slots,
-        state: ParticleState,
-        call: torch.Tensor,
-        layout: Layout,
-    ) -> tuple[Evaluation, ParticleState]:
+    def perturb(self, evaluation: Evaluation, at: SlotRows, state: ParticleState) -> tuple[Evaluation, ParticleState]:
         """The diversity's proposals (components only read the particles); slots whose commit
         order it changed are marked diverged here, in the population's own state.
 
         Args:
             evaluation: the model's proposals for the rows (``[R, T]`` per position).
-            canvas: the rows' canvases (``[R, T]``).
-            rows: ``[R]`` the slot of each row.
-            slots: the slot table.
+            at: the rows (canvases, slots, call indices, layout; :class:`SlotRows`).
             state: the particles' state before the proposals.
-            call: ``[R]`` each row's call index (seeds the diversity's draws).
-            layout: the decode's layout.
         """
         if self.size == 1:
             return evaluation, state
-        perturbed = self.diversity.perturb(evaluation, canvas, rows, slots, state, call, layout)
+        perturbed = self.diversity.perturb(evaluation, at, state)
         if perturbed.order_noise is None:
             return perturbed, state
         diverged = state.diverged.clone()
-        diverged[rows] |= (perturbed.order_noise != 0).any(dim=1)
+        diverged[at.rows] |= (perturbed.order_noise != 0).any(dim=1)
         return perturbed, attrs.evolve(state, diverged=diverged)
 
     def view(

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from dlmsearch.search.records.slots import Slots
+from dlmsearch.search.records.slots import SlotRows, Slots
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
 from dlmsearch.search.records.verifier import Verifier
 
@@ -55,26 +55,13 @@ class PopulationHook(Protocol):
     def token_temperature(self, state: Any, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         """``[R]`` token temperature for rows of these slots, or None: the engine's own."""
 
-    def perturb(
-        self,
-        evaluation: Evaluation,
-        canvas: Canvas,
-        rows: torch.Tensor,
-        slots: Slots,
-        state: Any,
-        call: torch.Tensor,
-        layout: Layout,
-    ) -> tuple[Evaluation, Any]:
+    def perturb(self, evaluation: Evaluation, at: SlotRows, state: Any) -> tuple[Evaluation, Any]:
         """The evaluation the base rule commits from at these slots, and the state after it.
 
         Args:
             evaluation: the model's proposals for the rows (``[R, T]`` per position).
-            canvas: the rows' canvases (``[R, T]``).
-            rows: ``[R]`` the slot of each row.
-            slots: the slot table (who each slot is).
+            at: the rows (canvases, slots, call indices, layout; :class:`SlotRows`).
             state: the population's state.
-            call: ``[R]`` each row's call index (seeds the draws).
-            layout: the decode's layout.
         """
 
     def after_round(
@@ -149,26 +136,13 @@ class SinglePath:
     def token_temperature(self, state: None, slots: Slots, rows: torch.Tensor) -> None:
         return None
 
-    def perturb(
-        self,
-        evaluation: Evaluation,
-        canvas: Canvas,
-        rows: torch.Tensor,
-        slots: Slots,
-        state: None,
-        call: torch.Tensor,
-        layout: Layout,
-    ) -> tuple[Evaluation, None]:
+    def perturb(self, evaluation: Evaluation, at: SlotRows, state: None) -> tuple[Evaluation, None]:
         """The model's own proposals; no state.
 
         Args:
             evaluation: returned unchanged.
-            canvas: unused.
-            rows: unused.
-            slots: unused.
+            at: the rows (canvases, slots, call indices, layout; :class:`SlotRows`).
             state: None (a single path keeps none).
-            call: unused.
-            layout: unused.
         """
         return evaluation, None
 
