@@ -14,10 +14,10 @@ from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.run import Decoding
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.width.diversity import DistinctFirst, OrderTemperature, TokenTemperature
-from dlmsearch.search.width.final_choice import MajorityVote
+from dlmsearch.search.width.final_choice import Finalists, MajorityVote
 from dlmsearch.search.width.population import Population
 from dlmsearch.search.width.population_hook import SinglePath
-from dlmsearch.search.width.resampling import KeepBest, SMCResampling
+from dlmsearch.search.width.resampling import KeepBest, ResamplingPoint, SMCResampling
 from dlmsearch.tasks.countdown import CountdownProblem, CountdownVerifier
 from dlmsearch.tasks.sudoku import SudokuTask, grids_to_tokens
 
@@ -148,9 +148,10 @@ def test_verifier_ends_conflicting_particles_and_stops_accepted_samples(adapter:
 def test_keep_best_keeps_the_best_distinct_canvases() -> None:
     scores = torch.tensor([[0.0, 5.0, 5.0, 1.0]])
     tokens = torch.tensor([[[1], [2], [2], [3]]])  # particles 1 and 2 hold the same canvas
-    source = KeepBest(keep=2).sources(
+    point = ResamplingPoint(
         scores, torch.zeros_like(scores), torch.ones(1, 4, dtype=torch.bool), tokens, torch.zeros(1)
     )
+    source = KeepBest(keep=2).sources(point)
     # Particle 2 repeats particle 1's canvas, so the two best distinct ones are 1 (score 5) and
     # 3 (score 1), best first. The rule (resampling._fill): survivors keep their own slots, and
     # the other slots, in slot order, copy the survivors in turn, best first: slot 0 takes 1,
@@ -160,13 +161,14 @@ def test_keep_best_keeps_the_best_distinct_canvases() -> None:
 
 def test_smc_resamples_towards_the_weights() -> None:
     scores = torch.tensor([[0.0, 10.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    source = SMCResampling(temperature=0.1).sources(
+    point = ResamplingPoint(
         scores,
         torch.zeros_like(scores),
         torch.ones(2, 4, dtype=torch.bool),
         torch.zeros(2, 4, 1),
         torch.tensor([0.5, 0.5]),
     )
+    source = SMCResampling(temperature=0.1).sources(point)
     assert source[0].tolist() == [1, 1, 1, 1]
     assert source[1].tolist() == [0, 1, 2, 3], "equal weights: nothing to resample"
 
@@ -178,9 +180,8 @@ def test_majority_vote_picks_the_most_stated_answer() -> None:
 
     tokens = torch.tensor([[[7], [3], [3], [9]]])
     scores = torch.tensor([[9.0, 1.0, 2.0, 8.0]])
-    chosen = MajorityVote().choose(
-        scores, torch.ones(1, 4, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.bool), tokens, Answers()
-    )
+    finalists = Finalists(scores, torch.ones(1, 4, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.bool), tokens)
+    chosen = MajorityVote().choose(finalists, Answers())
     assert chosen.tolist() == [2]
 
 

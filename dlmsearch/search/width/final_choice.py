@@ -17,19 +17,21 @@ import torch
 from dlmsearch.search.records.verifier import Verifier
 
 
+@attrs.frozen
+class Finalists:
+    """A population's particles at the end, per sample: what a final choice picks from."""
+
+    scores: torch.Tensor  # [S, P] each particle's score
+    candidates: torch.Tensor  # [S, P] the particles that compete (complete and alive, else all)
+    accepted: torch.Tensor  # [S, P] the verifier accepted its output
+    tokens: torch.Tensor  # [S, P, n] the particles' generation regions
+
+
 class FinalChoice(Protocol):
     needs_verifier: bool
 
-    def choose(
-        self,
-        scores: torch.Tensor,
-        candidates: torch.Tensor,
-        accepted: torch.Tensor,
-        tokens: torch.Tensor,
-        verifier: Verifier | None,
-    ) -> torch.Tensor:
-        """``[S]`` particle per sample, from ``scores [S, P]``, ``candidates [S, P]``, the
-        verifier's ``accepted [S, P]`` and the particles' generation regions ``[S, P, n]``."""
+    def choose(self, finalists: Finalists, verifier: Verifier | None) -> torch.Tensor:
+        """``[S]`` particle per sample, among the finalists (the verifier: for rules that read answers)."""
 
 
 def best_of(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -41,15 +43,8 @@ def best_of(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
 class BestScore:
     needs_verifier: bool = attrs.field(default=False, init=False)
 
-    def choose(
-        self,
-        scores: torch.Tensor,
-        candidates: torch.Tensor,
-        accepted: torch.Tensor,
-        tokens: torch.Tensor,
-        verifier: Verifier | None,
-    ) -> torch.Tensor:
-        return best_of(scores, candidates)
+    def choose(self, finalists: Finalists, verifier: Verifier | None) -> torch.Tensor:
+        return best_of(finalists.scores, finalists.candidates)
 
 
 @attrs.define
@@ -58,15 +53,9 @@ class Verified:
 
     needs_verifier: bool = attrs.field(default=True, init=False)
 
-    def choose(
-        self,
-        scores: torch.Tensor,
-        candidates: torch.Tensor,
-        accepted: torch.Tensor,
-        tokens: torch.Tensor,
-        verifier: Verifier | None,
-    ) -> torch.Tensor:
-        good = candidates & accepted
+    def choose(self, finalists: Finalists, verifier: Verifier | None) -> torch.Tensor:
+        scores, candidates = finalists.scores, finalists.candidates
+        good = candidates & finalists.accepted
         return best_of(scores, torch.where(good.any(dim=1, keepdim=True), good, candidates))
 
 
@@ -76,15 +65,9 @@ class MajorityVote:
 
     needs_verifier: bool = attrs.field(default=True, init=False)
 
-    def choose(
-        self,
-        scores: torch.Tensor,
-        candidates: torch.Tensor,
-        accepted: torch.Tensor,
-        tokens: torch.Tensor,
-        verifier: Verifier | None,
-    ) -> torch.Tensor:
+    def choose(self, finalists: Finalists, verifier: Verifier | None) -> torch.Tensor:
         assert verifier is not None
+        scores, candidates, tokens = finalists.scores, finalists.candidates, finalists.tokens
         samples, size = scores.shape
         chosen = best_of(scores, candidates)
         for s in range(samples):

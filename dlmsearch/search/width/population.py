@@ -22,11 +22,11 @@ from dlmsearch.search.records.slots import SlotRows, Slots
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
 from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.search.width.diversity import Diversity, NoDiversity
-from dlmsearch.search.width.final_choice import BestScore, FinalChoice
+from dlmsearch.search.width.final_choice import BestScore, FinalChoice, Finalists
 from dlmsearch.search.width.particle_scores import ParticleView, WeightedSum
 from dlmsearch.search.width.particle_state import ParticleState
 from dlmsearch.search.width.population_hook import Evaluate, PopulationOutcome
-from dlmsearch.search.width.resampling import NoResampling, Resampling
+from dlmsearch.search.width.resampling import NoResampling, Resampling, ResamplingPoint
 from dlmsearch.validation import check_type, number
 
 
@@ -267,13 +267,14 @@ class Population:
                 torch.tensor(Stream.RESAMPLING),
             ]
         )
-        source = self.resampling.sources(
+        point = ResamplingPoint(
             scores.view(samples, size),
             state.base_score.view(samples, size),
             (candidates.view(samples, size) & busy[:, None]),
             _generated(canvas.tokens, layout).view(samples, size, -1),
             uniform,
         )
+        source = self.resampling.sources(point)
         if source is None:
             return state, None
         changed = (source != torch.arange(size)).any(dim=1)  # per sample: its own business, whatever the batch
@@ -320,7 +321,8 @@ class Population:
         candidates = torch.where(
             state.stopped[:, None], candidates & accepted, candidates
         )  # a stopped sample's output is what stopped it
-        particle = self.choice.choose(scores, candidates, accepted, view.tokens.view(samples, size, -1), verifier)
+        finalists = Finalists(scores, candidates, accepted, view.tokens.view(samples, size, -1))
+        particle = self.choice.choose(finalists, verifier)
         return torch.arange(samples) * size + particle
 
     def outcome(self, state: ParticleState, slot: int, sample: int) -> PopulationOutcome:

@@ -17,19 +17,22 @@ import torch
 from dlmsearch.validation import number
 
 
+@attrs.frozen
+class ResamplingPoint:
+    """A population at a resampling point, per sample: what a resampling policy draws the next one from."""
+
+    scores: torch.Tensor  # [S, P] each particle's score now
+    base: torch.Tensor  # [S, P] its score at the last resampling point
+    candidates: torch.Tensor  # [S, P] the particles that may be drawn (alive, of a sample still decoding)
+    tokens: torch.Tensor  # [S, P, n] the particles' generation regions
+    uniform: torch.Tensor  # [S] a seeded draw per sample
+
+
 class Resampling(Protocol):
     every: int  # rounds between resampling points (0: never)
 
-    def sources(
-        self,
-        scores: torch.Tensor,
-        base: torch.Tensor,
-        candidates: torch.Tensor,
-        tokens: torch.Tensor,
-        uniform: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """``[S, P]`` source particle per slot. ``base`` is each particle's score at the last
-        resampling point; ``uniform [S]`` a seeded draw per sample."""
+    def sources(self, point: ResamplingPoint) -> torch.Tensor | None:
+        """``[S, P]`` source particle per slot, or None: no resampling at this point."""
 
 
 def own_slots(samples: int, size: int) -> torch.Tensor:
@@ -56,14 +59,7 @@ class NoResampling:
 
     every: int = 0
 
-    def sources(
-        self,
-        scores: torch.Tensor,
-        base: torch.Tensor,
-        candidates: torch.Tensor,
-        tokens: torch.Tensor,
-        uniform: torch.Tensor,
-    ) -> torch.Tensor | None:
+    def sources(self, point: ResamplingPoint) -> torch.Tensor | None:
         return None
 
 
@@ -75,14 +71,8 @@ class KeepBest:
     keep: int = number(int, 1, default=2)
     every: int = number(int, 1, default=1)
 
-    def sources(
-        self,
-        scores: torch.Tensor,
-        base: torch.Tensor,
-        candidates: torch.Tensor,
-        tokens: torch.Tensor,
-        uniform: torch.Tensor,
-    ) -> torch.Tensor | None:
+    def sources(self, point: ResamplingPoint) -> torch.Tensor | None:
+        scores, candidates, tokens = point.scores, point.candidates, point.tokens
         size = scores.shape[1]
         same = (tokens[:, :, None] == tokens[:, None, :]).all(dim=3) & candidates[:, None, :]
         earlier = torch.ones(size, size, dtype=torch.bool).tril(-1)  # [p, q]: q < p
@@ -105,22 +95,16 @@ class SMCResampling:
     every: int = number(int, 1, default=1)
     ess_fraction: float = number(float, 0.0, 1.0, default=0.5)
 
-    def sources(
-        self,
-        scores: torch.Tensor,
-        base: torch.Tensor,
-        candidates: torch.Tensor,
-        tokens: torch.Tensor,
-        uniform: torch.Tensor,
-    ) -> torch.Tensor | None:
+    def sources(self, point: ResamplingPoint) -> torch.Tensor | None:
+        scores, candidates = point.scores, point.candidates
         samples, size = scores.shape
-        log_weight = torch.where(candidates, (scores - base) / self.temperature, -math.inf)
+        log_weight = torch.where(candidates, (scores - point.base) / self.temperature, -math.inf)
         weight = torch.softmax(log_weight.double(), dim=1)
         weight = torch.nan_to_num(weight, nan=0.0)  # a sample without candidates
         ess = 1.0 / (weight**2).sum(dim=1).clamp(min=1e-300)
         resample = candidates.any(dim=1) & (ess < self.ess_fraction * candidates.sum(dim=1))
         cdf = weight.cumsum(dim=1)
         cdf[:, -1] = 1.0
-        points = (uniform.double()[:, None] + torch.arange(size, dtype=torch.double)) / size
+        points = (point.uniform.double()[:, None] + torch.arange(size, dtype=torch.double)) / size
         drawn = torch.searchsorted(cdf, points).clamp(max=size - 1)
         return torch.where(resample[:, None], drawn, own_slots(samples, size))
