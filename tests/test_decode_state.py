@@ -8,6 +8,7 @@ import torch
 from conftest import MASK_ID, VOCAB, make_requests, record, text_decoder, tiny_denoiser
 
 from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.search.driver import step
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 torch.set_num_threads(1)
@@ -33,17 +34,17 @@ def test_a_step_reads_only_the_plan(preset: str) -> None:
     for part in ("commit", "trigger", "candidates", "scorer", "expansion", "selector", "population", "revision"):
         setattr(decoder, part, Refuses())
     while not state.finished:
-        state = decoder.step(engine, state)
+        state = step(engine, state)
     assert [record(r) for r in decoder.finish(engine, state)] == expected
 
 
 def test_stepping_an_older_state_is_refused() -> None:
     engine, decoder = _engine(), text_decoder("llada")
     first = decoder.start(engine, make_requests([5, 7], 16), 8)
-    second = decoder.step(engine, first)
+    second = step(engine, first)
     with pytest.raises(ValueError, match=r"stale: its slots' stores moved on to version 1 \(the state was made at 0\)"):
-        decoder.step(engine, first)
+        step(engine, first)
     with pytest.raises(ValueError, match="stale"):
         decoder.finish(engine, first)
-    third = decoder.step(engine, second)  # the latest state steps on
+    third = step(engine, second)  # the latest state steps on
     assert third.round_index == 2

@@ -13,6 +13,7 @@ from conftest import make_requests, text_decoder
 
 from dlmsearch.search.components.expansion import ConfidenceDepth, FixedDepth, VarianceGate
 from dlmsearch.search.components.lookahead import Lookahead
+from dlmsearch.search.driver import step
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 
@@ -70,7 +71,7 @@ def test_the_loop_is_a_step_function_over_a_frozen_state(adapter, preset: str) -
     rounds = 0
     while not state.finished:
         before = state.canvas.tokens.clone()
-        after = decoder.step(engine, state, NoRepeatVerifier())
+        after = step(engine, state, NoRepeatVerifier())
         assert torch.equal(state.canvas.tokens, before) and after is not state
         state, rounds = after, rounds + 1
     with pytest.raises(attrs.exceptions.FrozenInstanceError):

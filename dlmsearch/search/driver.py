@@ -90,7 +90,7 @@ class DecodeResult:
 
 @attrs.frozen
 class DecodeState:
-    """Everything a batch's decoding carries between rounds: ``state = decoder.step(engine, state)``
+    """Everything a batch's decoding carries between rounds: ``state = step(engine, state)``
     until ``finished``. The plan, the slot table, the per-sample counters, the population's own
     state (opaque to the loop), the canvases, their latest evaluations, the per-slot flags and
     the slots' stores are here, none of it in the engine, so a caller can stream finished
@@ -266,27 +266,6 @@ class SearchDecoder:
         bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= plan.vocab_size)).any())]
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {plan.vocab_size}) in sample uid(s) {bad}")
-
-    def step(
-        self,
-        engine: RolloutEngine,
-        state: DecodeState,
-        verifier: Verifier | None = None,
-        deadline_s: float | None = None,
-        on_round: Callable[[Canvas, torch.Tensor | None], None] | None = None,
-        on_lookahead: Callable[[Lookahead], None] | None = None,
-    ) -> DecodeState:
-        """One round for every slot still decoding (:func:`step`: it reads the state's plan only).
-
-        Args:
-            engine: the model's only caller.
-            state: the latest state.
-            verifier: the task's check of the batch's outputs, for populations that use one.
-            deadline_s: past it, a sample stops exploring and finishes with the base rule.
-            on_round: sees ``[slots]`` canvases after the round, and the slot each continues from.
-            on_lookahead: sees every level of every lookahead.
-        """
-        return step(engine, state, verifier, deadline_s, on_round, on_lookahead)
 
     def finish(self, engine: RolloutEngine, state: DecodeState, verifier: Verifier | None = None) -> list[DecodeResult]:
         """Each sample's output: the population's re-check and choice, then the chosen slot's result."""

@@ -19,7 +19,7 @@ import attrs
 import torch
 
 from dlmsearch.search.components.lookahead import Lookahead
-from dlmsearch.search.driver import DecodeRequest, DecodeResult, DecodeState, SearchDecoder
+from dlmsearch.search.driver import DecodeRequest, DecodeResult, DecodeState, SearchDecoder, step
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan
 from dlmsearch.search.records.rows import cat_rows, pad_columns
@@ -225,9 +225,7 @@ class DecodeSession:
             return []
         before, hook = self.state, self.on_lookahead
         look = None if hook is None else lambda lookahead: hook(lookahead, before.slots)
-        self.state = self.decoder.step(
-            self.engine, before, placed(self.verifier, before), self.deadline_s, on_lookahead=look
-        )
+        self.state = step(self.engine, before, placed(self.verifier, before), self.deadline_s, on_lookahead=look)
         return self._take_finished()
 
     def clear(self) -> None:
