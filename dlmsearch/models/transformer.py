@@ -205,31 +205,18 @@ class Block(nn.Module):
 
     def _output(self, flat: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
         """The block's output ``[tokens, hidden]``: output projection, residual and (dense or mixture-of-experts) MLP."""
-        c = self.config
-        if self.moe is None:
-            return self.ops.block_output(
-                flat,
-                mixed,
-                self.o_proj.weight,
-                self.mlp_norm.weight,
-                self.mlp_norm.eps,
-                self.gate_proj.weight,
-                self.up_proj.weight,
-                self.down_proj.weight,
-                c.activation,
-            )
-        return token_ops.moe_block_output(
-            flat,
-            mixed,
+        dense = (
             self.o_proj.weight,
             self.mlp_norm.weight,
             self.mlp_norm.eps,
             self.gate_proj.weight,
             self.up_proj.weight,
             self.down_proj.weight,
-            c.activation,
-            self._routed(),
+            self.config.activation,
         )
+        if self.moe is None:
+            return self.ops.block_output(flat, mixed, *dense)
+        return token_ops.moe_block_output(flat, mixed, *dense, self._routed())
 
     def _routed(self) -> dict[str, Any]:
         """The routed experts' weights and routing settings, as :func:`token_ops.moe_block_output` takes them."""
