@@ -50,7 +50,7 @@ from dlmsearch.search.records.slots import SlotRows, Slots
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout, block_aligned, initial_canvas
 from dlmsearch.search.records.usage import Usage
 from dlmsearch.search.records.verifier import Verifier
-from dlmsearch.search.width.population_hook import PopulationHook, PopulationOutcome, SinglePath
+from dlmsearch.search.width.population_hook import PopulationHook, PopulationOutcome, SinglePath, SlotCanvases
 
 RECHECK_KEY = BRANCH_KEYS - 1  # the rows of a population's final re-check by the model
 
@@ -277,7 +277,9 @@ class SearchDecoder:
             evaluation, spent[0] = _evaluate(engine, state, spent[0], probe, rows, torch.full_like(rows, RECHECK_KEY))
             return evaluation
 
-        chosen_slot = plan.population.choose(canvas, slots, population, layout, verifier, recheck, engine.mask_id)
+        chosen_slot = plan.population.choose(
+            SlotCanvases(canvas, slots, layout, verifier), population, recheck, engine.mask_id
+        )
         late_sample = state.late.view(slots.samples, slots.size).any(dim=1)
         return [
             self._result(
@@ -504,7 +506,8 @@ def _advance(
     if plan.stop_ids:
         whole_block = plan.attention_block is not None
         canvas = fill_after_end(canvas, layout, torch.tensor(plan.stop_ids), slots.region[:, 0], whole_block)
-    population, source = plan.population.after_round(canvas, slots, state.population, layout, state.rounds, verifier)
+    at = SlotCanvases(canvas, slots, layout, verifier)
+    population, source = plan.population.after_round(at, state.population, state.rounds)
     if source is not None:
         canvas, evaluation, fresh, late = canvas.take(source), evaluation.take(source), fresh[source], late[source]
         state.memory.reorder(source)

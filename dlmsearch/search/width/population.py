@@ -25,7 +25,7 @@ from dlmsearch.search.width.diversity import Diversity, NoDiversity
 from dlmsearch.search.width.final_choice import BestScore, FinalChoice, Finalists
 from dlmsearch.search.width.particle_scores import ParticleView, WeightedSum
 from dlmsearch.search.width.particle_state import ParticleState
-from dlmsearch.search.width.population_hook import Evaluate, PopulationOutcome
+from dlmsearch.search.width.population_hook import Evaluate, PopulationOutcome, SlotCanvases
 from dlmsearch.search.width.resampling import NoResampling, Resampling, ResamplingPoint
 from dlmsearch.validation import check_type, number
 
@@ -164,29 +164,21 @@ class Population:
         return scores
 
     def after_round(
-        self,
-        canvas: Canvas,
-        slots: Slots,
-        state: ParticleState,
-        layout: Layout,
-        round_index: torch.Tensor,
-        verifier: Verifier | None,
+        self, at: SlotCanvases, state: ParticleState, round_index: torch.Tensor
     ) -> tuple[ParticleState, torch.Tensor | None]:
         """End conflicting particles, judge finished ones, stop accepted samples, and resample
         at the policy's rounds (each sample on its own schedule, so a sample that joined a decode
         later resamples on its own).
 
         Args:
-            canvas: the slots' canvases after the round's commits (``[samples * size, T]``).
-            slots: the slot table (who each slot is).
+            at: the slots' canvases, the slot table, the layout and the verifier (:class:`SlotCanvases`).
             state: the particles' state before the round's judgement.
-            layout: the decode's layout (where the generation region is).
             round_index: ``[samples]`` each sample's own round.
-            verifier: the task's verifier, or None where the task gives none.
 
         Returns:
             The new state and ``[samples * size]`` the slot each slot continues from (None: unchanged).
         """
+        canvas, slots, layout, verifier = at.canvas, at.slots, at.layout, at.verifier
         samples, size = slots.samples, self.size
         running = state.running(slots)
         open_ = canvas.masked.any(dim=1)
@@ -200,7 +192,7 @@ class Population:
         due = (round_index + 1) % every == 0 if every else torch.zeros(samples, dtype=torch.bool)
         if size == 1 or not bool(due.any()):
             return state, None
-        return self._resample(canvas, slots, state, layout, round_index, verifier, due)
+        return self._resample(at, state, round_index, due)
 
     def _judge(
         self, canvas: Canvas, slots: Slots, state: ParticleState, layout: Layout, verifier: Verifier
@@ -230,30 +222,17 @@ class Population:
         return state
 
     def _resample(
-        self,
-        canvas: Canvas,
-        slots: Slots,
-        state: ParticleState,
-        layout: Layout,
-        round_index: torch.Tensor,
-        verifier: Verifier | None,
-        due: torch.Tensor,
+        self, at: SlotCanvases, state: ParticleState, round_index: torch.Tensor, due: torch.Tensor
     ) -> tuple[ParticleState, torch.Tensor | None]:
-        """The resampling policy's sources where it is ``due`` and the sample still decodes.
-
-        Args:
-            canvas: the slots' canvases after the round (``[samples * size, T]``).
-            slots: the slot table.
-            state: the particles' state after the round's judgement.
-            layout: the decode's layout.
-            round_index: ``[samples]`` each sample's own round (seeds the policy's draw).
-            verifier: the task's verifier (for the scores that read it), or None.
-            due: ``[samples]`` the samples at a resampling point of the policy.
+        """The resampling policy's sources where it is ``due`` and the sample still decodes
+        (``round_index [samples]``, each sample's own round, seeds the policy's draw); ``state``
+        is the particles' state after the round's judgement.
 
         Returns:
             The new state (the moved slots adopt their sources' state and score) and
             ``[samples * size]`` the slot each slot continues from, or None where nothing moves.
         """
+        canvas, slots, layout, verifier = at.canvas, at.slots, at.layout, at.verifier
         samples, size = slots.samples, self.size
         scores = self.score(self.view(canvas, slots, layout, verifier))
         candidates = state.alive & ~state.stopped[slots.owner]
@@ -285,29 +264,18 @@ class Population:
         state = attrs.evolve(state, base_score=torch.where(moved, scores, state.base_score))
         return state.adopt(moved_from, moved), moved_from
 
-    def choose(
-        self,
-        canvas: Canvas,
-        slots: Slots,
-        state: ParticleState,
-        layout: Layout,
-        verifier: Verifier | None,
-        evaluate: Evaluate,
-        mask_id: int,
-    ) -> torch.Tensor:
+    def choose(self, at: SlotCanvases, state: ParticleState, evaluate: Evaluate, mask_id: int) -> torch.Tensor:
         """``[samples]`` the slot whose canvas is each sample's output. Where a score asks for the
         model's re-check, it is computed here through ``evaluate`` (one engine step for probe
         canvases of the given slots).
 
         Args:
-            canvas: the slots' final canvases (``[samples * size, T]``).
-            slots: the slot table.
+            at: the slots' canvases, the slot table, the layout and the verifier (:class:`SlotCanvases`).
             state: the particles' state (alive, verdicts, stopped samples).
-            layout: the decode's layout.
-            verifier: the task's verifier, or None.
             evaluate: one engine step for probe canvases of the given slots (:meth:`recheck`).
             mask_id: the mask token's id (for the probe canvases).
         """
+        canvas, slots, layout, verifier = at.canvas, at.slots, at.layout, at.verifier
         samples, size = slots.samples, self.size
         if size == 1:
             return torch.arange(samples)

@@ -34,6 +34,17 @@ class PopulationOutcome:
     accepted: bool | None = None  # the task verifier's verdict on the output (None: not checked)
 
 
+@attrs.frozen
+class SlotCanvases:
+    """The decode's slots at the end of a round (or of the decode): what a population judges,
+    resamples and chooses from."""
+
+    canvas: Canvas  # [slots, T] the slots' canvases
+    slots: Slots  # the slot table (who each slot is)
+    layout: Layout  # the decode's layout (where the generation region is)
+    verifier: Verifier | None  # the task's verifier, or None where the task gives none
+
+
 class PopulationHook(Protocol):
     size: int  # particles per sample
 
@@ -64,44 +75,21 @@ class PopulationHook(Protocol):
             state: the population's state.
         """
 
-    def after_round(
-        self,
-        canvas: Canvas,
-        slots: Slots,
-        state: Any,
-        layout: Layout,
-        round_index: torch.Tensor,
-        verifier: Verifier | None,
-    ) -> tuple[Any, torch.Tensor | None]:
+    def after_round(self, at: SlotCanvases, state: Any, round_index: torch.Tensor) -> tuple[Any, torch.Tensor | None]:
         """The state after a round and the slot each slot continues from (None: its own).
 
         Args:
-            canvas: the slots' canvases after the round's commits (``[slots, T]``).
-            slots: the slot table.
+            at: the slots' canvases, the slot table, the layout and the verifier (:class:`SlotCanvases`).
             state: the population's state.
-            layout: the decode's layout.
             round_index: ``[samples]`` each sample's own round.
-            verifier: the task's verifier, or None.
         """
 
-    def choose(
-        self,
-        canvas: Canvas,
-        slots: Slots,
-        state: Any,
-        layout: Layout,
-        verifier: Verifier | None,
-        evaluate: Evaluate,
-        mask_id: int,
-    ) -> torch.Tensor:
+    def choose(self, at: SlotCanvases, state: Any, evaluate: Evaluate, mask_id: int) -> torch.Tensor:
         """``[samples]`` the slot whose canvas is each sample's output.
 
         Args:
-            canvas: the slots' final canvases (``[slots, T]``).
-            slots: the slot table.
+            at: the slots' canvases, the slot table, the layout and the verifier (:class:`SlotCanvases`).
             state: the population's state.
-            layout: the decode's layout.
-            verifier: the task's verifier, or None.
             evaluate: one engine step for probe canvases of the given slots (the final re-check).
             mask_id: the mask token's id (for the probe canvases).
         """
@@ -146,48 +134,26 @@ class SinglePath:
         """
         return evaluation, None
 
-    def after_round(
-        self,
-        canvas: Canvas,
-        slots: Slots,
-        state: None,
-        layout: Layout,
-        round_index: torch.Tensor,
-        verifier: Verifier | None,
-    ) -> tuple[None, None]:
+    def after_round(self, at: SlotCanvases, state: None, round_index: torch.Tensor) -> tuple[None, None]:
         """Nothing to judge or resample: no state, every slot continues from itself.
 
         Args:
-            canvas: unused.
-            slots: unused.
+            at: the slots' canvases, the slot table, the layout and the verifier (:class:`SlotCanvases`).
             state: None.
-            layout: unused.
             round_index: unused.
-            verifier: unused (a single path is never pruned).
         """
         return None, None
 
-    def choose(
-        self,
-        canvas: Canvas,
-        slots: Slots,
-        state: None,
-        layout: Layout,
-        verifier: Verifier | None,
-        evaluate: Evaluate,
-        mask_id: int,
-    ) -> torch.Tensor:
+    def choose(self, at: SlotCanvases, state: None, evaluate: Evaluate, mask_id: int) -> torch.Tensor:
         """``[samples]`` each sample's one slot (slot = sample).
 
         Args:
-            canvas: unused.
-            slots: the slot table (how many samples).
+            at: the slots' canvases, the slot table, the layout and the verifier (:class:`SlotCanvases`).
             state: None.
-            layout: unused.
-            verifier: unused.
             evaluate: unused (no re-check).
             mask_id: unused.
         """
+        slots = at.slots
         return torch.arange(slots.samples)
 
     def outcome(self, state: None, slot: int, sample: int) -> PopulationOutcome:
