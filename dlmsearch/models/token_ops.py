@@ -109,6 +109,10 @@ def block_output(
 ) -> torch.Tensor:
     """The block's output for ``x [tokens, hidden]`` given its attention ``[tokens, hidden]``.
 
+    Its last six parameters are :func:`mlp`'s, repeated on purpose (the one pair ``duplicates``
+    reports here): the per-token functions take plain tensors, the graph inputs torch.compile
+    buckets by (``engine.compile``), not a record of them.
+
     Args:
         x: ``[tokens, hidden]`` the stream entering the block (the first residual).
         attended: ``[tokens, heads * head_dim]`` the attention's output, heads concatenated.
