@@ -16,7 +16,6 @@ import pytest
 from dlmsearch.config import compose
 from dlmsearch.run import run
 from dlmsearch.run_records import percentile
-from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.session import DecodeSession
 
 TESTS = Path(__file__).resolve().parent
@@ -64,11 +63,13 @@ def test_each_record_is_written_when_its_sample_finishes(tmp_path: Path, monkeyp
     places take new items while others decode on."""
     results = tmp_path / "results.jsonl"
     seen, admitted_beside, updates = [], [], []
-    step, admit = SearchDecoder.step, DecodeSession.admit
+    import dlmsearch.search.session as session_module
 
-    def counting_step(self, *args, **kwargs):
+    step, admit = session_module.step, DecodeSession.admit
+
+    def counting_step(*args, **kwargs):
         seen.append(results.read_text().count("\n") if results.exists() else 0)
-        return step(self, *args, **kwargs)
+        return step(*args, **kwargs)
 
     def noting_admit(self, requests):
         admitted_beside.append(len(self.uids))
@@ -81,7 +82,7 @@ def test_each_record_is_written_when_its_sample_finishes(tmp_path: Path, monkeyp
             updates.append(n)
             return super().update(n)
 
-    monkeypatch.setattr(SearchDecoder, "step", counting_step)
+    monkeypatch.setattr(session_module, "step", counting_step)
     monkeypatch.setattr(DecodeSession, "admit", noting_admit)
     monkeypatch.setattr(run_module, "tqdm", Bar)
     decode(tmp_path, "+decoder=fast_dllm", "task.limit=8", "batch_size=4")
