@@ -8,6 +8,7 @@ without the file declares nothing and the task's own defaults apply.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,19 @@ KEYS = {
 
 def read_trained_on(path: str | None) -> dict[str, Any]:
     """The declared settings of the checkpoint at ``path`` (empty: no directory, or no file); a
-    file name among them becomes a path inside the directory."""
-    if not path or not (Path(path) / FILE).is_file():
+    file name among them becomes a path inside the directory. Read once per version of the file
+    (a config resolves one key per call, several times per composition)."""
+    source = Path(path) / FILE if path else None
+    if source is None or not source.is_file():
         return {}
-    source = Path(path) / FILE
-    settings = json.loads(source.read_text())
+    return dict(_read(str(source), source.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=32)
+def _read(source: str, version: int) -> dict[str, Any]:
+    """The checked settings of ``source`` (``version``: its modification time, so an edit is read again)."""
+    path = Path(source).parent
+    settings = json.loads(Path(source).read_text())
     for key, value in settings.items():
         if key not in KEYS:
             raise ValueError(f"{source}: unknown setting {key!r}; a checkpoint may declare {', '.join(KEYS)}")

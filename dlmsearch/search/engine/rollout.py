@@ -117,6 +117,14 @@ class CallSettings:
 
 
 @attrs.frozen
+class WrittenFirst:
+    """A forward of their own that some rows took before the call (the block cache's separate write)."""
+
+    rows: torch.Tensor  # [n] the rows of the call that took it
+    cost: CallCost  # what it cost them
+
+
+@attrs.frozen
 class PreparedCall:
     """A call ready to run: its rows (temperature resolved), its settings, the seeded draws, and
     which rows repeat another of their group."""
@@ -349,9 +357,9 @@ class RolloutEngine:
         statistics_registry.check(settings.statistics)
         rows, written = self._write_first(rows, settings)
         evaluation, cost = self._call(rows, settings)
-        return evaluation, cost if written is None else cost.after(*written)
+        return evaluation, cost if written is None else cost.after(written.rows, written.cost)
 
-    def _write_first(self, rows: CallRows, settings: CallSettings) -> tuple[CallRows, tuple | None]:
+    def _write_first(self, rows: CallRows, settings: CallSettings) -> tuple[CallRows, WrittenFirst | None]:
         """The forward of its own that the policy asks for before the call (the block cache's
         separate write of finished blocks): the rows after it (one call later) and what it cost."""
         if rows.window is None:
@@ -367,7 +375,7 @@ class RolloutEngine:
         _, cost = self._call(
             writing, CallSettings(settings.memory, settings.sampling, frozenset(), settings.from_column)
         )
-        return attrs.evolve(rows, call=rows.call + writes.long()), (at, cost)
+        return attrs.evolve(rows, call=rows.call + writes.long()), WrittenFirst(at, cost)
 
     def _call(self, rows: CallRows, settings: CallSettings) -> tuple[Evaluation, CallCost]:
         """prepare -> run -> collect: the planned forwards of the rows, each piece's summaries
