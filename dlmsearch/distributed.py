@@ -58,6 +58,13 @@ class Ranks:
             return {"device": f"cuda:{self.local_rank}"}
         return {}
 
+    def barrier(self) -> None:
+        """Wait for every rank (nothing to wait for in one process)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
     def shard(self, pending: list[Item]) -> list[Item]:
         return pending[self.rank :: self.world]
 
@@ -68,17 +75,11 @@ class Ranks:
         in the task's order whatever order the items were decoded in (as they finished, longest
         prompts first, resumed runs, other world sizes), a retried item's last record replacing its
         earlier error; all ranks return the merged records."""
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
+        self.barrier()
         if self.rank == 0:
             done = fold_in_order(out, "results", item_ids, read)
             fold_in_order(out, "trace", item_ids, read_records)
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
+        self.barrier()
         return done if self.rank == 0 else read(out / "results.jsonl")  # rank 0 holds what it wrote
 
 

@@ -515,6 +515,9 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     items = decoding.task.items()
     plan = decoding.prepare(items)
     done = read_all_done(out)
+    # Every rank shards the same pending list: none may write a record before all have read what is
+    # done (a fast rank's first records read by a slow one gave it other shards, and an item was skipped).
+    ranks.barrier()
     already = sum(1 for item in items if item.id in done)
     if already and ranks.rank == 0:
         print(f"resuming: {already} of {len(items)} items already done in {out}", file=sys.stderr)
