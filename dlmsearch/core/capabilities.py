@@ -47,3 +47,7 @@ class ModelCapabilities:
     layerwise: bool = (
         False  # the layerwise cache policies (dllm_cache, d2cache, elastic, dkv): a native full-attention model
     )
+    # "mask": positions to fill hold the mask token; "uniform": they hold uniform random ids that every step
+    # re-decides (DiffusionGemma), ``mask_id`` then marks them inside dlmsearch only (one past the vocabulary)
+    noise: str = "mask"
+    canvas_length: int | None = None  # a uniform-noise model's canvas: it denoises this many columns at a time

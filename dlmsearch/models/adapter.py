@@ -58,8 +58,8 @@ class ModelAdapter:
     capabilities: ModelCapabilities = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        self._check_ids()
         checked = (
-            ("model.mask_id=", [self.mask_id]),
             ("suppressed token id ", self.suppressed_ids),
             ("deferred token id ", self.deferred_ids),
             ("stop token id ", self.stop_ids),
@@ -96,6 +96,11 @@ class ModelAdapter:
             and self.attention_block is None
             and getattr(self.module.config, "moe", None) is None,
         )
+
+    def _check_ids(self) -> None:
+        """The mask id is a token of the vocabulary (a uniform-noise model marks open positions otherwise)."""
+        if not 0 <= self.mask_id < self.vocab_size:
+            raise ValueError(f"model.mask_id={self.mask_id} is outside the vocabulary [0, {self.vocab_size})")
 
     def empty_kv(self, slots: int, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Zeroed keys and values ``[slots, kv_heads, width, head_dim]`` per layer, for a store that

@@ -460,6 +460,9 @@ def _select_and_commit(state: DecodeState, round_: Round) -> tuple[DecodeState, 
     call = state.usage.steps[slots.owner[base]]
     at = SlotRows(sub, base, slots, call, state.layout)
     proposals, population = plan.population.perturb(sub_eval, at, state.population)
+    if plan.commit.redecides:  # uniform noise: the whole canvas is decided afresh (kept, re-noised, or finished)
+        committed = plan.commit.redecide(sub, proposals, state.layout, call, plan.mask_id)
+        return attrs.evolve(state, population=population), committed
     chosen = plan.commit.select(sub, proposals, state.layout)
     committed = sub.commit(
         chosen,
@@ -503,9 +506,11 @@ def _advance(
     particles (slots take over others' stores), count the round."""
     plan, layout, slots = state.plan, state.layout, state.slots
     canvas, evaluation, fresh, late = state.canvas, state.evaluation, state.fresh, state.late
-    if plan.stop_ids:
-        whole_block = plan.attention_block is not None
-        canvas = fill_after_end(canvas, layout, torch.tensor(plan.stop_ids), slots.region[:, 0], whole_block)
+    if plan.stop_ids:  # a block-diffusion or uniform-noise answer ends with the block (canvas) that holds its end
+        whole_block = plan.attention_block is not None or plan.commit.redecides
+        canvas = fill_after_end(
+            canvas, layout, torch.tensor(plan.stop_ids), slots.region[:, 0], whole_block, plan.commit.redecides
+        )
     at = SlotCanvases(canvas, slots, layout, verifier)
     population, source = plan.population.after_round(at, state.population, state.rounds)
     if source is not None:
@@ -555,7 +560,9 @@ def _evaluate(
         row_key,
         usage.steps[owner],
         canvas.window(state.layout),
-        temperature=plan.population.token_temperature(state.population, slots, slot),
+        temperature=plan.commit.temperature(canvas)
+        if plan.commit.redecides
+        else plan.population.token_temperature(state.population, slots, slot),
         seed=slots.seed[slot],
         group=None if slots.size == 1 else slots.owner[slot] * BRANCH_KEYS + branch_key,
     )

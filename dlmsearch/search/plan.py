@@ -140,6 +140,13 @@ def make_plan(
     validate(decoder, engine)
     if able.attention_block is not None:  # a block-diffusion model decodes its own attention blocks
         block_length = able.attention_block
+    elif able.canvas_length is not None:  # a uniform-noise model denoises its own canvas, whole
+        block_length = able.canvas_length
+        if gen_length % block_length:
+            raise ValueError(
+                f"the generation length ({gen_length}) must be a whole number of this model's canvases of {block_length} "
+                f"(it denoises a canvas whole): set task.gen_length to {-(-gen_length // block_length) * block_length}"
+            )
     else:
         block_length = decoder.block_length or block_length
     # Rules that split a number of steps over the blocks split it over the generation's gen_length / block
@@ -197,6 +204,8 @@ def validate(decoder: DecoderSettings, engine: RolloutEngine) -> None:
 
 def _layerwise_cache(m: Meeting) -> str | None:
     """1. A layerwise cache (dllm_cache, d2cache, elastic, dkv) needs the native full-attention forward."""
+    if m.cache.layerwise and m.able.noise == "uniform":
+        return f"cache={m.cache.name} recomputes stale keys and values of a masked canvas; {m.able.name} denoises uniform noise: use cache=none"
     if not m.cache.layerwise or m.able.layerwise:
         return None
     if m.able.attention_block is not None:
@@ -211,6 +220,11 @@ def _cache_the_model_runs(m: Meeting) -> str | None:
     """2. Any other cache must be one the model can store keys and values for."""
     if m.cache.layerwise or m.cache.name in m.able.cache_policies:
         return None
+    if m.able.noise == "uniform":
+        return (
+            f"cache={m.cache.name} caches a masked canvas; {m.able.name} denoises uniform noise and its decoder already "
+            "reads the encoder's exact cache of everything before the canvas: use cache=none (or cache=auto)"
+        )
     if m.able.attention_block is not None:
         return f"cache={m.cache.name} is a full-attention model's cache; {m.block_model} has an exact one: use cache=block (or cache=none)"
     if m.cache.name == "block":
@@ -305,6 +319,41 @@ def _shadow(m: Meeting) -> str | None:
     return None
 
 
+def _noise(m: Meeting) -> str | None:
+    """11. A uniform-noise model re-decides its whole canvas every step; a rule that fills masks cannot run it, nor the reverse."""
+    uniform, redecides = m.able.noise == "uniform", m.decoder.commit.redecides
+    if uniform and not redecides:
+        return (
+            f"decoder {m.decoder.name!r} commits masked positions, but {m.able.name} has no mask token (its canvas starts "
+            "as uniform noise and every step re-decides it): use +decoder=diffusion_gemma, or a decoder built on decoder/commit=uniform_noise"
+        )
+    if redecides and not uniform:
+        return (
+            f"decoder {m.decoder.name!r} re-decides a canvas of uniform noise every step; {m.able.name} fills a masked "
+            "canvas: use a decoder for masked diffusion (e.g. +decoder=llada)"
+        )
+    return None
+
+
+def _uniform_noise_parts(m: Meeting) -> str | None:
+    """12. On uniform noise, re-masking revisions, guidance's masked prompt and (for now) lookahead have no meaning."""
+    if m.able.noise != "uniform":
+        return None
+    if m.decoder.revision.revises:
+        return (
+            f"decoder {m.decoder.name!r} returns committed tokens to the mask; on {m.able.name} every step already "
+            "re-noises what it does not keep: use decoder/revision=none"
+        )
+    if m.decoder.guidance.active:
+        return f"decoder.guidance masks the prompt with the mask token; {m.able.name} has none: use decoder.guidance.scale=0"
+    if m.decoder.trigger.explores:
+        return (
+            f"decoder {m.decoder.name!r} looks ahead by committing masked positions on copies of the canvas; lookahead over "
+            f"{m.able.name}'s keep-sets is not built yet: use decoder/trigger=never (width search with populations works)"
+        )
+    return None
+
+
 RULES: tuple[Callable[[Meeting], str | None], ...] = (
     _layerwise_cache,
     _cache_the_model_runs,
@@ -316,4 +365,6 @@ RULES: tuple[Callable[[Meeting], str | None], ...] = (
     _revision_over_layerwise,
     _history,
     _shadow,
+    _noise,
+    _uniform_noise_parts,
 )

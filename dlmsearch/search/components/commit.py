@@ -98,6 +98,7 @@ class _FixedSteps:
     block_budget: int | None = attrs.field(init=False, default=None)
     holds_block: ClassVar[bool] = False
     whole_prefix: ClassVar[bool] = False
+    redecides: ClassVar[bool] = False
 
     @property
     def statistics(self) -> frozenset[str]:
@@ -145,6 +146,7 @@ class _UntilBlockFull:
     block_budget: ClassVar[None] = None
     holds_block: ClassVar[bool] = False
     whole_prefix: ClassVar[bool] = False
+    redecides: ClassVar[bool] = False
 
     def bind(self, layout: Layout) -> _UntilBlockFull:
         return self
@@ -191,6 +193,7 @@ class FastBlockRule:
     statistics: ClassVar[frozenset[str]] = frozenset()
     holds_block: ClassVar[bool] = False
     whole_prefix: ClassVar[bool] = False
+    redecides: ClassVar[bool] = False
 
     @property
     def block_budget(self) -> int:
@@ -270,6 +273,7 @@ class FillBlock:
     statistics: ClassVar[frozenset[str]] = frozenset()
     holds_block: ClassVar[bool] = True
     whole_prefix: ClassVar[bool] = False
+    redecides: ClassVar[bool] = False
     block_budget: int | None = attrs.field(init=False, default=None)
 
     def bind(self, layout: Layout) -> FillBlock:
@@ -341,6 +345,7 @@ class ReMDMSchedule:
     statistics: ClassVar[frozenset[str]] = frozenset()
     holds_block: ClassVar[bool] = True
     whole_prefix: ClassVar[bool] = False
+    redecides: ClassVar[bool] = False
     block_budget: int | None = attrs.field(init=False, default=None)
     plain: int = attrs.field(init=False, default=1)
 
@@ -566,3 +571,84 @@ class EntropyBoundedRule(_UntilBlockFull):
         count = ((running < self.gamma) & eligible.gather(1, order)).sum(dim=1)
         count = torch.minimum(count.clamp(min=1), eligible.sum(dim=1))
         return top_k_mask(-evaluation.entropy, eligible, count)
+
+
+@attrs.define
+class UniformNoiseSteps:
+    """DiffusionGemma's denoising step (transformers ``generation_diffusion_gemma.py``, Apache-2.0:
+    ``EntropyBoundSampler.accept_canvas``, ``LinearTemperatureScheduleLogitsProcessor``,
+    ``StableAndConfidentStoppingCriteria``; ``algorithms.md``, "Uniform-noise diffusion").
+
+    Every step re-decides the whole canvas (the current block; :meth:`Canvas.redecide`). Step
+    ``n`` counts down from ``max_steps`` (``N``) at the canvas's first step; the engine samples
+    every position at ``t = t_min + (t_max - t_min) * n / N`` (:meth:`temperature`, float32 as the
+    reference computes it). **Keep-set (EB-Sampler over all positions):** sort the positions by
+    the entropy ``H`` of their tempered distribution, ascending (ties: lower column first, a stable
+    sort; the reference's ``torch.sort`` leaves them unspecified), and keep sorted position ``i``
+    iff ``sum_{j<i} H_j <= entropy_bound``, so the lowest-entropy position is always kept. Kept
+    positions take their new sample; every other one is re-noised, kept earlier or not.
+    **Canvas end:** the canvas is finished with its draft (``argmax`` of the step's logits,
+    not the sample) when it is stable (the draft repeated ``stability_threshold`` steps in a row,
+    never at its first step) and confident (the mean entropy over the canvas below
+    ``confidence_threshold``), or after ``N`` steps; ``stopping=false``: always ``N`` steps.
+    """
+
+    entropy_bound: float = number(float, 0.0, default=0.1)
+    max_steps: int = number(int, 1, default=48)
+    t_min: float = number(float, 0.0, default=0.4, open_low=True)
+    t_max: float = number(float, 0.0, default=0.8, open_low=True)
+    stopping: bool = attrs.field(default=True, validator=check_type(bool))
+    stability_threshold: int = number(int, 0, default=1)
+    confidence_threshold: float = number(float, 0.0, default=0.005)
+    block_budget: int | None = attrs.field(init=False, default=None)
+    statistics: ClassVar[frozenset[str]] = frozenset({"tempered_entropy", "draft", "repeats"})
+    holds_block: ClassVar[bool] = False
+    whole_prefix: ClassVar[bool] = False
+    redecides: ClassVar[bool] = True
+
+    def bind(self, layout: Layout) -> UniformNoiseSteps:
+        """At most ``max_steps`` rounds per canvas (the plan's bound on a decode's rounds)."""
+        return with_layout(self, block_budget=self.max_steps)
+
+    def temperature(self, canvas: Canvas) -> torch.Tensor:
+        """``[R]`` each row's temperature at its step ``n = N - rounds spent on the canvas``."""
+        step = (self.max_steps - canvas.block_round).to(torch.int32)
+        return self.t_min + (self.t_max - self.t_min) * (step / self.max_steps)
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        """``[R, T]`` the keep-set: the EB-Sampler's prefix of the current block by ascending entropy
+        (``cumsum(H)_i - H_i <= bound``, the reference's float32 arithmetic)."""
+        assert evaluation.tempered_entropy is not None
+        columns = _block_columns(canvas, layout)
+        ordered, order = torch.sort(evaluation.tempered_entropy.gather(1, columns), dim=1, stable=True)
+        keep_sorted = ordered.cumsum(dim=1) - ordered <= self.entropy_bound
+        keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+        return torch.zeros_like(canvas.masked).scatter(1, columns, keep)
+
+    def finishes(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        """``[R]`` rows whose canvas ends this step: stable and confident, or its last step."""
+        last = canvas.block_round + 1 >= self.max_steps
+        if not self.stopping:
+            return last
+        assert evaluation.tempered_entropy is not None and evaluation.repeats is not None
+        columns = _block_columns(canvas, layout)
+        mean = evaluation.tempered_entropy.gather(1, columns).mean(dim=1)
+        stable = evaluation.repeats.gather(1, columns[:, :1]).squeeze(1) >= self.stability_threshold
+        return last | (stable & (mean < self.confidence_threshold))
+
+    def redecide(
+        self, canvas: Canvas, evaluation: Evaluation, layout: Layout, call: torch.Tensor, mask_id: int
+    ) -> Canvas:
+        """One step's update: the keep-set takes its samples and the rest is re-noised, or a
+        finished canvas takes its draft whole (and the row moves to the next canvas)."""
+        assert evaluation.draft is not None
+        done = self.finishes(canvas, evaluation, layout)
+        block = canvas.in_current_block(layout) & canvas.attention
+        keep = torch.where(done[:, None], block, self.select(canvas, evaluation, layout))
+        token = torch.where(done[:, None], evaluation.draft.long(), evaluation.token)
+        return canvas.redecide(keep, done, token, evaluation.confidence, call, layout, self, mask_id)
+
+
+def _block_columns(canvas: Canvas, layout: Layout) -> torch.Tensor:
+    """``[R, block_length]`` the columns of each row's current block."""
+    return layout.block_start(canvas.block)[:, None] + torch.arange(layout.block_length)[None, :]

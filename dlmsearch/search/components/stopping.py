@@ -23,21 +23,32 @@ def answer_ended(
     stop_ids: torch.Tensor,
     output_start: torch.Tensor | None = None,
     whole_block: bool = False,
+    with_tail: bool = True,
 ) -> torch.Tensor:
     """``[R]`` rows whose generation holds a committed (or given) stop token with nothing masked
-    before it (``whole_block``: nor in its block). Columns before ``output_start [R]`` (generation
-    columns that hold the prompt's tokens) are not searched."""
-    gen = slice(layout.gen_start, layout.width)
+    before it (``whole_block``: nor in its block) and (``with_tail``) a masked tail left to fill.
+    Columns before ``output_start [R]`` (generation columns that hold the prompt's tokens) are not searched."""
+    masked = canvas.masked[:, layout.gen_start :]
     column = torch.arange(layout.gen_length)[None, :]
-    tokens, masked = canvas.tokens[:, gen], canvas.masked[:, gen]
-    stop = torch.isin(tokens, stop_ids) & ~masked
-    if output_start is not None:
-        stop &= column >= output_start[:, None]
-    first = torch.where(stop, column, layout.gen_length).min(dim=1).values
+    first = first_stop(canvas, layout, stop_ids, output_start)
+    stop = first < layout.gen_length
     if whole_block:
         first = (first // layout.block_length + 1) * layout.block_length
     open_before = (masked & (column < first[:, None])).any(dim=1)
-    return stop.any(dim=1) & ~open_before & masked.any(dim=1)
+    return stop & ~open_before & (masked.any(dim=1) | (not with_tail))
+
+
+def first_stop(
+    canvas: Canvas, layout: Layout, stop_ids: torch.Tensor, output_start: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[R]`` the generation column of each row's first committed (or given) stop token
+    (``gen_length`` where there is none); columns before ``output_start [R]`` are not searched."""
+    column = torch.arange(layout.gen_length)[None, :]
+    tokens, masked = canvas.tokens[:, layout.gen_start :], canvas.masked[:, layout.gen_start :]
+    stop = torch.isin(tokens, stop_ids) & ~masked
+    if output_start is not None:
+        stop &= column >= output_start[:, None]
+    return torch.where(stop, column, layout.gen_length).min(dim=1).values
 
 
 def fill_after_end(
@@ -46,10 +57,24 @@ def fill_after_end(
     stop_ids: torch.Tensor,
     output_start: torch.Tensor | None = None,
     whole_block: bool = False,
+    held_open: bool = False,
 ) -> Canvas:
-    """Rows whose answer has ended, with their masked tail filled with ``stop_ids[0]`` (not counted as commits)."""
-    ended = answer_ended(canvas, layout, stop_ids, output_start, whole_block)
+    """Rows whose answer has ended, with their masked tail filled with ``stop_ids[0]`` (not counted as
+    commits); ``held_open``: a block under review (a uniform-noise canvas still denoising) has not ended."""
+    ended = answer_ended(canvas, layout, stop_ids, output_start, whole_block, with_tail=not held_open)
+    if held_open:  # a uniform-noise canvas under review is not final, however much of it is kept
+        ended &= ~canvas.review
     if not bool(ended.any()):
         return canvas
     fill = canvas.masked & ended[:, None]
-    return attrs.evolve(canvas, tokens=torch.where(fill, stop_ids[0], canvas.tokens), masked=canvas.masked & ~fill)
+    if held_open:  # uniform noise: the drafted ids after the end are padding too (as the reference's), not commits
+        after = torch.zeros_like(fill)
+        column = torch.arange(layout.gen_length)[None, :]
+        after[:, layout.gen_start :] = column > first_stop(canvas, layout, stop_ids, output_start)[:, None]
+        fill = fill | (after & ended[:, None])
+    return attrs.evolve(
+        canvas,
+        tokens=torch.where(fill, stop_ids[0], canvas.tokens),
+        masked=canvas.masked & ~fill,
+        commit_call=torch.where(fill, -1, canvas.commit_call),
+    )

@@ -28,6 +28,7 @@ from dlmsearch.core.sampling import CONFIDENCE_SOURCES, Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.kv_storage import CachedRows
 from dlmsearch.search.engine import statistics as statistics_registry
+from dlmsearch.search.engine import uniform_noise
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall
 from dlmsearch.search.engine.cache_policy import CachePolicy, ModelsExact, NoCache, RowWindows, cache_policy
 from dlmsearch.search.engine.guidance import combine, unconditional
@@ -264,6 +265,11 @@ class RolloutEngine:
     )  # real columns of the canvases the layerwise forwards carried (a full forward's work per layer)
 
     @property
+    def uniform_noise(self) -> bool:
+        """The model denoises uniform noise (DiffusionGemma): open positions get keyed random ids, an encoder writes the prefix."""
+        return self.capabilities.noise == "uniform"
+
+    @property
     def layerwise(self) -> bool:
         """The cache policy decides per layer inside the forward (dllm_cache, d2cache, elastic, dkv)."""
         return self.cache.layerwise
@@ -364,6 +370,14 @@ class RolloutEngine:
         separate write of finished blocks): the rows after it (one call later) and what it cost."""
         if rows.window is None:
             return rows, None
+        if self.uniform_noise:  # the encoder's call: what is finished before each root's canvas
+            encoded = uniform_noise.encode_pending(
+                self.adapter, rows.tokens, rows.attention, rows.window[0], rows.slot, rows.root, settings.memory
+            )
+            if encoded is None:
+                return rows, None
+            at, cost = encoded
+            return attrs.evolve(rows, call=rows.call.index_add(0, at, torch.ones_like(at))), WrittenFirst(at, cost)
         first = rows.attention.long().argmax(dim=1)
         windows = RowWindows(*rows.window, rows.tokens.shape[1], first, settings.memory.kv, rows.slot)
         writes = self.cache.prepare_call(windows, rows.root)
@@ -410,10 +424,14 @@ class RolloutEngine:
             rows = attrs.evolve(rows, temperature=torch.full((len(rows.slot),), float(settings.sampling.temperature)))
         sampled = rows.temperature is not None and bool((rows.temperature > 0).any())
         ordering = statistics_registry.from_source(settings.statistics, "draws")
+        seed = torch.tensor(self.seed) if rows.seed is None else rows.seed[:, None]
+        if self.uniform_noise:  # open positions hold the ids drawn after the sample's previous call
+            keys = [seed, rows.uid[:, None], rows.call[:, None] - 1, rows.row_key[:, None]]
+            tokens = uniform_noise.noised(rows.tokens, rows.attention, keys, self.mask_id, self.adapter.vocab_size)
+            rows = attrs.evolve(rows, tokens=tokens)
         uniform = draw = None
         if sampled or ordering:
             position = rows.attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
-            seed = torch.tensor(self.seed) if rows.seed is None else rows.seed[:, None]
             keys = [seed, rows.uid[:, None], rows.call[:, None], rows.row_key[:, None], position]
             uniform = hashed_uniform(keys) if ordering else None
             draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else None
@@ -609,6 +627,14 @@ class RolloutEngine:
                 Forward(part, 0, (from_column, width), True, no_refresh[part], query[part], layerwise=True)
                 for part in self._chunks(torch.arange(rows), None)
             ]
+        if self.uniform_noise:  # the decoder reads each row's canvas against its slot's encoded prefix
+            assert window is not None, "a uniform-noise model decodes the rows' canvases (their windows)"
+            query = torch.stack(window, dim=1)
+            no_refresh = torch.zeros(rows, dtype=torch.bool)
+            return [
+                Forward(part, 0, (from_column, width), True, no_refresh[part], query[part])
+                for part in self._chunks(torch.arange(rows), None)
+            ]
         policy = self.cache if window is not None else NoCache()
         if policy.exact and not storage.layers:  # filled in place by cached forwards alone
             storage.allocate(self.adapter.empty_kv(len(storage.window_of), width))
@@ -672,7 +698,24 @@ class RolloutEngine:
             temperature = None if rows.temperature is None else rows.temperature[index]
             draw = None if prepared.draw is None else prepared.draw[index[:, None], span]
             of_distribution = statistics_registry.of_distribution(settings.statistics)
-            summaries = summarise_logits(logits, settings.sampling, temperature, draw, of_distribution)
+            of_logits = statistics_registry.of_logits(settings.statistics)
+            summaries = summarise_logits(
+                logits, settings.sampling, temperature, draw, of_distribution, of_logits, self.uniform_noise
+            )
+            if self.uniform_noise:
+                processed = summaries.pop("processed")
+                draft = logits.argmax(dim=-1).cpu() if "draft" not in summaries else summaries["draft"].long().cpu()
+                repeats = uniform_noise.remember(
+                    settings.memory,
+                    rows.slot[index],
+                    forward.query[:, 0],
+                    rows.root[index],
+                    processed,
+                    draft,
+                    getattr(torch, self.adapter.dtype),
+                )
+                if "repeats" in settings.statistics:
+                    summaries["repeats"] = repeats[:, None].float().expand(-1, logits.shape[1]).to(logits.device)
             if verify is not None:
                 summaries["verify"] = verify
             history = statistics_registry.from_source(settings.statistics, "history")
@@ -694,6 +737,17 @@ class RolloutEngine:
         tokens, attention = rows.tokens[index, first:], rows.attention[index, first:]
         low, high = (forward.query[:, 0], forward.query[:, 1]) if forward.cached else forward.columns
         low, high = low - first, high - first
+        if self.uniform_noise:
+            with self._timed("model"):
+                logits = uniform_noise.denoise(
+                    self.adapter,
+                    rows.tokens[index],
+                    rows.attention[index],
+                    forward.query[:, 0],
+                    rows.slot[index],
+                    settings.memory,
+                )
+            return logits, None, None
         cached = self._cached_rows(prepared, forward)
         if prepared.shadow_length:  # every row computed: no merging
             return self._shadow(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from dlmsearch.models.diffusion_gemma import CanvasMemory, EncoderPrefixes
 from dlmsearch.models.kv_storage import KVStorage
 from dlmsearch.models.layer_store import LayerStore
 from dlmsearch.search.engine.stability import DistributionHistory
@@ -20,11 +21,14 @@ from dlmsearch.search.engine.stability import DistributionHistory
 @attrs.define(eq=False)
 class SlotMemory:
     """Per slot: the key/value storage a cache policy reads and refreshes, a layerwise policy's
-    store (adaptive KV caches), and the ``kl`` statistic's memory."""
+    store (adaptive KV caches), the ``kl`` statistic's memory, and a uniform-noise model's encoded
+    prefix and memory of the canvas it denoises (self-conditioning input, drafts)."""
 
     kv: KVStorage = attrs.field(factory=KVStorage)
     history: DistributionHistory = attrs.field(factory=DistributionHistory)
     layers: LayerStore = attrs.field(factory=LayerStore)
+    prefixes: EncoderPrefixes = attrs.field(factory=EncoderPrefixes)
+    canvas: CanvasMemory = attrs.field(factory=CanvasMemory)
     # Moves on with every step and every change of the slots (reorder, admit): a decode state made
     # at another version reads stores written for another one, and is refused (``driver._check_current``)
     version: int = 0
@@ -40,6 +44,8 @@ class SlotMemory:
         memory.kv.reset(slots)
         memory.history.reset(slots)
         memory.layers.reset(slots)
+        memory.prefixes.reset(slots)
+        memory.canvas.reset(slots)
         return memory
 
     def reorder(self, source: torch.Tensor) -> None:
@@ -48,6 +54,8 @@ class SlotMemory:
         self.kv.reorder(source)
         self.history.reorder(source)
         self.layers.reorder(source)
+        self.prefixes.reorder(source)
+        self.canvas.reorder(source)
 
     def admit(self, slots: int, widen: int = 0) -> None:
         """``slots`` new empty slots after the others; ``widen`` more columns of left padding in every canvas."""
@@ -57,9 +65,19 @@ class SlotMemory:
         self.history.admit(slots)
         self.layers.widen(widen)
         self.layers.admit(slots)
+        for store in (self.prefixes, self.canvas):
+            store.widen(widen)
+            store.admit(slots)
 
     def split(self, slots: torch.Tensor) -> SlotMemory:
         """A copy holding only these slots' stores (finished samples taken out of a decode); this one is unchanged."""
-        part = SlotMemory(attrs.evolve(self.kv), attrs.evolve(self.history), attrs.evolve(self.layers), self.version)
+        part = SlotMemory(
+            attrs.evolve(self.kv),
+            attrs.evolve(self.history),
+            attrs.evolve(self.layers),
+            attrs.evolve(self.prefixes),
+            attrs.evolve(self.canvas),
+            self.version,
+        )
         part.reorder(slots)
         return part

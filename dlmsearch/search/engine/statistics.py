@@ -7,7 +7,11 @@ engine computes only those. Each statistic names what it is computed from:
   function of it, evaluated inside the call while the vocabulary-sized tensors exist;
 * ``draws`` — the position's seeded uniform (``uniform``: random orders, ``alg_temp``);
 * ``history`` — the slot's previous step's distributions (``kl``: KLASS);
-* ``shadow`` — WINO's shadow block in the same forward (``verify``).
+* ``shadow`` — WINO's shadow block in the same forward (``verify``);
+* ``logits`` — the processed logits tokens are drawn from (``tempered_entropy``: DiffusionGemma's
+  entropy, torch's ``Categorical(logits=...)``), evaluated inside the call like ``distribution``;
+* ``canvas`` — the slot's memory of the canvas it denoises (``repeats``: how many steps in a row
+  the draft has not changed, the stopping rule's stability), kept by a uniform-noise model's call.
 
 A new statistic of the distribution is one function and one line in ``REGISTRY`` (and the field of
 :class:`~dlmsearch.search.records.state.Evaluation` that carries it).
@@ -32,10 +36,25 @@ def entropy(read: torch.Tensor) -> torch.Tensor:
     return -(read * torch.log(read + 1e-10)).sum(dim=-1)
 
 
+def draft(read: torch.Tensor) -> torch.Tensor:
+    """The most likely token (first on ties, as ``torch.argmax``), as a float (ids are exact below 2**24)."""
+    return read.argmax(dim=-1).float()
+
+
+def tempered_entropy(processed: torch.Tensor) -> torch.Tensor:
+    """The entropy of ``softmax(processed)`` exactly as ``torch.distributions.Categorical(logits=processed)``
+    computes it (DiffusionGemma's EB-Sampler and stopping rule read this one, not Dream's)."""
+    normalised = processed - processed.logsumexp(dim=-1, keepdim=True)
+    probs = torch.softmax(normalised, dim=-1)
+    return -(normalised.clamp(min=torch.finfo(normalised.dtype).min) * probs).sum(dim=-1)
+
+
 @attrs.frozen
 class Statistic:
     name: str
-    source: str = attrs.field(validator=attrs.validators.in_(("distribution", "draws", "history", "shadow")))
+    source: str = attrs.field(
+        validator=attrs.validators.in_(("distribution", "draws", "history", "shadow", "logits", "canvas"))
+    )
     compute: Callable[[torch.Tensor], torch.Tensor] | None = (
         None  # a distribution statistic: ``[R, T, V]`` probabilities to ``[R, T]``
     )
@@ -49,6 +68,9 @@ REGISTRY: dict[str, Statistic] = {
         Statistic("uniform", "draws"),
         Statistic("kl", "history"),
         Statistic("verify", "shadow"),
+        Statistic("draft", "distribution", draft),
+        Statistic("tempered_entropy", "logits", tempered_entropy),
+        Statistic("repeats", "canvas"),
     )
 }
 
@@ -63,6 +85,11 @@ def check(statistics: frozenset[str]) -> None:
 def of_distribution(statistics: frozenset[str]) -> list[Statistic]:
     """The requested statistics computed from the distribution, in the registry's order."""
     return [s for name, s in REGISTRY.items() if name in statistics and s.source == "distribution"]
+
+
+def of_logits(statistics: frozenset[str]) -> list[Statistic]:
+    """The requested statistics computed from the processed logits, in the registry's order."""
+    return [s for name, s in REGISTRY.items() if name in statistics and s.source == "logits"]
 
 
 def from_source(statistics: frozenset[str], source: str) -> frozenset[str]:

@@ -69,15 +69,20 @@ def summarise_logits(
     temperature: torch.Tensor | None,
     draw: torch.Tensor,
     statistics: list[Statistic],
+    of_logits: list[Statistic] = (),
+    keep_processed: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Proposal (``token``), ``confidence`` and the requested statistics (``margin``: top-1
     minus top-2 probability; ``entropy``, Dream's definition) per position, from ``logits
     [R, T, V]`` (impossible tokens already at -inf). ``temperature [R]`` (or None: 0 for all
     rows) and ``draw [R, T]`` (the positions' uniforms) decide the samples; ``nan`` flags
-    positions whose logits were NaN."""
+    positions whose logits were NaN. ``of_logits``: statistics of the processed logits;
+    ``keep_processed``: those logits come back too, as ``processed`` (a uniform-noise model's
+    self-conditioning input; not a summary)."""
     model_probs = torch.softmax(logits, dim=-1)
     processed = sampling.truncates or (temperature is not None and bool((temperature > 0).any()))
-    probs = torch.softmax(process(logits, temperature, sampling), dim=-1) if processed else model_probs
+    processed_logits = process(logits, temperature, sampling) if processed else logits
+    probs = torch.softmax(processed_logits, dim=-1) if processed else model_probs
     best, token = probs.max(dim=-1)
     hot = None if temperature is None else (temperature > 0).to(logits.device)
     if hot is not None and bool(hot.any()):
@@ -91,4 +96,8 @@ def summarise_logits(
     }  # NaN logits make the whole softmax NaN
     for statistic in statistics:  # the distribution's own statistics (margin, entropy: :mod:`statistics`)
         out[statistic.name] = statistic.compute(read)
+    for statistic in of_logits:
+        out[statistic.name] = statistic.compute(processed_logits)
+    if keep_processed:
+        out["processed"] = processed_logits
     return out

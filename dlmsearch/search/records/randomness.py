@@ -19,6 +19,7 @@ class Stream(IntEnum):
     TOKEN_SAMPLE = 1  # the engine's token sampling at temperature > 0
     ORDER_NOISE = 2  # a population's Gumbel noise on the commit order
     RESAMPLING = 3  # a population's systematic resampling offset
+    RENOISE = 4  # a uniform-noise model's random ids: a canvas's initialisation and every re-noising
 
 
 BRANCH_KEYS = (

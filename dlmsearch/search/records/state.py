@@ -42,6 +42,9 @@ class Evaluation:
     order_noise: torch.Tensor | None = (
         None  # [R, T] added to the commit order's scores (a population's particles diverge)
     )
+    draft: torch.Tensor | None = None  # [R, T] the most likely token (a uniform-noise model's output), as a float
+    tempered_entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution tokens are drawn from
+    repeats: torch.Tensor | None = None  # [R, T] steps in a row the row's whole draft has not changed (per row)
 
     def take(self, index: torch.Tensor) -> Evaluation:
         return take_rows(self, index)
@@ -61,6 +64,9 @@ class Evaluation:
             entropy=zeros if "entropy" in statistics else None,
             kl=zeros if "kl" in statistics else None,
             verify=zeros if "verify" in statistics else None,
+            draft=zeros if "draft" in statistics else None,
+            tempered_entropy=zeros if "tempered_entropy" in statistics else None,
+            repeats=zeros if "repeats" in statistics else None,
         )
 
 
@@ -102,6 +108,7 @@ class BlockRule(Protocol):
     block_budget: int | None  # rounds a row may spend in one block (fast block diffusion); None: no budget
     holds_block: bool  # stay for the whole budget even when the block is full (rules paired with a revision)
     whole_prefix: bool  # a block is full only when no mask is left before its end, earlier blocks' too (Saber)
+    redecides: bool  # every step re-decides the whole current block (uniform noise: what is not kept is re-noised)
 
 
 @attrs.frozen
@@ -112,6 +119,7 @@ class BlockMoves:
     block_budget: int | None = None
     holds_block: bool = False
     whole_prefix: bool = False
+    redecides: bool = False
 
 
 FULL_BLOCKS = BlockMoves()
@@ -230,6 +238,51 @@ class Canvas:
             post_steps=self.post_steps,
         )
         return canvas.advance_blocks(layout, rule) if advance else canvas
+
+    def redecide(
+        self,
+        keep: torch.Tensor,
+        finished: torch.Tensor,
+        proposal: torch.Tensor,
+        confidence: torch.Tensor,
+        call: torch.Tensor,
+        layout: Layout,
+        rule: BlockRule,
+        mask_id: int,
+    ) -> Canvas:
+        """Uniform noise: the current block is decided afresh. Positions in ``keep`` take
+        ``proposal`` (committed at ``call``); every other position of the block is open again
+        (``mask_id``; its noise is drawn at the model boundary), a kept one counted as a revision;
+        given tokens stay. A block stays under review (:attr:`review`) until ``finished``: all kept
+        is not finished, the next step re-decides it. Then finished blocks advance by ``rule``.
+
+        Args:
+            keep: ``[R, T]`` bool, the positions kept this step.
+            finished: ``[R]`` bool, rows whose block is final (all of it kept, as its draft).
+            proposal: ``[R, T]`` long, the tokens they take.
+            confidence: ``[R, T]`` float, their confidences (recorded as ``commit_confidence``).
+            call: ``[R]`` long, each row's model-call count (recorded as ``commit_call``).
+            layout: the decode's layout.
+            rule: when a row leaves its block.
+            mask_id: the id that marks an open position.
+        """
+        given = ~self.masked & (self.commit_call < 0)
+        block = self.in_current_block(layout) & self.attention & ~given
+        keep = keep & block
+        reopen = block & ~keep
+        canvas = attrs.evolve(
+            self,
+            tokens=torch.where(keep, proposal, torch.where(reopen, mask_id, self.tokens)),
+            masked=(self.masked & ~block) | reopen,
+            block_round=self.block_round + 1,
+            commit_call=torch.where(keep, call[:, None], torch.where(reopen, -1, self.commit_call)),
+            commit_confidence=torch.where(keep, confidence, self.commit_confidence),
+            commit_depth=torch.where(keep, 0, torch.where(reopen, -1, self.commit_depth)),
+            commit_branch=torch.where(block, -1, self.commit_branch),
+            revisions=self.revisions + (reopen & ~self.masked).long(),
+            review=~finished,
+        )
+        return canvas.advance_blocks(layout, rule)
 
     def remask(self, positions: torch.Tensor, mask_id: int) -> Canvas:
         """Return committed ``positions`` to the mask (a revision), counting it; blocks never move

@@ -1,0 +1,346 @@
+"""DiffusionGemma (uniform-noise block diffusion) through transformers' own modules.
+
+transformers (>= 5.25) ships the model (``transformers.models.diffusion_gemma``): one set of Gemma-4
+weights run as an *encoder* (causal over the prompt and every finished canvas, writing a KV cache)
+and as a *decoder* (bidirectional over the current canvas, reading that cache, with a
+self-conditioning input). dlmsearch runs both modules as they are; this adapter only decides
+what each call sees, so that a row's logits do not depend on its batch:
+
+* **encoder calls** run one slot at a time against the slot's own ``DynamicCache`` (the reference
+  loop's calls for one prompt, unchanged), once per finished canvas;
+* **decoder calls** stack the rows' cached prefixes left-padded into one read-only prefix and
+  pass the 4-D masks themselves (each row sees its own prefix and canvas; on sliding layers the last
+  ``sliding_window - 1`` cached columns, as ``DynamicSlidingWindowLayer`` keeps them), with each
+  row's own positions;
+* attention runs through transformers' ``sdpa_attention_forward`` registered under its own name
+  (``AttentionInterface``), with its sums in float64 on CPU, for the reason
+  :func:`~dlmsearch.models.token_ops.attend` gives (the keys a batch pads in would reassociate them).
+
+There is no mask token. The engine keeps a position the next step may replace ("open", noised) as
+``mask_id = vocab_size``, one past the vocabulary, and fills it with keyed uniform ids before the
+decoder sees it (``dlmsearch.search.engine.uniform_noise``); the id never reaches the model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from dlmsearch.core.sampling import Sampling
+from dlmsearch.models.adapter import ModelAdapter
+
+EXACT_ATTENTION = "dlmsearch_exact"  # the name transformers' AttentionInterface knows dlmsearch's attention by
+
+
+def exact_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any
+):
+    """transformers' sdpa attention with its reductions in float64 on CPU, rounded back (decoding
+    only: on CUDA or with gradients it runs as it is)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.device.type != "cpu" or torch.is_grad_enabled():
+        return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+    mask = args[0] if args else kwargs.pop("attention_mask", None)
+    if mask is not None and mask.is_floating_point():
+        mask = mask.double()
+    output, weights = sdpa_attention_forward(
+        module, query.double(), key.double(), value.double(), mask, *args[1:], **kwargs
+    )
+    return output.to(query.dtype), weights
+
+
+def register_exact_attention() -> str:
+    """Register :func:`exact_attention` (and sdpa's masks under the same name) with transformers; its name."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(EXACT_ATTENTION, exact_attention)
+    AttentionMaskInterface.register(EXACT_ATTENTION, sdpa_mask)
+    return EXACT_ATTENTION
+
+
+@attrs.frozen
+class _PrefixLayer:
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+@attrs.frozen
+class _StackedPrefix:
+    """What the decoder reads from ``cache``: per layer the rows' cached keys and values, left-padded (read only)."""
+
+    layers: list[_PrefixLayer]
+    is_compileable: bool = False
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].keys.shape[-2]
+
+
+@attrs.define(eq=False)
+class EncoderPrefixes:
+    """Per slot: transformers' ``DynamicCache`` of everything encoded so far (prompt and finished
+    canvases) and the canvas column where that prefix ends (-1: nothing encoded yet)."""
+
+    caches: list[Any] = attrs.field(factory=list)
+    end: torch.Tensor = attrs.field(factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    def reset(self, slots: int) -> None:
+        self.caches = [None] * slots
+        self.end = torch.full((slots,), -1, dtype=torch.long)
+
+    def reorder(self, source: torch.Tensor) -> None:
+        """Slot ``i`` takes slot ``source[i]``'s prefix; a prefix taken twice is copied (its layers
+        are replaced, never written in place, by later encoder calls, so a shallow copy suffices)."""
+        taken: set[int] = set()
+        caches = []
+        for s in source.tolist():
+            cache = self.caches[s]
+            if cache is not None and s in taken:
+                cache = copy.copy(cache)
+                cache.layers = [copy.copy(layer) for layer in cache.layers]
+            taken.add(s)
+            caches.append(cache)
+        self.caches, self.end = caches, self.end[source]
+
+    def admit(self, slots: int) -> None:
+        self.caches = self.caches + [None] * slots
+        self.end = torch.cat([self.end, torch.full((slots,), -1, dtype=torch.long)])
+
+    def widen(self, columns: int) -> None:
+        """Every canvas gained ``columns`` of left padding: the stored prefixes end that much later."""
+        self.end = torch.where(self.end >= 0, self.end + columns, self.end)
+
+
+@attrs.define(eq=False)
+class CanvasMemory:
+    """Per slot, of the canvas it is denoising (its first column ``start``, -1: none): the last
+    step's processed logits (the next step's self-conditioning input, in the model's dtype), the
+    last draft (argmax) and how many steps in a row the draft has repeated (the stopping rule's
+    stability). A slot that moves to a new canvas starts afresh, as the reference resets both."""
+
+    start: torch.Tensor = attrs.field(factory=lambda: torch.zeros(0, dtype=torch.long))
+    logits: torch.Tensor | None = None  # [slots, L, V]
+    draft: torch.Tensor | None = None  # [slots, L]
+    repeats: torch.Tensor = attrs.field(factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    def reset(self, slots: int) -> None:
+        self.start = torch.full((slots,), -1, dtype=torch.long)
+        self.logits = self.draft = None
+        self.repeats = torch.zeros(slots, dtype=torch.long)
+
+    def reorder(self, source: torch.Tensor) -> None:
+        self.start, self.repeats = self.start[source], self.repeats[source]
+        if self.logits is not None:
+            self.logits, self.draft = self.logits[source.to(self.logits.device)], self.draft[source]
+
+    def admit(self, slots: int) -> None:
+        self.start = torch.cat([self.start, torch.full((slots,), -1, dtype=torch.long)])
+        self.repeats = torch.cat([self.repeats, torch.zeros(slots, dtype=torch.long)])
+        if self.logits is not None:
+            self.logits = torch.cat([self.logits, self.logits.new_zeros(slots, *self.logits.shape[1:])])
+            self.draft = torch.cat([self.draft, self.draft.new_full((slots, self.draft.shape[1]), -1)])
+
+    def widen(self, columns: int) -> None:
+        self.start = torch.where(self.start >= 0, self.start + columns, self.start)
+
+    def conditioning(self, slot: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The rows' self-conditioning logits (zeros where a row has none) and ``[rows]`` which rows have them."""
+        has = (self.start[slot] == start) & (self.start[slot] >= 0)
+        if self.logits is None or not bool(has.any()):
+            return None, has
+        return self.logits[slot.to(self.logits.device)], has
+
+    def remember(
+        self, slot: torch.Tensor, start: torch.Tensor, logits: torch.Tensor, draft: torch.Tensor
+    ) -> torch.Tensor:
+        """Keep the rows' processed logits and drafts for their slots' next step; ``[rows]`` how many
+        steps in a row each draft has now repeated (0 at a canvas's first step)."""
+        repeats = self.repeated(slot, start, draft)
+        if self.logits is None:
+            slots = len(self.start)
+            self.logits = logits.new_zeros(slots, *logits.shape[1:])
+            self.draft = torch.full((slots, draft.shape[1]), -1, dtype=torch.long)
+        self.logits[slot.to(self.logits.device)] = logits
+        self.draft[slot] = draft
+        self.start[slot], self.repeats[slot] = start, repeats
+        return repeats
+
+    def repeated(self, slot: torch.Tensor, start: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+        """``[rows]`` steps in a row the slot's draft of this canvas has equalled ``draft`` (without storing it)."""
+        if self.draft is None:
+            return torch.zeros(len(slot), dtype=torch.long)
+        same_canvas = self.start[slot] == start
+        equal = same_canvas & (self.draft[slot] == draft).all(dim=1)
+        return torch.where(equal, self.repeats[slot] + 1, 0)
+
+
+@attrs.define(eq=False)
+class DiffusionGemmaAdapter(ModelAdapter):
+    """A ``DiffusionGemmaForBlockDiffusion`` behind dlmsearch's model boundary (see the module docstring)."""
+
+    canvas_length: int = 0
+    pad_id: int = 0
+    generation_config: dict[str, Any] = attrs.field(factory=dict)  # the checkpoint's generation_config.json
+
+    def __attrs_post_init__(self) -> None:
+        self.module.config._attn_implementation = register_exact_attention()
+        text = self.module.config.get_text_config()
+        text._attn_implementation = EXACT_ATTENTION
+        super().__attrs_post_init__()
+        self.capabilities = attrs.evolve(
+            self.capabilities,
+            name="DiffusionGemma",
+            noise="uniform",
+            canvas_length=self.canvas_length,
+            cache_policies=("none",),
+            shadow=False,
+            layerwise=False,
+        )
+
+    def _check_ids(self) -> None:
+        """The open-position marker is one past the vocabulary (the model never sees it)."""
+        if self.mask_id != self.vocab_size:
+            raise ValueError(
+                f"a uniform-noise model's open positions are marked vocab_size ({self.vocab_size}); got mask_id={self.mask_id}"
+            )
+
+    @property
+    def never_proposed(self) -> list[int]:
+        """No mask token: only suppressed ids are never proposed."""
+        return list(self.suppressed_ids)
+
+    @property
+    def sliding_window(self) -> int | None:
+        return getattr(self.module.config.get_text_config(), "sliding_window", None)
+
+    def _layer_types(self) -> list[str]:
+        return list(self.module.config.get_text_config().layer_types)
+
+    @torch.no_grad()
+    def encode(
+        self, prefixes: EncoderPrefixes, slot: int, tokens: torch.Tensor, positions: torch.Tensor, end: int
+    ) -> None:
+        """One encoder call for one slot: ``tokens`` (``[n]``, at ``positions``) appended to its cached prefix, which then ends at column ``end``."""
+        from transformers import DynamicCache
+
+        cache = prefixes.caches[slot]
+        if cache is None:
+            cache = DynamicCache(config=self.module.config.get_text_config(decoder=True))
+        self.module.model.encoder(
+            input_ids=tokens[None].to(self.device), cache=cache, position_ids=positions[None].to(self.device)
+        )
+        prefixes.caches[slot] = cache
+        prefixes.end[slot] = end
+
+    @torch.no_grad()
+    def denoise(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        prefixes: EncoderPrefixes,
+        slot: torch.Tensor,
+        conditioning: tuple[torch.Tensor | None, torch.Tensor],
+    ) -> torch.Tensor:
+        """One decoder call: float32 logits ``[rows, L, V]`` of the canvases ``tokens [rows, L]`` at
+        ``positions [rows, L]``, each against its slot's encoded prefix, with its self-conditioning
+        logits (``conditioning``: the logits or None, and ``[rows]`` which rows have them)."""
+        caches = [prefixes.caches[s] for s in slot.tolist()]
+        if any(c is None for c in caches):
+            raise AssertionError("a row's prefix was not encoded before its decoder call")
+        rows, length = tokens.shape
+        layers, masks = [], {}
+        for index, layer_type in enumerate(self._layer_types()):
+            parts = [c.layers[index] for c in caches]
+            width = max(p.keys.shape[-2] for p in parts)
+            keys = parts[0].keys.new_zeros(rows, parts[0].keys.shape[1], width, parts[0].keys.shape[-1])
+            values = torch.zeros_like(keys)
+            visible = torch.zeros(rows, width + length, dtype=torch.bool)
+            for r, part in enumerate(parts):
+                n = part.keys.shape[-2]
+                keys[r, :, width - n :], values[r, :, width - n :] = part.keys[0], part.values[0]
+                visible[r, width - n :] = True
+            layers.append(_PrefixLayer(keys, values))
+            if layer_type not in masks:
+                masks[layer_type] = visible[:, None, None, :].expand(rows, 1, length, width + length).to(self.device)
+        logits, has = conditioning
+        if logits is not None:
+            logits = torch.where(has.to(logits.device)[:, None, None], logits, 0)
+        out = self.module(
+            decoder_input_ids=tokens.to(self.device),
+            cache=_StackedPrefix(layers),
+            self_conditioning_logits=logits,
+            self_conditioning_mask=None if logits is None or bool(has.all()) else has.to(self.device),
+            decoder_attention_mask=masks,
+            decoder_position_ids=positions.to(self.device),
+        )
+        return out.logits[..., : self.vocab_size].float()
+
+
+def _config_value(config: Any, name: str) -> Any:
+    text = config.get_text_config()
+    value = getattr(text, name, None)
+    return getattr(config, name, None) if value is None else value
+
+
+def load_diffusion_gemma(path: str | None, device: str = "auto", dtype: str = "auto") -> DiffusionGemmaAdapter:
+    """A local ``model_type: diffusion_gemma`` checkpoint through transformers' own classes (the Hub
+    is never contacted): its ids, ``canvas_length`` and generation defaults from its
+    ``config.json`` / ``generation_config.json``. Text only."""
+    from dlmsearch.models.loading import resolve_device
+
+    if path in (None, "", "???"):
+        raise ValueError(
+            "model.path is required: the local directory of the DiffusionGemma checkpoint (the Hub is never contacted)"
+        )
+    directory = Path(path).expanduser()
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"model.path={directory}: no config.json there (a DiffusionGemma checkpoint directory is expected)"
+        )
+    model_type = json.loads(config_path.read_text()).get("model_type")
+    if model_type != "diffusion_gemma":
+        raise ValueError(
+            f"{config_path} has model_type={model_type!r}; model=diffusion_gemma loads model_type 'diffusion_gemma'"
+        )
+    device, dtype = resolve_device(device, dtype)
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    module = DiffusionGemmaForBlockDiffusion.from_pretrained(
+        str(directory), local_files_only=True, dtype=getattr(torch, dtype), attn_implementation="sdpa"
+    )
+    config = module.config
+    vocab = int(config.get_text_config().vocab_size)
+    generation = _generation_config(directory)
+    eos = generation.get("eos_token_id", _config_value(config, "eos_token_id"))
+    stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    pad = generation.get("pad_token_id", _config_value(config, "pad_token_id"))
+    return DiffusionGemmaAdapter(
+        module=module,
+        mask_id=vocab,
+        vocab_size=vocab,
+        device=device,
+        dtype=dtype,
+        max_length=getattr(config.get_text_config(), "max_position_embeddings", None),
+        stop_ids=stop_ids,
+        generation_defaults=Sampling(),  # its temperature is a schedule: the decoder's
+        canvas_length=int(config.canvas_length),
+        pad_id=int(pad if pad is not None else 0),
+        generation_config=generation,
+    )
+
+
+def _generation_config(directory: Path) -> dict[str, Any]:
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error

@@ -1,0 +1,150 @@
+"""DiffusionGemma through dlmsearch's one loop equals transformers' own ``generate`` (issue 37, item 4).
+
+Mixed-length prompts are decoded in **one** dlmsearch batch (``+decoder=diffusion_gemma``'s rule,
+:class:`~dlmsearch.search.components.commit.UniformNoiseSteps`) and compared with the reference
+loop run one prompt at a time (``tests/diffusion_gemma_reference.py``: transformers' ``generate``
+with its ``torch.randint`` / ``torch.multinomial`` draws replaced by dlmsearch's keyed draws).
+Both run the same module with dlmsearch's attention registered (sdpa with float64 sums on CPU).
+Tokens are identical through the first EOS; after it the reference pads (``pad_token_id``) and
+dlmsearch fills with EOS, its convention for every model (neither counts as a commit). Model calls
+(encoder + decoder) are identical per sample, hence the decoder-forward counts.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusion_gemma_models import EOS, PAD, tiny_diffusion_gemma
+from diffusion_gemma_reference import ReferenceOutput, reference_generate
+
+from dlmsearch.core.sampling import Sampling
+from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter, load_diffusion_gemma
+from dlmsearch.search.components.commit import UniformNoiseSteps
+from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
+from dlmsearch.search.engine.rollout import RolloutEngine
+
+PROMPTS = ([5, 6, 7, 8, 9], [10, 11, 12], [3, 4], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30], [40])
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, torch.nn.Module]:
+    torch.set_num_threads(1)
+    return {
+        "dense": tiny_diffusion_gemma(seed=0),
+        "eos": tiny_diffusion_gemma(seed=2, eos_gain=3.0),
+        "moe": tiny_diffusion_gemma(seed=3, moe=True),
+    }
+
+
+def _adapter(model: torch.nn.Module) -> DiffusionGemmaAdapter:
+    vocab = model.config.get_text_config().vocab_size
+    return DiffusionGemmaAdapter(
+        module=model,
+        mask_id=vocab,
+        vocab_size=vocab,
+        stop_ids=[EOS],
+        canvas_length=model.config.canvas_length,
+        pad_id=PAD,
+    )
+
+
+def _decode(model: torch.nn.Module, rule: UniformNoiseSteps, gen_length: int, seeds: list[int]) -> list[DecodeResult]:
+    adapter = _adapter(model)
+    decoder = SearchDecoder(commit=rule, sampling=Sampling(confidence="sampling"), stop_at_eos=True, name="dg")
+    requests = [
+        DecodeRequest(uid=i, prompt=torch.tensor(p), generation=torch.full((gen_length,), adapter.mask_id), seed=s)
+        for i, (p, s) in enumerate(zip(PROMPTS, seeds))
+    ]
+    return decoder.decode(RolloutEngine(adapter, row_budget=3), requests, block_length=adapter.canvas_length)
+
+
+def _through_eos(tokens: list[int], fill: int) -> list[int]:
+    """The tokens through the first EOS, then ``fill`` (each side's padding convention)."""
+    end = tokens.index(EOS) + 1 if EOS in tokens else len(tokens)
+    return tokens[:end] + [fill] * (len(tokens) - end)
+
+
+CASES = {
+    "defaults_three_canvases": ("dense", {}),
+    "stopping_off": ("dense", {"stopping": False}),
+    "keeps_few": ("dense", {"entropy_bound": 0.001}),
+    "keeps_many": ("dense", {"entropy_bound": 3.0}),
+    "stability_two": ("moe", {"entropy_bound": 2.0, "confidence_threshold": 0.5, "stability_threshold": 2}),
+    "hot_schedule": ("dense", {"t_min": 0.9, "t_max": 1.5}),
+    "stops_early": ("moe", {"entropy_bound": 2.0, "confidence_threshold": 0.5}),
+    "eos_inside_a_canvas": ("eos", {}),
+    "mixture_of_experts": ("moe", {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_batch_equals_generate_one_prompt_at_a_time(models: dict, case: str) -> None:
+    name, settings = CASES[case]
+    model = models[name]
+    steps = 10
+    rule = UniformNoiseSteps(max_steps=steps, **settings)
+    gen_length = 3 * model.config.canvas_length
+    seeds = [11 + i for i in range(len(PROMPTS))]
+    ours = _decode(model, rule, gen_length, seeds)
+    references: list[ReferenceOutput] = [
+        reference_generate(
+            model,
+            prompt,
+            max_new_tokens=gen_length,
+            max_denoising_steps=steps,
+            seed=seed,
+            uid=uid,
+            **{k: v for k, v in settings.items()},
+        )
+        for uid, (prompt, seed) in enumerate(zip(PROMPTS, seeds))
+    ]
+    for uid, (mine, ref) in enumerate(zip(ours, references)):
+        assert _through_eos(mine.tokens.tolist(), PAD) == _through_eos(ref.tokens, PAD), f"sample {uid}"
+        assert mine.steps == ref.model_calls, f"sample {uid}: model calls"
+        canvases = len(ref.canvas_steps)
+        assert mine.steps - canvases == ref.decoder_forward_passes, f"sample {uid}: decoder forwards"
+    if case == "stops_early":
+        assert any(s < steps for r in references for s in r.canvas_steps), "the stopping rule never fired"
+    if case == "eos_inside_a_canvas":
+        assert any(EOS in r.tokens[: -model.config.canvas_length] for r in references), "no answer ended early"
+    if case in ("keeps_few", "keeps_many"):
+        kept = [k for r in references for canvas in r.kept for k in canvas]
+        mean = sum(kept) / len(kept)
+        assert mean <= 2 if case == "keeps_few" else mean >= 6, kept
+
+
+def test_a_samples_result_does_not_depend_on_its_batch(models: dict) -> None:
+    """Each sample alone equals itself in the mixed batch (temperature > 0, per-sample seeds)."""
+    model = models["moe"]
+    rule = UniformNoiseSteps(max_steps=6)
+    gen_length = 2 * model.config.canvas_length
+    seeds = [7, 8, 9, 10, 11]
+    batched = _decode(model, rule, gen_length, seeds)
+    adapter = _adapter(model)
+    decoder = SearchDecoder(commit=rule, sampling=Sampling(confidence="sampling"), stop_at_eos=True, name="dg")
+    for uid, (prompt, seed) in enumerate(zip(PROMPTS, seeds)):
+        request = DecodeRequest(
+            uid=uid, prompt=torch.tensor(prompt), generation=torch.full((gen_length,), adapter.mask_id), seed=seed
+        )
+        alone = decoder.decode(RolloutEngine(adapter), [request], block_length=adapter.canvas_length)[0]
+        assert alone.tokens.tolist() == batched[uid].tokens.tolist()
+        assert (alone.steps, alone.token_forwards) == (batched[uid].steps, batched[uid].token_forwards)
+
+
+def test_loads_a_local_checkpoint_through_transformers(tmp_path) -> None:
+    tiny_diffusion_gemma(tmp_path, seed=0)
+    adapter = load_diffusion_gemma(str(tmp_path), device="cpu", dtype="float32")
+    assert adapter.capabilities.noise == "uniform"
+    assert adapter.capabilities.canvas_length == 8
+    assert adapter.mask_id == adapter.vocab_size == 96
+    assert adapter.stop_ids == [EOS]
+
+
+def test_a_missing_or_foreign_checkpoint_fails_in_one_line(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_diffusion_gemma(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"model_type": "llada"}')
+    with pytest.raises(ValueError, match="model_type='llada'"):
+        load_diffusion_gemma(str(tmp_path))
+    with pytest.raises(ValueError, match="model.path is required"):
+        load_diffusion_gemma(None)
