@@ -33,6 +33,30 @@ def _checkpoint_id(key: str, _parent_: DictConfig) -> Any:
 OmegaConf.register_new_resolver("checkpoint", _checkpoint_id, replace=True)
 
 
+def _diffusion_gemma(key: str, _parent_: DictConfig) -> Any:
+    """``${diffusion_gemma:KEY}`` (conf/model/diffusion_gemma.yaml): what the checkpoint directory at
+    ``model.path`` declares (vocab_size, mask_id, canvas_length, stop_ids)."""
+    from dlmsearch.models.diffusion_gemma import checkpoint_fields
+
+    path = None if OmegaConf.is_missing(_parent_, "path") else _parent_.get("path")
+    return checkpoint_fields(path)[key]
+
+
+OmegaConf.register_new_resolver("diffusion_gemma", _diffusion_gemma, replace=True)
+
+
+def _generation_config(key: str, default: Any, *, _root_: DictConfig) -> Any:
+    """``${generation_config:KEY,DEFAULT}`` (conf/decoder/commit/uniform_noise.yaml): the setting the
+    checkpoint at ``model.path`` names in its generation_config.json (a dotted KEY reads a nested
+    one), else ``DEFAULT``: DiffusionGemma's decoding defaults travel with its weights."""
+    from dlmsearch.models.diffusion_gemma import generation_setting
+
+    return generation_setting(OmegaConf.select(_root_, "model.path", default=None), key, default)
+
+
+OmegaConf.register_new_resolver("generation_config", _generation_config, replace=True)
+
+
 def _trained_on(key: str, default: Any, *, _root_: DictConfig) -> Any:
     """``${trained_on:KEY,DEFAULT}`` (conf/task/*.yaml): what ``model.path``'s directory declares it
     was trained to do (its trained_on.json), else ``DEFAULT``."""

@@ -186,7 +186,6 @@ class DiffusionGemmaAdapter(ModelAdapter):
 
     canvas_length: int = 0
     pad_id: int = 0
-    generation_config: dict[str, Any] = attrs.field(factory=dict)  # the checkpoint's generation_config.json
 
     def __attrs_post_init__(self) -> None:
         self.module.config._attn_implementation = register_exact_attention()
@@ -282,64 +281,116 @@ class DiffusionGemmaAdapter(ModelAdapter):
         return out.logits[..., : self.vocab_size].float()
 
 
-def _config_value(config: Any, name: str) -> Any:
-    text = config.get_text_config()
-    value = getattr(text, name, None)
-    return getattr(config, name, None) if value is None else value
-
-
-def load_diffusion_gemma(path: str | None, device: str = "auto", dtype: str = "auto") -> DiffusionGemmaAdapter:
-    """A local ``model_type: diffusion_gemma`` checkpoint through transformers' own classes (the Hub
-    is never contacted): its ids, ``canvas_length`` and generation defaults from its
-    ``config.json`` / ``generation_config.json``. Text only."""
-    from dlmsearch.models.loading import resolve_device
-
+def _checkpoint_directory(path: str | None) -> Path:
+    """The checkpoint's directory, checked to hold a ``model_type: diffusion_gemma`` config.json."""
     if path in (None, "", "???"):
         raise ValueError(
             "model.path is required: the local directory of the DiffusionGemma checkpoint (the Hub is never contacted)"
         )
-    directory = Path(path).expanduser()
+    directory = Path(str(path)).expanduser()
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(
             f"model.path={directory}: no config.json there (a DiffusionGemma checkpoint directory is expected)"
         )
-    model_type = json.loads(config_path.read_text()).get("model_type")
+    model_type = _json(config_path).get("model_type")
     if model_type != "diffusion_gemma":
         raise ValueError(
             f"{config_path} has model_type={model_type!r}; model=diffusion_gemma loads model_type 'diffusion_gemma'"
         )
-    device, dtype = resolve_device(device, dtype)
+    return directory
+
+
+def checkpoint_fields(path: str | None) -> dict[str, Any]:
+    """What a DiffusionGemma directory declares, for its config (``${diffusion_gemma:KEY}``):
+    ``vocab_size``, ``mask_id`` (open positions: one past the vocabulary), ``canvas_length``,
+    ``stop_ids`` (generation_config.json's ``eos_token_id``, else config.json's) and ``pad_id``."""
+    directory = _checkpoint_directory(path)
+    config = _json(directory / "config.json")
+    text = config.get("text_config") or {}
+    generation_path = directory / "generation_config.json"
+    generation = _json(generation_path) if generation_path.is_file() else {}
+    vocab = text.get("vocab_size", config.get("vocab_size"))
+    eos = generation.get("eos_token_id", text.get("eos_token_id", config.get("eos_token_id")))
+    pad = generation.get("pad_token_id", text.get("pad_token_id", config.get("pad_token_id")))
+    return {
+        "vocab_size": vocab,
+        "mask_id": vocab,
+        "canvas_length": config.get("canvas_length"),
+        "stop_ids": [eos] if isinstance(eos, int) else list(eos or []),
+        "pad_id": 0 if pad is None else pad,
+    }
+
+
+def load_diffusion_gemma(
+    path: str | None,
+    device: str = "auto",
+    dtype: str = "auto",
+    vocab_size: int | None = None,
+    mask_id: int | None = None,
+    stop_ids: list[int] | None = None,
+    block_length: int | None = None,
+) -> DiffusionGemmaAdapter:
+    """A local ``model_type: diffusion_gemma`` checkpoint through transformers' own classes (the Hub
+    is never contacted): its ids and ``canvas_length`` from its ``config.json`` /
+    ``generation_config.json`` (:func:`checkpoint_fields`; a value given here must agree). Text only.
+
+    Args:
+        path: the checkpoint's local directory.
+        device: ``cpu``, ``cuda``, ... or ``auto``.
+        dtype: ``float32``, ``bfloat16`` or ``auto`` (bfloat16 on CUDA).
+        vocab_size: the vocabulary (the checkpoint's).
+        mask_id: the open-position marker (``vocab_size``).
+        stop_ids: the ids that end an answer (the checkpoint's EOS).
+        block_length: the canvas (the checkpoint's ``canvas_length``).
+    """
     from transformers import DiffusionGemmaForBlockDiffusion
 
+    from dlmsearch.models.loading import resolve_device
+
+    fields = checkpoint_fields(path)
+    given = {"vocab_size": vocab_size, "mask_id": mask_id, "stop_ids": stop_ids, "canvas_length": block_length}
+    for key, value in given.items():
+        if value is not None and _plain(value) != fields[key]:
+            raise ValueError(f"model.{key}={_plain(value)} but the checkpoint in {path} has {fields[key]}")
+    device, dtype = resolve_device(device, dtype)
     module = DiffusionGemmaForBlockDiffusion.from_pretrained(
-        str(directory), local_files_only=True, dtype=getattr(torch, dtype), attn_implementation="sdpa"
+        str(_checkpoint_directory(path)), local_files_only=True, dtype=getattr(torch, dtype), attn_implementation="sdpa"
     )
-    config = module.config
-    vocab = int(config.get_text_config().vocab_size)
-    generation = _generation_config(directory)
-    eos = generation.get("eos_token_id", _config_value(config, "eos_token_id"))
-    stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
-    pad = generation.get("pad_token_id", _config_value(config, "pad_token_id"))
     return DiffusionGemmaAdapter(
         module=module,
-        mask_id=vocab,
-        vocab_size=vocab,
+        mask_id=fields["mask_id"],
+        vocab_size=fields["vocab_size"],
         device=device,
         dtype=dtype,
-        max_length=getattr(config.get_text_config(), "max_position_embeddings", None),
-        stop_ids=stop_ids,
+        max_length=getattr(module.config.get_text_config(), "max_position_embeddings", None),
+        stop_ids=fields["stop_ids"],
         generation_defaults=Sampling(),  # its temperature is a schedule: the decoder's
-        canvas_length=int(config.canvas_length),
-        pad_id=int(pad if pad is not None else 0),
-        generation_config=generation,
+        canvas_length=fields["canvas_length"],
+        pad_id=int(fields["pad_id"]),
     )
 
 
-def _generation_config(directory: Path) -> dict[str, Any]:
-    path = directory / "generation_config.json"
-    if not path.is_file():
-        return {}
+def generation_setting(path: str | None, key: str, default: Any) -> Any:
+    """``generation_config.json``'s ``key`` (dotted: nested) in the directory ``path``, else ``default``
+    (no directory, no file, or no such key)."""
+    file = Path(str(path)).expanduser() / "generation_config.json" if path not in (None, "", "???") else None
+    if file is None or not file.is_file():
+        return default
+    value: Any = _json(file)
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return default
+        value = value[part]
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """A config value as plain Python (OmegaConf's ListConfig becomes a list)."""
+    return value if isinstance(value, (int, float, str)) or value is None else list(value)
+
+
+def _json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as error:

@@ -175,7 +175,7 @@ class TextTask:
             raise ValueError(
                 f"task.gen_length={self.gen_length} must be a multiple of task.block_length={self.block_length}"
             )
-        if self.mask_id >= self.vocab_size:
+        if self.mask_id > self.vocab_size:  # == vocab_size: a uniform-noise model's open positions (no mask token)
             raise ValueError(f"mask_id={self.mask_id} is outside the model's vocabulary of {self.vocab_size}")
         self._tokenizer = tokenizer = load_tokenizer(self.tokenizer, self.trust_remote_code)
         largest = max(tokenizer.get_vocab().values())
