@@ -307,6 +307,7 @@ class Decoder:
         progress: bool = False,
         top_p: float | None = None,
         top_k: int | None = None,
+        initial_canvas: torch.Tensor | Sequence[Sequence[int]] | None = None,
     ) -> list[Generation]:
         """Decode ``prompts`` (text models) or 81-character puzzles (``0`` or ``.`` for blanks; Sudoku).
 
@@ -333,6 +334,9 @@ class Decoder:
             progress: show a progress bar over prompts.
             top_p: nucleus truncation.
             top_k: keep the k most likely tokens.
+            initial_canvas: a uniform-noise model's first canvas per prompt (``[prompts,
+                canvas_length]`` ids, a LongTensor or lists): the reference's ``decoder_input_ids``,
+                which replays a decode exactly; None: drawn (keyed by the seed).
         """
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of strings (got one string): generate(model, [prompt])")
@@ -357,6 +361,8 @@ class Decoder:
         decoder = build(cfg, "decoder")
         engine = build(cfg, "engine", adapter=model.adapter)
         task, items = _task_items(model, cfg, prompts)
+        if initial_canvas is not None:
+            items = _with_initial_canvas(items, initial_canvas, model.adapter)
         decoding = Decoding(decoder, engine, task, deadline_s=cfg.get("deadline_s"))
         what = f"{decoder.name} on {len(items)} {'prompts' if model.is_text else 'puzzles'}"
         return _in_batches(decoding, items, batch_size, what if progress else None)
@@ -371,6 +377,35 @@ def _task_items(model: Model, cfg: DictConfig, prompts: list[Any]) -> tuple[Any,
         task: Any = model._text_task(cfg.task, prompts)
         return task, task.items()
     return build(cfg, "task"), [puzzle_item(_puzzle(p, i)) for i, p in enumerate(prompts)]
+
+
+def _with_initial_canvas(
+    items: list[TaskItem], given: torch.Tensor | Sequence[Sequence[int]], adapter: ModelAdapter
+) -> list[TaskItem]:
+    """The items with their first canvas given (a uniform-noise model's ``decoder_input_ids``), checked."""
+    able = adapter.capabilities
+    if able.noise != "uniform" or able.canvas_length is None:
+        raise ValueError(
+            "initial_canvas= is a uniform-noise model's first canvas (DiffusionGemma's decoder_input_ids); "
+            f"{able.name} fills a masked canvas"
+        )
+    try:
+        canvas = torch.as_tensor(given if isinstance(given, torch.Tensor) else [list(row) for row in given])
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"initial_canvas must be a LongTensor or a list of lists of token ids: {error}") from None
+    expected = (len(items), able.canvas_length)
+    if canvas.dim() != 2 or tuple(canvas.shape) != expected or canvas.is_floating_point():
+        raise ValueError(
+            f"initial_canvas must be integer ids of shape [prompts, canvas_length] = {list(expected)}; got "
+            f"{list(canvas.shape)} of {canvas.dtype}"
+        )
+    if bool(((canvas < 0) | (canvas >= able.vocab_size)).any()):
+        raise ValueError(f"initial_canvas holds ids outside the vocabulary [0, {able.vocab_size})")
+    length = able.canvas_length
+    return [
+        attrs.evolve(item, generation=torch.cat([row.long(), item.generation[length:]]))
+        for item, row in zip(items, canvas)
+    ]
 
 
 def _in_batches(decoding: Decoding, items: list[TaskItem], batch_size: int, progress: str | None) -> list[Generation]:

@@ -148,3 +148,62 @@ def test_a_missing_or_foreign_checkpoint_fails_in_one_line(tmp_path) -> None:
         load_diffusion_gemma(str(tmp_path))
     with pytest.raises(ValueError, match="model.path is required"):
         load_diffusion_gemma(None)
+
+
+def _given_first_canvas(
+    model: torch.nn.Module, rule: UniformNoiseSteps, canvases: list[list[int]], sampling: Sampling, gen_length: int
+) -> list[DecodeResult]:
+    """One batch whose requests hold their first canvas (the API's ``initial_canvas=``)."""
+    adapter = _adapter(model)
+    decoder = SearchDecoder(commit=rule, sampling=sampling, stop_at_eos=True, name="dg")
+    open_ = torch.full((gen_length - adapter.canvas_length,), adapter.mask_id)
+    requests = [
+        DecodeRequest(uid=i, prompt=torch.tensor(p), generation=torch.cat([torch.tensor(c), open_]), seed=5)
+        for i, (p, c) in enumerate(zip(PROMPTS, canvases))
+    ]
+    return decoder.decode(RolloutEngine(adapter), requests, block_length=adapter.canvas_length)
+
+
+def test_a_given_first_canvas_replays_generate(models: dict) -> None:
+    """``initial_canvas`` is the reference's ``decoder_input_ids``: the first step reads it as given."""
+    model = models["moe"]
+    length = model.config.canvas_length
+    canvases = [[(7 * i + 3 * j) % 90 + 3 for j in range(length)] for i in range(len(PROMPTS))]
+    rule = UniformNoiseSteps(max_steps=6)
+    ours = _given_first_canvas(model, rule, canvases, Sampling(confidence="sampling"), 2 * length)
+    for uid, (prompt, canvas) in enumerate(zip(PROMPTS, canvases)):
+        ref = reference_generate(
+            model, prompt, max_new_tokens=2 * length, max_denoising_steps=6, seed=5, uid=uid, initial_canvas=canvas
+        )
+        assert _through_eos(ours[uid].tokens.tolist(), PAD) == _through_eos(ref.tokens, PAD), f"sample {uid}"
+        assert ours[uid].steps == ref.model_calls
+
+
+def test_top_1_from_a_given_canvas_is_deterministic_and_equals_generate(models: dict) -> None:
+    """``engine.top_k=1`` and a given canvas: one canvas decodes the same whatever the seed, as the
+    reference with a top-1 logits processor does."""
+    from transformers import TopKLogitsWarper
+
+    model = models["dense"]
+    length = model.config.canvas_length
+    canvases = [[(5 * i + j) % 90 + 3 for j in range(length)] for i in range(len(PROMPTS))]
+    rule = UniformNoiseSteps(max_steps=8)
+    top1 = Sampling(top_k=1, confidence="sampling")
+    ours = _given_first_canvas(model, rule, canvases, top1, length)
+    for uid, (prompt, canvas) in enumerate(zip(PROMPTS, canvases)):
+        refs = [
+            reference_generate(
+                model,
+                prompt,
+                max_new_tokens=length,
+                max_denoising_steps=8,
+                seed=seed,
+                uid=uid,
+                initial_canvas=canvas,
+                logits_processors=[TopKLogitsWarper(1)],
+            )
+            for seed in (5, 99)
+        ]
+        assert refs[0].tokens == refs[1].tokens, "the reference is not deterministic under top-1"
+        assert _through_eos(ours[uid].tokens.tolist(), PAD) == _through_eos(refs[0].tokens, PAD), f"sample {uid}"
+        assert ours[uid].steps == refs[0].model_calls

@@ -232,6 +232,9 @@ class SearchDecoder:
             mask_id,
             pad_id=mask_id,
         )
+        if plan.commit.redecides:  # uniform noise: every row starts on its first canvas, held until it is final
+            zeros = torch.zeros(canvas.rows, dtype=torch.long)
+            canvas = attrs.evolve(canvas, block=zeros, block_round=zeros, review=torch.ones_like(canvas.review))
         slots = len(requests) * size
         long = lambda values: torch.tensor(values, dtype=torch.long)
         slots_table = Slots.start(

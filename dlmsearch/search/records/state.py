@@ -252,8 +252,9 @@ class Canvas:
     ) -> Canvas:
         """Uniform noise: the current block is decided afresh. Positions in ``keep`` take
         ``proposal`` (committed at ``call``); every other position of the block is open again
-        (``mask_id``; its noise is drawn at the model boundary), a kept one counted as a revision;
-        given tokens stay. A block stays under review (:attr:`review`) until ``finished``: all kept
+        (``mask_id``; its noise is drawn at the model boundary), a kept one counted as a revision
+        (a given first canvas, ``initial_canvas``, is re-decided too: it is only the first step's
+        input). A block stays under review (:attr:`review`) until ``finished``: all kept
         is not finished, the next step re-decides it. Then finished blocks advance by ``rule``.
 
         Args:
@@ -266,8 +267,7 @@ class Canvas:
             rule: when a row leaves its block.
             mask_id: the id that marks an open position.
         """
-        given = ~self.masked & (self.commit_call < 0)
-        block = self.in_current_block(layout) & self.attention & ~given
+        block = self.in_current_block(layout) & self.attention
         keep = keep & block
         reopen = block & ~keep
         canvas = attrs.evolve(
