@@ -72,9 +72,16 @@ class ConfigError(ValueError):
     """A config value that cannot be used; the message names the key."""
 
 
-def decoder_presets() -> list[str]:
-    """Names of the files in ``conf/decoder/``."""
-    return group_options("decoder")
+def decoder_presets(noise: str | None = None) -> list[str]:
+    """Names of the files in ``conf/decoder/``; ``noise``: only those for masked (``mask``) or
+    uniform-noise (``uniform``) models (a uniform-noise preset's commit rule is ``uniform_noise``)."""
+    names = group_options("decoder")
+    if noise is None:
+        return names
+    if noise not in ("mask", "uniform"):
+        raise ValueError(f"noise must be mask or uniform, got {noise!r}")
+    uniform = {name for name in names if "commit: uniform_noise" in (CONF_DIR / "decoder" / f"{name}.yaml").read_text()}
+    return [name for name in names if (name in uniform) == (noise == "uniform")]
 
 
 def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:

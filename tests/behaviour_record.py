@@ -42,13 +42,10 @@ BLOCK_PRESETS = frozenset(
 )
 
 
-# The uniform-noise preset runs only on a uniform-noise model: pinned by its parity with transformers'
-# generate (tests/test_diffusion_gemma_parity.py).
-UNIFORM_NOISE_PRESETS = frozenset({"diffusion_gemma"})
-
-
 def recorded_presets() -> list[str]:
-    return [p for p in decoder_presets() if p not in BLOCK_PRESETS | UNIFORM_NOISE_PRESETS]
+    """Every masked-diffusion preset but the block families' (uniform-noise presets run only on a
+    uniform-noise model: pinned by their parity with transformers' generate, tests/test_diffusion_gemma_parity.py)."""
+    return [p for p in decoder_presets("mask") if p not in BLOCK_PRESETS]
 
 
 def digest(result) -> list:

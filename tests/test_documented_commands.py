@@ -45,6 +45,7 @@ EXCLUDED = {
     "torchrun --nproc_per_node=8": "8 processes, one per GPU; two CPU processes run the same path in tests/test_production.py",
     "hydra/launcher=slurm_gpu": "needs a SLURM cluster and hydra-submitit-launcher (the cluster extra)",
     "model.path=/models/SDAR-4B-Chat": "needs SDAR-4B's weights: GSM8K prompts do not fit the shipped block model's 128 positions (tests/test_block_cli.py runs a tiny SDAR)",
+    "model.path=/models/diffusiongemma-26B-A4B-it": "needs DiffusionGemma's weights and tokenizer; tests/test_diffusion_gemma_parity.py runs the loop on tiny DiffusionGemma checkpoints and tests/test_diffusion_gemma_cli.py the CLI on a Countdown-format one",
     "model.path=/models/LLaDA2.0-mini-preview": "needs LLaDA2.0-mini's weights: GSM8K prompts do not fit the shipped block model's 128 positions (tests/test_block_diffusion.py covers LLaDA2)",
     "ship_model.py --train-dir": "needs the 88-minute training run of the line above",
     "train_sudoku.py budget_minutes=88": "trains for 88 minutes (tests/test_training.py trains a few steps)",

@@ -111,7 +111,7 @@ def served(client: httpx.Client, case: dict) -> list[dict]:
 def cases() -> list[dict]:
     """Every preset, with mixed lengths, endpoints, seeds and sampling."""
     out = []
-    for i, preset in enumerate(decoder_presets()):
+    for i, preset in enumerate(decoder_presets("mask")):
         case = {
             "preset": preset,
             "prompt": PROMPTS[i % len(PROMPTS)],

@@ -373,7 +373,7 @@ def load_diffusion_gemma(
 
 def generation_setting(path: str | None, key: str, default: Any) -> Any:
     """``generation_config.json``'s ``key`` (dotted: nested) in the directory ``path``, else ``default``
-    (no directory, no file, or no such key)."""
+    (no directory, no file, no such key, or null: transformers' "unset")."""
     file = Path(str(path)).expanduser() / "generation_config.json" if path not in (None, "", "???") else None
     if file is None or not file.is_file():
         return default
@@ -382,7 +382,7 @@ def generation_setting(path: str | None, key: str, default: Any) -> Any:
         if not isinstance(value, dict) or part not in value:
             return default
         value = value[part]
-    return value
+    return default if value is None else value
 
 
 def _plain(value: Any) -> Any:
