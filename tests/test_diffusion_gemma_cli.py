@@ -39,7 +39,8 @@ TINY = {
 }
 CANVAS = 8
 FAST = ["task=countdown", "task.limit=3", "model.device=cpu"]
-UNIFORM_WIDTH = ["decoder/commit=uniform_noise", "decoder.sampling.confidence=sampling", "decoder.stop_at_eos=true"]
+UNIFORM_RULE = ["decoder/commit=uniform_noise", "decoder.sampling.confidence=sampling", "decoder.stop_at_eos=true"]
+UNIFORM_WIDTH = [*UNIFORM_RULE, "decoder/population/score=log_probability"]
 STEPS = "decoder.commit.max_steps=3"
 
 
@@ -82,9 +83,10 @@ def test_width_presets_run_with_the_uniform_noise_rule(model_dir: Path, tmp_path
     "overrides,message",
     [
         (["+decoder=llada"], "has no mask token"),
-        (["+decoder=adalook", *UNIFORM_WIDTH, "decoder.scorer.threshold=0.9"], "lookahead over"),
+        (["+decoder=adalook", *UNIFORM_RULE, "decoder.scorer.threshold=0.9"], "lookahead over"),
+        (["+decoder=best_of_n", *UNIFORM_RULE], "score=log_probability"),
         (["+decoder=diffusion_gemma", "cache=prefix"], "caches a masked canvas"),
-        (["+decoder=rcr", *UNIFORM_WIDTH], "re-noises what it does not keep"),
+        (["+decoder=rcr", *UNIFORM_RULE], "re-noises what it does not keep"),
     ],
 )
 def test_what_has_no_meaning_is_refused_in_one_line(model_dir: Path, tmp_path: Path, overrides, message) -> None:

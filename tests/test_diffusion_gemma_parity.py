@@ -16,7 +16,10 @@ import pytest
 import torch
 from diffusion_gemma_models import EOS, PAD, tiny_diffusion_gemma
 from diffusion_gemma_reference import ReferenceOutput, reference_generate
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from dlmsearch.config import build, compose
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter, load_diffusion_gemma
 from dlmsearch.search.components.commit import UniformNoiseSteps
@@ -207,3 +210,78 @@ def test_top_1_from_a_given_canvas_is_deterministic_and_equals_generate(models: 
         assert refs[0].tokens == refs[1].tokens, "the reference is not deterministic under top-1"
         assert _through_eos(ours[uid].tokens.tolist(), PAD) == _through_eos(refs[0].tokens, PAD), f"sample {uid}"
         assert ours[uid].steps == refs[0].model_calls
+
+
+UNIFORM_WIDTH = (
+    "decoder/commit=uniform_noise",
+    "decoder/population/score=log_probability",
+    "decoder.sampling.confidence=sampling",
+    "decoder.stop_at_eos=true",
+)
+APPLICABLE = {
+    "diffusion_gemma": (),
+    "best_of_n": (*UNIFORM_WIDTH, "decoder.population.size=3"),
+    "smc": (*UNIFORM_WIDTH, "decoder.population.size=3"),
+    "beam": (*UNIFORM_WIDTH, "decoder.population.size=3"),
+}
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    preset=st.sampled_from(sorted(APPLICABLE)),
+    chosen=st.lists(st.integers(0, len(PROMPTS) - 1), min_size=1, max_size=4, unique=True),
+    seed=st.integers(0, 1000),
+)
+def test_every_applicable_preset_is_batch_invariant(models: dict, preset: str, chosen: list[int], seed: int) -> None:
+    """Each sample decodes the same alone and in any batch, at temperature > 0 with its own seed."""
+    cfg = compose([f"+decoder={preset}", "decoder.commit.max_steps=4", *APPLICABLE[preset]])
+    decoder = build(cfg, "decoder")
+    adapter = _adapter(models["moe"])
+    gen_length = 2 * adapter.canvas_length
+
+    def request(uid: int) -> DecodeRequest:
+        open_ = torch.full((gen_length,), adapter.mask_id)
+        return DecodeRequest(uid=uid, prompt=torch.tensor(PROMPTS[uid]), generation=open_, seed=seed + uid)
+
+    batch = decoder.decode(RolloutEngine(adapter, row_budget=4), [request(u) for u in chosen], adapter.canvas_length)
+    for uid, together in zip(chosen, batch):
+        alone = decoder.decode(RolloutEngine(adapter), [request(uid)], adapter.canvas_length)[0]
+        assert alone.tokens.tolist() == together.tokens.tolist(), (preset, uid)
+        assert (alone.steps, alone.row_forwards, alone.token_forwards) == (
+            together.steps,
+            together.row_forwards,
+            together.token_forwards,
+        )
+
+
+def test_image_token_ids_in_a_prompt_are_refused(models: dict) -> None:
+    adapter = _adapter(models["dense"])
+    model = models["dense"]
+    saved = model.config.image_token_id
+    try:
+        model.config.image_token_id = 50
+        adapter = _adapter(model)
+    finally:
+        model.config.image_token_id = saved
+    assert 50 in adapter.capabilities.media_ids
+    decoder = SearchDecoder(commit=UniformNoiseSteps(max_steps=2), sampling=Sampling(confidence="sampling"))
+    request = DecodeRequest(uid=4, prompt=torch.tensor([3, 50, 7]), generation=torch.full((8,), adapter.mask_id))
+    with pytest.raises(
+        ValueError, match=r"uid\(s\) \[4\] holds image or audio token ids \[50, 93, 94\]: dlmsearch decodes text only"
+    ):
+        decoder.decode(RolloutEngine(adapter), [request], adapter.canvas_length)
+
+
+def test_bfloat16_decodes(models: dict) -> None:
+    """The module in bfloat16: the self-conditioning input is kept in the embedding's dtype, as the reference keeps it."""
+    import copy
+
+    model = copy.deepcopy(models["dense"])
+    vocab = model.config.get_text_config().vocab_size
+    adapter = DiffusionGemmaAdapter(
+        module=model, mask_id=vocab, vocab_size=vocab, stop_ids=[EOS], canvas_length=8, pad_id=PAD, dtype="bfloat16"
+    )
+    decoder = SearchDecoder(commit=UniformNoiseSteps(max_steps=3), sampling=Sampling(confidence="sampling"))
+    request = DecodeRequest(uid=0, prompt=torch.tensor(PROMPTS[0]), generation=torch.full((16,), vocab))
+    result = decoder.decode(RolloutEngine(adapter), [request], adapter.canvas_length)[0]
+    assert result.tokens.shape == (16,) and bool(((result.tokens >= 0) & (result.tokens < vocab)).all())

@@ -51,3 +51,6 @@ class ModelCapabilities:
     # re-decides (DiffusionGemma), ``mask_id`` then marks them inside dlmsearch only (one past the vocabulary)
     noise: str = "mask"
     canvas_length: int | None = None  # a uniform-noise model's canvas: it denoises this many columns at a time
+    media_ids: tuple[
+        int, ...
+    ] = ()  # ids that stand for image or audio inputs, which dlmsearch does not feed (text only)

@@ -197,6 +197,7 @@ class DiffusionGemmaAdapter(ModelAdapter):
             name="DiffusionGemma",
             noise="uniform",
             canvas_length=self.canvas_length,
+            media_ids=self._media_ids(),
             cache_policies=("none",),
             shadow=False,
             layerwise=False,
@@ -208,6 +209,13 @@ class DiffusionGemmaAdapter(ModelAdapter):
             raise ValueError(
                 f"a uniform-noise model's open positions are marked vocab_size ({self.vocab_size}); got mask_id={self.mask_id}"
             )
+
+    def _media_ids(self) -> tuple[int, ...]:
+        """The ids that stand for image or audio inputs in this vocabulary (Gemma's image, begin- and end-of-image tokens)."""
+        config = self.module.config
+        names = ("image_token_id", "boi_token_id", "eoi_token_id", "audio_token_id", "boa_token_id", "eoa_token_id")
+        found = (getattr(config, name, None) for name in names)
+        return tuple(sorted({i for i in found if isinstance(i, int) and 0 <= i < self.vocab_size}))
 
     @property
     def never_proposed(self) -> list[int]:

@@ -269,6 +269,13 @@ class SearchDecoder:
         bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= plan.vocab_size)).any())]
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {plan.vocab_size}) in sample uid(s) {bad}")
+        media = torch.tensor(plan.media_ids, dtype=torch.long)
+        with_media = [r.uid for r in requests if bool(torch.isin(r.prompt, media).any())]
+        if with_media:
+            raise ValueError(
+                f"the prompt of sample uid(s) {with_media} holds image or audio token ids {list(plan.media_ids)}: "
+                "dlmsearch decodes text only (no image or audio inputs)"
+            )
 
     def finish(self, engine: RolloutEngine, state: DecodeState, verifier: Verifier | None = None) -> list[DecodeResult]:
         """Each sample's output: the population's re-check and choice, then the chosen slot's result."""

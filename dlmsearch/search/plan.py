@@ -82,6 +82,7 @@ class DecodePlan:
     vocab_size: int
     mask_id: int
     max_length: int | None  # the model's longest canvas (None: unbounded)
+    media_ids: tuple[int, ...]  # ids of image or audio inputs, refused in prompts (text only)
     # a block-diffusion model's block size: canvases are block-aligned (``block_aligned``)
     attention_block: int | None = None
 
@@ -172,6 +173,7 @@ def make_plan(
         vocab_size=able.vocab_size,
         mask_id=able.mask_id,
         max_length=able.max_length,
+        media_ids=able.media_ids,
         attention_block=able.attention_block,
     )
 
@@ -346,6 +348,11 @@ def _uniform_noise_parts(m: Meeting) -> str | None:
         )
     if m.decoder.guidance.active:
         return f"decoder.guidance masks the prompt with the mask token; {m.able.name} has none: use decoder.guidance.scale=0"
+    if m.decoder.population.rechecks:
+        return (
+            f"decoder {m.decoder.name!r} scores its particles by re-masking groups of committed tokens for the model to "
+            f"re-check; {m.able.name} has no mask: use decoder/population/score=log_probability"
+        )
     if m.decoder.trigger.explores:
         return (
             f"decoder {m.decoder.name!r} looks ahead by committing masked positions on copies of the canvas; lookahead over "

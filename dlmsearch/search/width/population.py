@@ -63,6 +63,11 @@ class Population:
             or self.score.needs_verifier
         )
 
+    @property
+    def rechecks(self) -> bool:
+        """Its final choice asks the model to re-check re-masked groups of committed positions."""
+        return self.size > 1 and bool(self.score.remask_groups)
+
     def for_verifier(self, verifier: Verifier | None) -> Population:
         """The population as the task's verifier allows (the decode plan's; this one is not written):
         ``prune_conflicts=auto`` prunes on partial outputs where the verifier checks them and

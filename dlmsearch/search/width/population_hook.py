@@ -47,6 +47,7 @@ class SlotCanvases:
 
 class PopulationHook(Protocol):
     size: int  # particles per sample
+    rechecks: bool  # its final choice re-masks committed positions for the model to re-check (RemaskAgreement)
 
     def for_verifier(self, verifier: Verifier | None) -> PopulationHook:
         """The population as this task's verifier allows (the decode plan's); fails when it needs what the task does not give."""
@@ -105,6 +106,10 @@ class SinglePath:
     @property
     def size(self) -> int:
         return 1
+
+    @property
+    def rechecks(self) -> bool:
+        return False
 
     def for_verifier(self, verifier: Verifier | None) -> SinglePath:
         return self
