@@ -52,7 +52,26 @@ def plot_curve(losses: list[dict], evals: list[dict], path: Path) -> None:
     left.set_ylabel("training loss (50-step mean)")
     left.set_yscale("log")
     left.grid(alpha=0.3)
-    if (
+    if evals and "held_out_ce_by_noise" in evals[0]:  # the uniform-noise run: CE by noise level, generate's solve rate
+        for level in evals[0]["held_out_ce_by_noise"]:
+            right.plot(
+                [e["step"] for e in evals],
+                [e["held_out_ce_by_noise"][level] for e in evals],
+                label=f"held-out CE, noise {level[1:]}",
+            )
+        right.set_yscale("log")
+        right.set_ylabel("held-out cross-entropy (validation tier)")
+        solved = right.twinx()
+        solved.plot(
+            [e["step"] for e in evals],
+            [100 * e["generate"]["accuracy"] for e in evals],
+            color="black",
+            marker="o",
+            label="generate() solved % (64 validation problems)",
+        )
+        solved.set_ylabel("solved % (transformers' generate)")
+        solved.legend(loc="center right", fontsize=8)
+    elif (
         evals and "held_out_masked_ce" in evals[0]
     ):  # the block-diffusion run: held-out masked cross-entropy at each checkpoint
         right.plot(

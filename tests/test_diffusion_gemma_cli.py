@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from test_uniform_training import MODEL
 from train_countdown import write_countdown_tokenizer
 from train_countdown_uniform import build_model
 
@@ -22,21 +23,7 @@ from dlmsearch.config import compose
 from dlmsearch.models.trained_on import write_trained_on
 from dlmsearch.run import run
 
-TINY = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "n_heads": 2,
-    "n_kv_heads": 1,
-    "head_dim": 16,
-    "global_head_dim": 16,
-    "global_kv_heads": 1,
-    "sliding_window": 8,
-    "layer_types": ["sliding_attention", "full_attention"],
-    "num_experts": 2,
-    "top_k_experts": 1,
-    "moe_intermediate_size": 16,
-    "max_position_embeddings": 128,
-}
+TINY = {**MODEL, "max_position_embeddings": 128}  # test_uniform_training's tiny model, longer prompts
 CANVAS = 8
 FAST = ["task=countdown", "task.limit=3", "model.device=cpu"]
 UNIFORM_RULE = ["decoder/commit=uniform_noise", "decoder.sampling.confidence=sampling", "decoder.stop_at_eos=true"]

@@ -41,7 +41,16 @@ def exact_attention(
     module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any
 ):
     """transformers' sdpa attention with its reductions in float64 on CPU, rounded back (decoding
-    only: on CUDA or with gradients it runs as it is)."""
+    only: on CUDA or with gradients it runs as it is).
+
+    Args:
+        module: the attention layer (transformers passes it).
+        query: ``[batch, heads, queries, head_dim]``.
+        key: ``[batch, kv_heads, keys, head_dim]``.
+        value: ``[batch, kv_heads, keys, head_dim]``.
+        args: the attention mask, then sdpa's other positional arguments.
+        kwargs: sdpa's keywords (``scaling``, ``is_causal``, ``sliding_window``, ...).
+    """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if query.device.type != "cpu" or torch.is_grad_enabled():

@@ -27,7 +27,15 @@ def answer_ended(
 ) -> torch.Tensor:
     """``[R]`` rows whose generation holds a committed (or given) stop token with nothing masked
     before it (``whole_block``: nor in its block) and (``with_tail``) a masked tail left to fill.
-    Columns before ``output_start [R]`` (generation columns that hold the prompt's tokens) are not searched."""
+
+    Args:
+        canvas: the rows.
+        layout: where the generation sits.
+        stop_ids: the ids that end an answer.
+        output_start: ``[R]`` generation columns before it hold the prompt's tokens (not searched).
+        whole_block: the answer ends with the block (canvas) that holds its end.
+        with_tail: only rows with a masked tail left to fill.
+    """
     masked = canvas.masked[:, layout.gen_start :]
     column = torch.arange(layout.gen_length)[None, :]
     first = first_stop(canvas, layout, stop_ids, output_start)
@@ -60,7 +68,17 @@ def fill_after_end(
     held_open: bool = False,
 ) -> Canvas:
     """Rows whose answer has ended, with their masked tail filled with ``stop_ids[0]`` (not counted as
-    commits); ``held_open``: a block under review (a uniform-noise canvas still denoising) has not ended."""
+    commits).
+
+    Args:
+        canvas: the rows.
+        layout: where the generation sits.
+        stop_ids: the ids that end an answer (the first fills).
+        output_start: ``[R]`` generation columns before it hold the prompt's tokens (not searched).
+        whole_block: the answer ends with the block (canvas) that holds its end.
+        held_open: uniform noise: a block under review (still denoising) has not ended, and a
+            finished canvas's drafted ids after the end are filled too.
+    """
     ended = answer_ended(canvas, layout, stop_ids, output_start, whole_block, with_tail=not held_open)
     if held_open:  # a uniform-noise canvas under review is not final, however much of it is kept
         ended &= ~canvas.review

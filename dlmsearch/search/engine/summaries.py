@@ -76,9 +76,18 @@ def summarise_logits(
     minus top-2 probability; ``entropy``, Dream's definition) per position, from ``logits
     [R, T, V]`` (impossible tokens already at -inf). ``temperature [R]`` (or None: 0 for all
     rows) and ``draw [R, T]`` (the positions' uniforms) decide the samples; ``nan`` flags
-    positions whose logits were NaN. ``of_logits``: statistics of the processed logits;
-    ``keep_processed``: those logits come back too, as ``processed`` (a uniform-noise model's
-    self-conditioning input; not a summary)."""
+    positions whose logits were NaN.
+
+    Args:
+        logits: ``[R, T, V]`` the forward's logits.
+        sampling: the processors (top-p, top-k) and where the confidence is read.
+        temperature: ``[R]`` each row's temperature (None: 0 for all rows).
+        draw: ``[R, T]`` the positions' uniforms for the token samples.
+        statistics: statistics of the distribution the confidence is read from.
+        of_logits: statistics of the processed logits.
+        keep_processed: the processed logits come back too, as ``processed`` (a uniform-noise
+            model's self-conditioning input; not a summary).
+    """
     model_probs = torch.softmax(logits, dim=-1)
     processed = sampling.truncates or (temperature is not None and bool((temperature > 0).any()))
     processed_logits = process(logits, temperature, sampling) if processed else logits

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter
+from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.records.randomness import Stream, hashed_uniform
 from dlmsearch.search.records.usage import CallCost
 
@@ -59,7 +60,7 @@ def encode_pending(
     start: torch.Tensor,
     slot: torch.Tensor,
     root: torch.Tensor,
-    memory,
+    memory: SlotMemory,
 ) -> tuple[torch.Tensor, CallCost] | None:
     """One encoder call per root row whose slot has not encoded everything before its canvas
     (``start``): the rows that took one (``[n]``) and what it cost them; None where none did.
@@ -95,7 +96,7 @@ def denoise(
     attention: torch.Tensor,
     start: torch.Tensor,
     slot: torch.Tensor,
-    memory,
+    memory: SlotMemory,
 ) -> torch.Tensor:
     """The decoder's float32 logits ``[R, L, V]`` of each row's canvas (columns ``start[r]`` on).
 
@@ -114,7 +115,7 @@ def denoise(
 
 
 def remember(
-    memory,
+    memory: SlotMemory,
     slot: torch.Tensor,
     start: torch.Tensor,
     root: torch.Tensor,
@@ -132,6 +133,7 @@ def remember(
         root: ``[R]`` rows that are their slot's own canvas.
         processed: ``[R, L, V]`` the step's processed logits.
         draft: ``[R, L]`` the step's drafts.
+        dtype: the model's dtype (the self-conditioning input is kept in it, as the reference keeps it).
     """
     repeats = memory.canvas.repeated(slot, start, draft)
     if bool(root.any()):
