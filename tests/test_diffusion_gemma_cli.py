@@ -74,6 +74,7 @@ def test_width_presets_run_with_the_uniform_noise_rule(model_dir: Path, tmp_path
         (["+decoder=best_of_n", *UNIFORM_RULE], "score=log_probability"),
         (["+decoder=diffusion_gemma", "cache=prefix"], "caches a masked canvas"),
         (["+decoder=rcr", *UNIFORM_RULE], "re-noises what it does not keep"),
+        (["+decoder=diffusion_gemma", "engine.temperature=0.7"], "engine.temperature=0.7 would be ignored"),
     ],
 )
 def test_what_has_no_meaning_is_refused_in_one_line(model_dir: Path, tmp_path: Path, overrides, message) -> None:
@@ -93,3 +94,35 @@ def test_the_api_takes_an_initial_canvas(model_dir: Path) -> None:
         decoder.generate(model, prompts, initial_canvas=[[1, 2, 3]])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         decoder.generate(model, prompts, initial_canvas=[[5000] * CANVAS] * 2)
+
+
+def test_served_requests_equal_the_api(model_dir: Path) -> None:
+    """The OpenAI-compatible server decodes a uniform-noise model as the Python API does, request by request."""
+    from fastapi.testclient import TestClient
+
+    from dlmsearch.config import compose_settings
+    from dlmsearch.serve.app import Server, create_app
+
+    overrides = ["model=diffusion_gemma", f"model.path={model_dir}", "+decoder=diffusion_gemma", STEPS]
+    server = Server(compose_settings(overrides, (), "serve"), overrides, "diffusion_gemma")
+    prompts = ["Make 10 from 2, 5, 1.", "Make 7 from 3, 4, 9.", "Make 30 from 5, 6, 1."]
+    with TestClient(create_app(server)) as client:
+        served = [
+            client.post(
+                "/v1/completions",
+                json={"model": "diffusion_gemma", "prompt": p, "max_tokens": 16, "seed": 4, "chat": False},
+            ).json()
+            for p in prompts
+        ]
+        refused = client.post(
+            "/v1/completions",
+            json={"model": "diffusion_gemma", "prompt": prompts[0], "max_tokens": 16, "temperature": 0.7},
+        )
+    model = Model.load("diffusion_gemma", path=model_dir, device="cpu")
+    decoder = Decoder.from_preset("diffusion_gemma", {"decoder.commit.max_steps": 3})
+    for prompt, body in zip(prompts, served):
+        offline = decoder.generate(model, [prompt], seed=4, chat=False, gen_length=16)[0]
+        assert "choices" in body, body
+        assert body["choices"][0]["text"] == offline.text
+        assert body["usage"]["steps"] == offline.steps
+    assert refused.status_code == 400 and "would be ignored" in refused.json()["error"]["message"]

@@ -72,3 +72,33 @@ def test_cuda_mixed_windows_are_batch_invariant() -> None:
     for request, result in zip(requests, batched):
         alone = decoder.decode(RolloutEngine(adapter=adapter, cache="dual"), [request], BLOCK)[0]
         assert torch.equal(alone.tokens, result.tokens)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_diffusion_gemma_decodes_and_float32_agrees_with_cpu(dtype: str) -> None:
+    """The uniform-noise path on CUDA: transformers' modules with the stacked prefixes; in float32
+    the tokens equal the CPU decode's (sharp logits), in bfloat16 it decodes valid ids."""
+    from diffusion_gemma_models import EOS, tiny_diffusion_gemma
+
+    from dlmsearch.core.sampling import Sampling
+    from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter
+    from dlmsearch.search.components.commit import UniformNoiseSteps
+    from dlmsearch.search.driver import DecodeRequest, SearchDecoder
+
+    def run(device: str, dtype: str) -> list[list[int]]:
+        model = tiny_diffusion_gemma(seed=3, moe=True)
+        vocab = model.config.get_text_config().vocab_size
+        adapter = DiffusionGemmaAdapter(
+            module=model, mask_id=vocab, vocab_size=vocab, stop_ids=[EOS], canvas_length=8, device=device, dtype=dtype
+        )
+        decoder = SearchDecoder(commit=UniformNoiseSteps(max_steps=6), sampling=Sampling(confidence="sampling"))
+        requests = [
+            DecodeRequest(uid=i, prompt=torch.tensor(p), generation=torch.full((16,), vocab), seed=i)
+            for i, p in enumerate([[5, 6, 7], [10, 11, 12, 13, 14, 15], [3]])
+        ]
+        return [r.tokens.tolist() for r in decoder.decode(RolloutEngine(adapter), requests, 8)]
+
+    found = run("cuda", dtype)
+    assert all(0 <= t < 96 for row in found for t in row)
+    if dtype == "float32":
+        assert found == run("cpu", "float32")

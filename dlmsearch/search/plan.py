@@ -186,6 +186,7 @@ class Meeting:
     cache: CachePolicy
     compile: bool
     able: ModelCapabilities
+    temperature: float | None = None  # the engine's own (engine.temperature, a request's), None: not set
 
     @property
     def block_model(self) -> str:
@@ -197,7 +198,7 @@ def validate(decoder: DecoderSettings, engine: RolloutEngine) -> None:
     setting to change), as transformers' ``GenerationConfig.validate`` lists its checks: the rules
     are :data:`RULES`, in order, and nothing else in the engine, adapter or driver refuses a
     combination of objects."""
-    meeting = Meeting(decoder, engine.cache, engine.compile, engine.capabilities)
+    meeting = Meeting(decoder, engine.cache, engine.compile, engine.capabilities, engine.temperature)
     for rule in RULES:
         message = rule(meeting)
         if message is not None:
@@ -348,6 +349,11 @@ def _uniform_noise_parts(m: Meeting) -> str | None:
         )
     if m.decoder.guidance.active:
         return f"decoder.guidance masks the prompt with the mask token; {m.able.name} has none: use decoder.guidance.scale=0"
+    if m.temperature is not None and m.decoder.commit.redecides:
+        return (
+            f"engine.temperature={m.temperature} would be ignored: decoder {m.decoder.name!r} samples at its schedule's "
+            "temperature (decoder.commit.t_min to t_max); set those instead"
+        )
     if m.decoder.population.rechecks:
         return (
             f"decoder {m.decoder.name!r} scores its particles by re-masking groups of committed tokens for the model to "
