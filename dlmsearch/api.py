@@ -35,7 +35,7 @@ from dlmsearch.tasks.base import TaskItem
 from dlmsearch.tasks.sudoku import puzzle_item
 from dlmsearch.tasks.sudoku_files import PuzzleFileError, SudokuPuzzle, _parse_grid
 from dlmsearch.tasks.sudoku_grids import clue_conflict
-from dlmsearch.tasks.text import TextTask, load_tokenizer
+from dlmsearch.tasks.text import TextTask, load_tokenizer, with_initial_canvas
 
 __all__ = ["Decoder", "Generation", "Model", "PromptList", "compose_settings", "prompt_list"]
 
@@ -362,7 +362,9 @@ class Decoder:
         engine = build(cfg, "engine", adapter=model.adapter)
         task, items = _task_items(model, cfg, prompts)
         if initial_canvas is not None:
-            items = _with_initial_canvas(items, initial_canvas, model.adapter)
+            able = model.adapter.capabilities
+            canvas_length = able.canvas_length or int(cfg.task.block_length)
+            items = with_initial_canvas(items, initial_canvas, able.mask_id, able.vocab_size, canvas_length)
         decoding = Decoding(decoder, engine, task, deadline_s=cfg.get("deadline_s"))
         what = f"{decoder.name} on {len(items)} {'prompts' if model.is_text else 'puzzles'}"
         return _in_batches(decoding, items, batch_size, what if progress else None)
@@ -377,35 +379,6 @@ def _task_items(model: Model, cfg: DictConfig, prompts: list[Any]) -> tuple[Any,
         task: Any = model._text_task(cfg.task, prompts)
         return task, task.items()
     return build(cfg, "task"), [puzzle_item(_puzzle(p, i)) for i, p in enumerate(prompts)]
-
-
-def _with_initial_canvas(
-    items: list[TaskItem], given: torch.Tensor | Sequence[Sequence[int]], adapter: ModelAdapter
-) -> list[TaskItem]:
-    """The items with their first canvas given (a uniform-noise model's ``decoder_input_ids``), checked."""
-    able = adapter.capabilities
-    if able.noise != "uniform" or able.canvas_length is None:
-        raise ValueError(
-            "initial_canvas= is a uniform-noise model's first canvas (DiffusionGemma's decoder_input_ids); "
-            f"{able.name} fills a masked canvas"
-        )
-    try:
-        canvas = torch.as_tensor(given if isinstance(given, torch.Tensor) else [list(row) for row in given])
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"initial_canvas must be a LongTensor or a list of lists of token ids: {error}") from None
-    expected = (len(items), able.canvas_length)
-    if canvas.dim() != 2 or tuple(canvas.shape) != expected or canvas.is_floating_point():
-        raise ValueError(
-            f"initial_canvas must be integer ids of shape [prompts, canvas_length] = {list(expected)}; got "
-            f"{list(canvas.shape)} of {canvas.dtype}"
-        )
-    if bool(((canvas < 0) | (canvas >= able.vocab_size)).any()):
-        raise ValueError(f"initial_canvas holds ids outside the vocabulary [0, {able.vocab_size})")
-    length = able.canvas_length
-    return [
-        attrs.evolve(item, generation=torch.cat([row.long(), item.generation[length:]]))
-        for item, row in zip(items, canvas)
-    ]
 
 
 def _in_batches(decoding: Decoding, items: list[TaskItem], batch_size: int, progress: str | None) -> list[Generation]:

@@ -126,3 +126,19 @@ def test_served_requests_equal_the_api(model_dir: Path) -> None:
         assert body["choices"][0]["text"] == offline.text
         assert body["usage"]["steps"] == offline.steps
     assert refused.status_code == 400 and "would be ignored" in refused.json()["error"]["message"]
+
+
+def test_the_cli_takes_an_initial_canvas_through_the_task(model_dir: Path, tmp_path: Path) -> None:
+    """``task.initial_canvas=FILE`` (one list of canvas ids per item) replays as the API's ``initial_canvas=``."""
+    canvases = [[5 + j for j in range(CANVAS)], [40 + j for j in range(CANVAS)], [7] * CANVAS]
+    path = tmp_path / "canvas.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in canvases))
+    first = _run(model_dir, tmp_path / "a", "+decoder=diffusion_gemma", STEPS, f"task.initial_canvas={path}", "seed=1")
+    again = _run(model_dir, tmp_path / "b", "+decoder=diffusion_gemma", STEPS, f"task.initial_canvas={path}", "seed=2")
+    drawn = _run(model_dir, tmp_path / "c", "+decoder=diffusion_gemma", STEPS, "seed=1")
+    read = lambda out: [json.loads(line)["output"] for line in (out / "results.jsonl").read_text().splitlines()]
+    assert first["items"] == again["items"] == drawn["items"] == 3
+    assert read(tmp_path / "a") != read(tmp_path / "c"), "the given canvas changed nothing"
+    path.write_text(json.dumps([1, 2, 3]) + "\n")
+    with pytest.raises(ValueError, match=r"shape \[prompts, canvas_length\]"):
+        _run(model_dir, tmp_path / "d", "+decoder=diffusion_gemma", STEPS, f"task.initial_canvas={path}")

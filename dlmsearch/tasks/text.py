@@ -167,6 +167,9 @@ class TextTask:
         default=None, validator=[check_type(int, optional=True), check_range(1, optional=True)]
     )
     path: str | None = attrs.field(default=None, validator=check_type(str, optional=True))
+    # a JSONL file, one list of canvas_length ids per item in the task's order: a uniform-noise model's first
+    # canvas (DiffusionGemma's decoder_input_ids), to replay a decode; None: drawn
+    initial_canvas: str | None = attrs.field(default=None, validator=check_type(str, optional=True))
     name: ClassVar[str] = "text"
     _tokenizer: Any = attrs.field(init=False, default=None, repr=False)
 
@@ -247,7 +250,7 @@ class TextTask:
         if self.limit is not None:
             sources = sources[: self.limit]
         generation = torch.full((self.gen_length,), self.mask_id, dtype=torch.long)
-        return [
+        items = [
             TaskItem(
                 id=id_,
                 prompt=self.encode(text),
@@ -257,6 +260,10 @@ class TextTask:
             )
             for id_, text, ref in sources
         ]
+        if self.initial_canvas is None:
+            return items
+        canvases = _jsonl_rows(Path(self.initial_canvas), "task.initial_canvas")[: len(items)]
+        return with_initial_canvas(items, canvases, self.mask_id, self.vocab_size, self.block_length)
 
     def judge(self, item: TaskItem, tokens: torch.Tensor) -> bool | None:
         return None
@@ -277,3 +284,53 @@ class TextTask:
 
     def render(self, item: TaskItem, output: str) -> str:
         return f"[{item.id}] prompt:\n{shorten(self.prompt_text(item))}\n--- output:\n{output}"
+
+
+def with_initial_canvas(
+    items: list[TaskItem], given: Any, mask_id: int, vocab_size: int, canvas_length: int
+) -> list[TaskItem]:
+    """The items with their first canvas given (a uniform-noise model's ``decoder_input_ids``: the
+    API's ``initial_canvas=``, the CLI's ``task.initial_canvas``), checked.
+
+    Args:
+        items: the task's items.
+        given: ``[items, canvas_length]`` ids: a LongTensor or lists.
+        mask_id: the model's mask id (a uniform-noise model's is ``vocab_size``: it has no mask token).
+        vocab_size: the ids allowed.
+        canvas_length: the model's canvas.
+    """
+    if mask_id != vocab_size:
+        raise ValueError(
+            "an initial canvas is a uniform-noise model's first canvas (DiffusionGemma's decoder_input_ids); "
+            "this model fills a masked canvas"
+        )
+    try:
+        canvas = torch.as_tensor(given if isinstance(given, torch.Tensor) else [list(row) for row in given])
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"initial_canvas must be a LongTensor or a list of lists of token ids: {error}") from None
+    expected = (len(items), canvas_length)
+    if canvas.dim() != 2 or tuple(canvas.shape) != expected or canvas.is_floating_point():
+        raise ValueError(
+            f"initial_canvas must be integer ids of shape [prompts, canvas_length] = {list(expected)}; got "
+            f"{list(canvas.shape)} of {canvas.dtype}"
+        )
+    if bool(((canvas < 0) | (canvas >= vocab_size)).any()):
+        raise ValueError(f"initial_canvas holds ids outside the vocabulary [0, {vocab_size})")
+    return [
+        attrs.evolve(item, generation=torch.cat([row.long(), item.generation[canvas_length:]]))
+        for item, row in zip(items, canvas)
+    ]
+
+
+def _jsonl_rows(path: Path, setting: str) -> list[Any]:
+    """The JSON value of each non-empty line of ``path``, one readable error where it cannot be read."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{setting}={path}: no such file")
+    rows = []
+    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{setting}={path}, line {line_number}: not JSON ({error})") from None
+    return rows
