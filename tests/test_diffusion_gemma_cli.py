@@ -66,11 +66,21 @@ def test_width_presets_run_with_the_uniform_noise_rule(model_dir: Path, tmp_path
     assert summary["items"] == 3
 
 
+@pytest.mark.parametrize("preset", ["ete", "adalook", "fixed_depth"])
+def test_lookahead_over_keep_sets(model_dir: Path, tmp_path: Path, preset: str) -> None:
+    """Lookahead presets with the uniform-noise rule: a branch keeps a candidate beside the keep-set and
+    rolls the reference loop on with its own self-conditioning input; the adopted one's becomes its slot's."""
+    out = tmp_path / preset
+    summary = _run(model_dir, out, f"+decoder={preset}", *UNIFORM_RULE, STEPS, "decoder.scorer.threshold=0.9")
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert summary["items"] == 3
+    assert any(r["row_forwards"] > r["steps"] for r in records), "no lookahead branch was ever evaluated"
+
+
 @pytest.mark.parametrize(
     "overrides,message",
     [
         (["+decoder=llada"], "has no mask token"),
-        (["+decoder=adalook", *UNIFORM_RULE, "decoder.scorer.threshold=0.9"], "lookahead over"),
         (["+decoder=best_of_n", *UNIFORM_RULE], "score=log_probability"),
         (["+decoder=diffusion_gemma", "cache=prefix"], "caches a masked canvas"),
         (["+decoder=rcr", *UNIFORM_RULE], "re-noises what it does not keep"),

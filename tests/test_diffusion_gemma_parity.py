@@ -223,10 +223,12 @@ APPLICABLE = {
     "best_of_n": (*UNIFORM_WIDTH, "decoder.population.size=3"),
     "smc": (*UNIFORM_WIDTH, "decoder.population.size=3"),
     "beam": (*UNIFORM_WIDTH, "decoder.population.size=3"),
+    "ete": (*UNIFORM_WIDTH[:1], *UNIFORM_WIDTH[2:], "decoder.scorer.threshold=0.9"),
+    "adalook": (*UNIFORM_WIDTH[:1], *UNIFORM_WIDTH[2:], "decoder.scorer.threshold=0.9"),
 }
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(
     preset=st.sampled_from(sorted(APPLICABLE)),
     chosen=st.lists(st.integers(0, len(PROMPTS) - 1), min_size=1, max_size=4, unique=True),
@@ -285,3 +287,29 @@ def test_bfloat16_decodes(models: dict) -> None:
     request = DecodeRequest(uid=0, prompt=torch.tensor(PROMPTS[0]), generation=torch.full((16,), vocab))
     result = decoder.decode(RolloutEngine(adapter), [request], adapter.canvas_length)[0]
     assert result.tokens.shape == (16,) and bool(((result.tokens >= 0) & (result.tokens < vocab)).all())
+
+
+def test_a_branch_keeps_its_own_canvas_memory_until_adopted() -> None:
+    """A lookahead branch reads its slot's self-conditioning input and draft until it has its own; the
+    adopted branch's become its slot's, the others are dropped."""
+    from dlmsearch.models.diffusion_gemma import CanvasMemory
+    from dlmsearch.search.records.randomness import BRANCH_KEYS
+
+    memory = CanvasMemory()
+    memory.reset(2)
+    slot, start = torch.tensor([0, 1]), torch.tensor([4, 4])
+    roots = torch.tensor([0, BRANCH_KEYS])  # particle 0 of slot 0, particle 1 of slot 1: their roots
+    root_logits, draft = torch.randn(2, 3, 5), torch.tensor([[1, 2, 3], [4, 0, 1]])
+    assert memory.remember(slot, start, roots, torch.tensor([True, True]), root_logits, draft).tolist() == [0, 0]
+    branch = torch.tensor([2, BRANCH_KEYS + 1])  # branch 1 of slot 0, branch 0 of slot 1
+    read, has = memory.conditioning(slot, start, branch)
+    assert bool(has.all()) and torch.equal(read, root_logits), "a fresh branch reads its slot's memory"
+    branch_logits = torch.randn(2, 3, 5)
+    repeats = memory.remember(slot, start, branch, torch.tensor([False, False]), branch_logits, draft)
+    assert repeats.tolist() == [1, 1], "the same draft as the slot's: repeated once"
+    read, _ = memory.conditioning(slot, start, branch)
+    assert torch.equal(read, branch_logits)
+    assert torch.equal(memory.conditioning(slot, start, roots)[0], root_logits), "a branch never writes its slot's"
+    memory.adopt(torch.tensor([0]), torch.tensor([2]))
+    assert torch.equal(memory.logits[0], branch_logits[0]) and torch.equal(memory.logits[1], root_logits[1])
+    assert memory.repeats.tolist() == [1, 0] and memory.branches == {}

@@ -126,31 +126,49 @@ class EncoderPrefixes:
         self.end = torch.where(self.end >= 0, self.end + columns, self.end)
 
 
+@attrs.frozen
+class _BranchMemory:
+    """A lookahead branch's own memory of its canvas (what :class:`CanvasMemory` keeps per slot)."""
+
+    start: int
+    logits: torch.Tensor  # [L, V]
+    draft: torch.Tensor  # [L]
+    repeats: int
+
+
 @attrs.define(eq=False)
 class CanvasMemory:
     """Per slot, of the canvas it is denoising (its first column ``start``, -1: none): the last
     step's processed logits (the next step's self-conditioning input, in the model's dtype), the
     last draft (argmax) and how many steps in a row the draft has repeated (the stopping rule's
-    stability). A slot that moves to a new canvas starts afresh, as the reference resets both."""
+    stability). A slot that moves to a new canvas starts afresh, as the reference resets both.
+
+    A lookahead branch (a row whose ``row_key`` is not its slot's root) reads its slot's memory
+    until it has its own: after its first evaluation its memory is kept apart (``branches``, by
+    slot and row key), so a branch rolled deeper continues the reference loop from its own step;
+    the adopted branch's memory becomes its slot's (:meth:`adopt`), and the rest are dropped."""
 
     start: torch.Tensor = attrs.field(factory=lambda: torch.zeros(0, dtype=torch.long))
     logits: torch.Tensor | None = None  # [slots, L, V]
     draft: torch.Tensor | None = None  # [slots, L]
     repeats: torch.Tensor = attrs.field(factory=lambda: torch.zeros(0, dtype=torch.long))
+    branches: dict[tuple[int, int], _BranchMemory] = attrs.field(factory=dict)
 
     def reset(self, slots: int) -> None:
         self.start = torch.full((slots,), -1, dtype=torch.long)
         self.logits = self.draft = None
         self.repeats = torch.zeros(slots, dtype=torch.long)
+        self.branches = {}
 
     def reorder(self, source: torch.Tensor) -> None:
-        self.start, self.repeats = self.start[source], self.repeats[source]
+        self.start, self.repeats, self.branches = self.start[source], self.repeats[source], {}
         if self.logits is not None:
             self.logits, self.draft = self.logits[source.to(self.logits.device)], self.draft[source]
 
     def admit(self, slots: int) -> None:
         self.start = torch.cat([self.start, torch.full((slots,), -1, dtype=torch.long)])
         self.repeats = torch.cat([self.repeats, torch.zeros(slots, dtype=torch.long)])
+        self.branches = {}
         if self.logits is not None:
             self.logits = torch.cat([self.logits, self.logits.new_zeros(slots, *self.logits.shape[1:])])
             self.draft = torch.cat([self.draft, self.draft.new_full((slots, self.draft.shape[1]), -1)])
@@ -158,35 +176,93 @@ class CanvasMemory:
     def widen(self, columns: int) -> None:
         self.start = torch.where(self.start >= 0, self.start + columns, self.start)
 
-    def conditioning(self, slot: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def _read(
+        self, slot: torch.Tensor, row_key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """Each row's memory: ``start``, logits, draft and repeats (a branch's own where it has one)."""
+        start, repeats = self.start[slot].clone(), self.repeats[slot].clone()
+        logits = None if self.logits is None else self.logits[slot.to(self.logits.device)]
+        draft = None if self.draft is None else self.draft[slot].clone()
+        for row, key in enumerate(zip(slot.tolist(), row_key.tolist()) if self.branches else ()):
+            entry = self.branches.get(key)
+            if entry is not None:
+                start[row], repeats[row] = entry.start, entry.repeats
+                logits[row], draft[row] = entry.logits.to(logits.device), entry.draft
+        return start, logits, draft, repeats
+
+    def conditioning(
+        self, slot: torch.Tensor, start: torch.Tensor, row_key: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The rows' self-conditioning logits (zeros where a row has none) and ``[rows]`` which rows have them."""
-        has = (self.start[slot] == start) & (self.start[slot] >= 0)
-        if self.logits is None or not bool(has.any()):
-            return None, has
-        return self.logits[slot.to(self.logits.device)], has
+        stored, logits, _, _ = self._read(slot, row_key)
+        has = (stored == start) & (stored >= 0)
+        return (logits if logits is not None and bool(has.any()) else None), has
+
+    def repeated(
+        self, slot: torch.Tensor, start: torch.Tensor, row_key: torch.Tensor, draft: torch.Tensor
+    ) -> torch.Tensor:
+        """``[rows]`` steps in a row the row's draft of this canvas has equalled ``draft`` (without storing it)."""
+        stored, _, last, repeats = self._read(slot, row_key)
+        if last is None:
+            return torch.zeros(len(slot), dtype=torch.long)
+        equal = (stored == start) & (last == draft).all(dim=1)
+        return torch.where(equal, repeats + 1, 0)
 
     def remember(
-        self, slot: torch.Tensor, start: torch.Tensor, logits: torch.Tensor, draft: torch.Tensor
+        self,
+        slot: torch.Tensor,
+        start: torch.Tensor,
+        row_key: torch.Tensor,
+        root: torch.Tensor,
+        logits: torch.Tensor,
+        draft: torch.Tensor,
     ) -> torch.Tensor:
-        """Keep the rows' processed logits and drafts for their slots' next step; ``[rows]`` how many
-        steps in a row each draft has now repeated (0 at a canvas's first step)."""
-        repeats = self.repeated(slot, start, draft)
+        """Keep the rows' processed logits and drafts for their next step (a slot's own row in the
+        slot's memory, a branch in its own); ``[rows]`` how many steps in a row each draft has now
+        repeated (0 at a canvas's first step).
+
+        Args:
+            slot: ``[rows]`` each row's slot.
+            start: ``[rows]`` the first column of each row's canvas.
+            row_key: ``[rows]`` each row's key (its slot's root, or a branch).
+            root: ``[rows]`` rows that are their slot's own canvas.
+            logits: ``[rows, L, V]`` the step's processed logits (in the dtype to keep).
+            draft: ``[rows, L]`` the step's drafts.
+        """
+        repeats = self.repeated(slot, start, row_key, draft)
         if self.logits is None:
-            slots = len(self.start)
-            self.logits = logits.new_zeros(slots, *logits.shape[1:])
-            self.draft = torch.full((slots, draft.shape[1]), -1, dtype=torch.long)
-        self.logits[slot.to(self.logits.device)] = logits
-        self.draft[slot] = draft
-        self.start[slot], self.repeats[slot] = start, repeats
+            self.logits = logits.new_zeros(len(self.start), *logits.shape[1:])
+            self.draft = torch.full((len(self.start), draft.shape[1]), -1, dtype=torch.long)
+        at = root.nonzero().squeeze(1)
+        self._store(slot[at], start[at], logits[at.to(logits.device)], draft[at], repeats[at])
+        for row in (~root).nonzero().squeeze(1).tolist():
+            key = (int(slot[row]), int(row_key[row]))
+            self.branches[key] = _BranchMemory(
+                int(start[row]), logits[row].clone(), draft[row].clone(), int(repeats[row])
+            )
         return repeats
 
-    def repeated(self, slot: torch.Tensor, start: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
-        """``[rows]`` steps in a row the slot's draft of this canvas has equalled ``draft`` (without storing it)."""
-        if self.draft is None:
-            return torch.zeros(len(slot), dtype=torch.long)
-        same_canvas = self.start[slot] == start
-        equal = same_canvas & (self.draft[slot] == draft).all(dim=1)
-        return torch.where(equal, self.repeats[slot] + 1, 0)
+    def _store(
+        self, slot: torch.Tensor, start: torch.Tensor, logits: torch.Tensor, draft: torch.Tensor, repeats: torch.Tensor
+    ) -> None:
+        self.logits[slot.to(self.logits.device)] = logits.to(self.logits.device)
+        self.draft[slot], self.start[slot], self.repeats[slot] = draft, start, repeats
+
+    def adopt(self, slot: torch.Tensor, row_key: torch.Tensor) -> None:
+        """Each slot takes the memory of the branch it adopted (where that branch has its own), and
+        every branch's memory is dropped: the lookahead is over."""
+        for s, key in zip(slot.tolist(), row_key.tolist()):
+            entry = self.branches.get((s, key))
+            if entry is not None:
+                at = torch.tensor([s])
+                self._store(
+                    at,
+                    torch.tensor([entry.start]),
+                    entry.logits[None],
+                    entry.draft[None],
+                    torch.tensor([entry.repeats]),
+                )
+        self.branches = {}
 
 
 @attrs.define(eq=False)

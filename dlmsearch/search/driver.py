@@ -436,9 +436,11 @@ def _explore(
     explored = rows[explore]
     if not explored.numel():
         return state, round_
-    adopted, adopted_eval, restart, usage = _lookahead(
+    adopted, adopted_eval, restart, usage, best = _lookahead(
         engine, state, round_.root.take(explore), round_.evaluation.take(explore), explored, on_lookahead
     )
+    if state.plan.commit.redecides:  # the adopted branch's self-conditioning input and stopping history
+        state.memory.canvas.adopt(explored, state.slots.particle[explored] * BRANCH_KEYS + 1 + best)
     at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
     exploit = round_.exploit.clone()
     exploit[at] = ~restart
@@ -588,10 +590,10 @@ def _lookahead(
     evaluation: Evaluation,
     exploring: torch.Tensor,
     on_lookahead: Callable[[Lookahead], None] | None,
-) -> tuple[Canvas, Evaluation, torch.Tensor, Usage]:
+) -> tuple[Canvas, Evaluation, torch.Tensor, Usage, torch.Tensor]:
     """Roll hypotheses of all exploring slots level by level; the adopted branches, their
     evaluations, ``[S]`` restart flags (the selector wants a fresh lookahead from the
-    adopted state instead of exploiting it), and the usage after it.
+    adopted state instead of exploiting it), the usage after it, and ``[S]`` the adopted branches' indices.
 
     Args:
         engine: the model's only caller.
@@ -609,8 +611,9 @@ def _lookahead(
             on_lookahead(look)
     selector = state.plan.selector
     assert selector is not None
-    adopted, adopted_eval = look.adopted(selector.best(look.scores.view(len(exploring), look.width), look.live))
-    return adopted, adopted_eval, look.restarted, usage
+    best = selector.best(look.scores.view(len(exploring), look.width), look.live)
+    adopted, adopted_eval = look.adopted(best)
+    return adopted, adopted_eval, look.restarted, usage, best
 
 
 def _open(state: DecodeState, usage: Usage, root: Canvas, evaluation: Evaluation, exploring: torch.Tensor) -> Lookahead:
@@ -628,9 +631,15 @@ def _open(state: DecodeState, usage: Usage, root: Canvas, evaluation: Evaluation
     token = evaluation.token.repeat_interleave(width, dim=0)
     confidence = evaluation.confidence.repeat_interleave(width, dim=0)
     branch_id = torch.arange(width).repeat(roots)
-    branches = root.repeat(width).commit(
-        first, token, confidence, calls.repeat_interleave(width), 1, branch_id, layout, plan.commit
-    )
+    if plan.commit.redecides:  # uniform noise: the step with the candidate kept beside the keep-set
+        repeated = evaluation.take(torch.arange(roots).repeat_interleave(width))
+        branches = plan.commit.redecide(
+            root.repeat(width), repeated, layout, calls.repeat_interleave(width), plan.mask_id, first
+        )
+    else:
+        branches = root.repeat(width).commit(
+            first, token, confidence, calls.repeat_interleave(width), 1, branch_id, layout, plan.commit
+        )
     return Lookahead(
         slots=exploring,
         width=width,
@@ -695,11 +704,16 @@ def _deepen(state: DecodeState, usage: Usage, look: Lookahead) -> Lookahead:
     layout, commit = state.layout, state.plan.commit
     rows = look.rows()
     sub, sub_eval = look.branches.take(rows), look.evaluation.take(rows)
-    chosen = commit.select(sub, sub_eval, layout) & sub.masked
+    chosen = commit.select(sub, sub_eval, layout) & (sub.masked | commit.redecides)
     logs = torch.where(chosen, torch.log(sub_eval.confidence.clamp(min=1e-30)), 0.0).sum(dim=1)
     step_log_conf = look.step_log_conf.clone()
     step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
     depth = look.depth + 1
     calls = usage.steps[state.slots.owner[look.slot_row[rows]]]
-    rolled = sub.commit(chosen, sub_eval.token, sub_eval.confidence, calls, depth, look.branch_id[rows], layout, commit)
+    if commit.redecides:  # uniform noise: the branch's next step of the reference loop
+        rolled = commit.redecide(sub, sub_eval, layout, calls, state.plan.mask_id)
+    else:
+        rolled = sub.commit(
+            chosen, sub_eval.token, sub_eval.confidence, calls, depth, look.branch_id[rows], layout, commit
+        )
     return attrs.evolve(look, branches=look.branches.put(rows, rolled), step_log_conf=step_log_conf, depth=depth)

@@ -339,7 +339,7 @@ def _noise(m: Meeting) -> str | None:
 
 
 def _uniform_noise_parts(m: Meeting) -> str | None:
-    """12. On uniform noise, re-masking revisions, guidance's masked prompt and (for now) lookahead have no meaning."""
+    """12. On uniform noise, re-masking revisions, guidance's masked prompt, an ignored temperature and the re-mask re-check have no meaning."""
     if m.able.noise != "uniform":
         return None
     if m.decoder.revision.revises:
@@ -358,11 +358,6 @@ def _uniform_noise_parts(m: Meeting) -> str | None:
         return (
             f"decoder {m.decoder.name!r} scores its particles by re-masking groups of committed tokens for the model to "
             f"re-check; {m.able.name} has no mask: use decoder/population/score=log_probability"
-        )
-    if m.decoder.trigger.explores:
-        return (
-            f"decoder {m.decoder.name!r} looks ahead by committing masked positions on copies of the canvas; lookahead over "
-            f"{m.able.name}'s keep-sets is not built yet: use decoder/trigger=never (width search with populations works)"
         )
     return None
 

@@ -637,14 +637,32 @@ class UniformNoiseSteps:
         return last | (stable & (mean < self.confidence_threshold))
 
     def redecide(
-        self, canvas: Canvas, evaluation: Evaluation, layout: Layout, call: torch.Tensor, mask_id: int
+        self,
+        canvas: Canvas,
+        evaluation: Evaluation,
+        layout: Layout,
+        call: torch.Tensor,
+        mask_id: int,
+        also_keep: torch.Tensor | None = None,
     ) -> Canvas:
         """One step's update: the keep-set takes its samples and the rest is re-noised, or a
-        finished canvas takes its draft whole (and the row moves to the next canvas)."""
+        finished canvas takes its draft whole (and the row moves to the next canvas).
+
+        Args:
+            canvas: the rows.
+            evaluation: their evaluations (samples, drafts, entropies, repeats).
+            layout: the decode's layout.
+            call: ``[R]`` each row's model-call count (recorded as the commits' call).
+            mask_id: the open-position marker.
+            also_keep: ``[R, T]`` positions kept beside the keep-set (a lookahead branch's candidate).
+        """
         assert evaluation.draft is not None
         done = self.finishes(canvas, evaluation, layout)
         block = canvas.in_current_block(layout) & canvas.attention
-        keep = torch.where(done[:, None], block, self.select(canvas, evaluation, layout))
+        chosen = self.select(canvas, evaluation, layout)
+        if also_keep is not None:
+            chosen = chosen | (also_keep & block)
+        keep = torch.where(done[:, None], block, chosen)
         token = torch.where(done[:, None], evaluation.draft.long(), evaluation.token)
         return canvas.redecide(keep, done, token, evaluation.confidence, call, layout, self, mask_id)
 

@@ -709,7 +709,7 @@ class RolloutEngine:
                     settings.memory,
                     rows.slot[index],
                     forward.query[:, 0],
-                    rows.root[index],
+                    rows.row_key[index],
                     processed,
                     draft,
                     getattr(torch, self.adapter.dtype),
@@ -745,6 +745,7 @@ class RolloutEngine:
                     rows.attention[index],
                     forward.query[:, 0],
                     rows.slot[index],
+                    rows.row_key[index],
                     settings.memory,
                 )
             return logits, None, None

@@ -23,7 +23,7 @@ import torch
 
 from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter
 from dlmsearch.search.engine.slot_memory import SlotMemory
-from dlmsearch.search.records.randomness import Stream, hashed_uniform
+from dlmsearch.search.records.randomness import Stream, hashed_uniform, is_root
 from dlmsearch.search.records.usage import CallCost
 
 
@@ -96,6 +96,7 @@ def denoise(
     attention: torch.Tensor,
     start: torch.Tensor,
     slot: torch.Tensor,
+    row_key: torch.Tensor,
     memory: SlotMemory,
 ) -> torch.Tensor:
     """The decoder's float32 logits ``[R, L, V]`` of each row's canvas (columns ``start[r]`` on).
@@ -106,40 +107,38 @@ def denoise(
         attention: ``[R, T]`` their real columns.
         start: ``[R]`` the first column of each row's canvas.
         slot: ``[R]`` each row's slot.
+        row_key: ``[R]`` each row's key (a lookahead branch reads its own memory where it has one).
         memory: the slots' stores (``memory.prefixes``, ``memory.canvas``).
     """
     columns = start[:, None] + torch.arange(adapter.canvas_length)[None, :]
     canvas = tokens.gather(1, columns)
     at = positions(attention).gather(1, columns)
-    return adapter.denoise(canvas, at, memory.prefixes, slot, memory.canvas.conditioning(slot, start))
+    return adapter.denoise(canvas, at, memory.prefixes, slot, memory.canvas.conditioning(slot, start, row_key))
 
 
 def remember(
     memory: SlotMemory,
     slot: torch.Tensor,
     start: torch.Tensor,
-    root: torch.Tensor,
+    row_key: torch.Tensor,
     processed: torch.Tensor,
     draft: torch.Tensor,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """``[R]`` steps in a row each row's draft has repeated; root rows store their processed
-    logits (the next step's self-conditioning, in the model's ``dtype``) and drafts.
+    """``[R]`` steps in a row each row's draft has repeated; every row keeps its processed logits
+    (the next step's self-conditioning, in the model's ``dtype``) and draft: a slot's own row in the
+    slot's memory, a lookahead branch in its own.
 
     Args:
         memory: the slots' stores (``memory.canvas``).
         slot: ``[R]`` each row's slot.
         start: ``[R]`` the first column of each row's canvas.
-        root: ``[R]`` rows that are their slot's own canvas.
+        row_key: ``[R]`` each row's key (its slot's root, or a branch).
         processed: ``[R, L, V]`` the step's processed logits.
         draft: ``[R, L]`` the step's drafts.
         dtype: the model's dtype (the self-conditioning input is kept in it, as the reference keeps it).
     """
-    repeats = memory.canvas.repeated(slot, start, draft)
-    if bool(root.any()):
-        at = root.nonzero().squeeze(1)
-        memory.canvas.remember(slot[at], start[at], processed[at.to(processed.device)].to(dtype), draft[at])
-    return repeats
+    return memory.canvas.remember(slot, start, row_key, is_root(row_key), processed.to(dtype), draft)
 
 
 __all__ = ["denoise", "encode_pending", "noised", "positions", "remember"]
