@@ -77,10 +77,15 @@ def trace(model: Path, item_index: int) -> tuple[list[np.ndarray], list[list[str
             state = torch.where(current & ~masked, 1, state)
         states.append(state.numpy())
         ids = canvas.tokens[0, gen].tolist()
-        tokens.append(["" if m else tokenizer.decode([i]) for i, m in zip(ids, masked.tolist())])
+        tokens.append(["" if m else _label(tokenizer.decode([i])) for i, m in zip(ids, masked.tolist())])
 
     result = decoder.decode(engine, [request], task.block_length, on_round=on_round)[0]
     return states, tokens, str(item.question), task.output(item, result.tokens)
+
+
+def _label(text: str) -> str:
+    """A cell's text: special tokens shortened (``<|eot_id|>`` -> ``eot``)."""
+    return text[2:-2].split("_")[0][:3] if text.startswith("<|") else text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,16 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     ax.imshow(grid, cmap=ListedColormap(COLOURS), vmin=0, vmax=len(COLOURS) - 1, aspect="auto")
     for r in range(rounds):
         for c in range(columns):
-            if tokens[r][c] >= 0 and grid[r, c] in (1, 2):
-                ax.text(
-                    c,
-                    r,
-                    str(int(tokens[r][c])),
-                    ha="center",
-                    va="center",
-                    fontsize=5,
-                    color="white" if grid[r, c] == 2 else "black",
-                )
+            if tokens[r][c] and grid[r, c] in (1, 2):
+                colour = "white" if grid[r, c] == 2 else "black"
+                ax.text(c, r, tokens[r][c], ha="center", va="center", fontsize=7, color=colour)
     ax.set_xlabel("generation position")
     ax.set_ylabel("round (one decoder call)")
     ax.set_title(f"uniform-noise decode, {Path(args.model).name}: output {output!r}", fontsize=8)

@@ -44,6 +44,8 @@ SMALL_ONLY = [
     ("no_stopping", "diffusion_gemma", ["decoder.commit.stopping=false"]),
     ("best_of_n", "best_of_n", UNIFORM_WIDTH),
     ("smc", "smc", UNIFORM_WIDTH),
+    ("beam", "beam", UNIFORM_WIDTH),
+    ("verified_best_of_n", "verified_best_of_n", UNIFORM_WIDTH),
     ("ete", "ete", [*UNIFORM_WIDTH[:1], *UNIFORM_WIDTH[2:], "decoder.scorer.threshold=0.9"]),
     ("adalook", "adalook", [*UNIFORM_WIDTH[:1], *UNIFORM_WIDTH[2:], "decoder.scorer.threshold=0.9"]),
     ("fixed_depth", "fixed_depth", [*UNIFORM_WIDTH[:1], *UNIFORM_WIDTH[2:], "decoder.scorer.threshold=0.9"]),
