@@ -39,16 +39,19 @@ UNIFORM_WIDTH = [
     "decoder.sampling.confidence=sampling",
     "decoder.stop_at_eos=true",
 ]
-EVERY_TIER = [("diffusion_gemma", "diffusion_gemma", [])]
-SMALL_ONLY = [
-    ("no_stopping", "diffusion_gemma", ["decoder.commit.stopping=false"]),
+LOOKAHEAD = [*UNIFORM_WIDTH[:1], *UNIFORM_WIDTH[2:], "decoder.scorer.threshold=0.9"]
+EVERY_TIER = [
+    ("diffusion_gemma", "diffusion_gemma", []),
     ("best_of_n", "best_of_n", UNIFORM_WIDTH),
     ("smc", "smc", UNIFORM_WIDTH),
     ("beam", "beam", UNIFORM_WIDTH),
     ("verified_best_of_n", "verified_best_of_n", UNIFORM_WIDTH),
-    ("ete", "ete", [*UNIFORM_WIDTH[:1], *UNIFORM_WIDTH[2:], "decoder.scorer.threshold=0.9"]),
-    ("adalook", "adalook", [*UNIFORM_WIDTH[:1], *UNIFORM_WIDTH[2:], "decoder.scorer.threshold=0.9"]),
-    ("fixed_depth", "fixed_depth", [*UNIFORM_WIDTH[:1], *UNIFORM_WIDTH[2:], "decoder.scorer.threshold=0.9"]),
+    ("ete", "ete", LOOKAHEAD),
+    ("adalook", "adalook", LOOKAHEAD),
+    ("fixed_depth", "fixed_depth", LOOKAHEAD),
+]
+SMALL_ONLY = [
+    ("no_stopping", "diffusion_gemma", ["decoder.commit.stopping=false"]),
     ("llada", "llada", []),
 ]
 
