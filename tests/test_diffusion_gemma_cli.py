@@ -85,6 +85,8 @@ def test_lookahead_over_keep_sets(model_dir: Path, tmp_path: Path, preset: str) 
         (["+decoder=diffusion_gemma", "cache=prefix"], "caches a masked canvas"),
         (["+decoder=rcr", *UNIFORM_RULE], "re-noises what it does not keep"),
         (["+decoder=diffusion_gemma", "engine.temperature=0.7"], "engine.temperature=0.7 would be ignored"),
+        (["+decoder=diffusion_gemma", "decoder.commit.entropy_bound=0"], r"entropy_bound must be within \(0.0"),
+        (["+decoder=diffusion_gemma", "decoder.commit.t_max=0.3"], "t_max=0.3 must be above t_min=0.4"),
     ],
 )
 def test_what_has_no_meaning_is_refused_in_one_line(model_dir: Path, tmp_path: Path, overrides, message) -> None:
@@ -124,6 +126,17 @@ def test_served_requests_equal_the_api(model_dir: Path) -> None:
             ).json()
             for p in prompts
         ]
+        streamed = client.post(
+            "/v1/completions",
+            json={
+                "model": "diffusion_gemma",
+                "prompt": prompts[1],
+                "max_tokens": 16,
+                "seed": 4,
+                "chat": False,
+                "stream": True,
+            },
+        )
         refused = client.post(
             "/v1/completions",
             json={"model": "diffusion_gemma", "prompt": prompts[0], "max_tokens": 16, "temperature": 0.7},
@@ -136,6 +149,14 @@ def test_served_requests_equal_the_api(model_dir: Path) -> None:
         assert body["choices"][0]["text"] == offline.text
         assert body["usage"]["steps"] == offline.steps
     assert refused.status_code == 400 and "would be ignored" in refused.json()["error"]["message"]
+    pieces = [
+        choice["text"]
+        for line in streamed.text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+        for choice in json.loads(line[len("data: ") :]).get("choices", [])
+        if choice.get("text")
+    ]
+    assert "".join(pieces) == served[1]["choices"][0]["text"], "a stream sent a canvas that later changed"
 
 
 def test_the_cli_takes_an_initial_canvas_through_the_task(model_dir: Path, tmp_path: Path) -> None:

@@ -313,3 +313,9 @@ def test_a_branch_keeps_its_own_canvas_memory_until_adopted() -> None:
     memory.adopt(torch.tensor([0]), torch.tensor([2]))
     assert torch.equal(memory.logits[0], branch_logits[0]) and torch.equal(memory.logits[1], root_logits[1])
     assert memory.repeats.tolist() == [1, 0] and memory.branches == {}
+
+
+def test_a_checkpoint_with_vision_weights_but_no_text_config_is_refused(tmp_path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "diffusion_gemma", "vision_config": {"hidden_size": 8}}')
+    with pytest.raises(ValueError, match="has vision weights but no text_config"):
+        load_diffusion_gemma(str(tmp_path))

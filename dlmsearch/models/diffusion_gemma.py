@@ -401,6 +401,11 @@ def checkpoint_fields(path: str | None) -> dict[str, Any]:
     directory = _checkpoint_directory(path)
     config = _json(directory / "config.json")
     text = config.get("text_config") or {}
+    if config.get("vision_config") and not text:
+        raise ValueError(
+            f"{directory / 'config.json'} has vision weights but no text_config: dlmsearch decodes DiffusionGemma's "
+            "text model, which this checkpoint does not describe"
+        )
     generation_path = directory / "generation_config.json"
     generation = _json(generation_path) if generation_path.is_file() else {}
     vocab = text.get("vocab_size", config.get("vocab_size"))

@@ -182,14 +182,17 @@ class DecodeSession:
 
     def settled(self) -> dict[int, tuple[torch.Tensor, int]]:
         """Per running sample: its first particle's output columns and how many of them lead
-        without a mask (committed, so final where the decoder never revises and keeps one path)."""
+        without a mask (committed, so final where the decoder never revises and keeps one path);
+        a block under review (a uniform-noise canvas still denoising, however much of it is kept) is not settled."""
         if self.state is None:
             return {}
         state = self.state
         rows = torch.arange(state.slots.samples) * state.slots.size
         first, end = (state.layout.gen_start + state.slots.region[rows]).unbind(1)
         columns = torch.arange(state.canvas.tokens.shape[1])
-        open_ = state.canvas.masked[rows] & (columns >= first[:, None]) & (columns < end[:, None])
+        canvas = state.canvas.take(rows)
+        held = canvas.review[:, None] & canvas.in_current_block(state.layout)
+        open_ = (canvas.masked | held) & (columns >= first[:, None]) & (columns < end[:, None])
         leading = torch.where(open_, columns, end[:, None]).min(dim=1).values - first
         return {
             uid: (state.canvas.tokens[row, a:b], int(n))

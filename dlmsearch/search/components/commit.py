@@ -593,7 +593,7 @@ class UniformNoiseSteps:
     ``confidence_threshold``), or after ``N`` steps; ``stopping=false``: always ``N`` steps.
     """
 
-    entropy_bound: float = number(float, 0.0, default=0.1)
+    entropy_bound: float = number(float, 0.0, default=0.1, open_low=True)
     max_steps: int = number(int, 1, default=48)
     t_min: float = number(float, 0.0, default=0.4, open_low=True)
     t_max: float = number(float, 0.0, default=0.8, open_low=True)
@@ -605,6 +605,13 @@ class UniformNoiseSteps:
     holds_block: ClassVar[bool] = False
     whole_prefix: ClassVar[bool] = False
     redecides: ClassVar[bool] = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.t_max <= self.t_min:
+            raise ValueError(
+                f"decoder.commit.t_max={self.t_max} must be above t_min={self.t_min}: the temperature falls from "
+                "t_max (a canvas's first step) to t_min (its last)"
+            )
 
     def bind(self, layout: Layout) -> UniformNoiseSteps:
         """At most ``max_steps`` rounds per canvas (the plan's bound on a decode's rounds)."""
