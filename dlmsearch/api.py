@@ -108,6 +108,9 @@ class Generation:
     tokens_committed: int
     correct: bool | None = None
     deadline_hit: bool = False  # ``deadline_s`` ran out and the base rule alone finished it
+    decoder_forwards: int = (
+        0  # the steps that denoised (not a cache's separate write, nor a uniform-noise encoder call)
+    )
     live_particles: float = 1.0  # a population's particles still decoding, averaged over the rounds
     verifier_accepted: bool | None = None  # the task verifier's verdict, where the decoder asked for one
 
@@ -411,6 +414,7 @@ def _generation(task: Any, item: TaskItem, result: Any) -> Generation:
         tokens_committed=result.tokens_committed,
         correct=task.judge(item, result.tokens),
         deadline_hit=result.deadline_hit,
+        decoder_forwards=result.decoder_forwards,
         live_particles=result.population.live_particles,
         verifier_accepted=result.population.accepted,
     )

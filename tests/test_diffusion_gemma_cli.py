@@ -148,6 +148,7 @@ def test_served_requests_equal_the_api(model_dir: Path) -> None:
         assert "choices" in body, body
         assert body["choices"][0]["text"] == offline.text
         assert body["usage"]["steps"] == offline.steps
+        assert body["usage"]["decoder_forwards"] == offline.decoder_forwards == offline.steps - 2  # 2 canvases encoded
     assert refused.status_code == 400 and "would be ignored" in refused.json()["error"]["message"]
     pieces = [
         choice["text"]

@@ -117,7 +117,9 @@ def test_llada_requests_lengths_and_loglikelihood(checkpoints) -> None:
         lm.loglikelihood([Instance("loglikelihood", {}, ("a", " b"), 0)])
     with pytest.raises(NotImplementedError, match="dlmsearch decodes; log-likelihood requests are not supported"):
         lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("a b",), 0)])
-    with pytest.raises(ValueError, match=r"family must be a text model \(llada, dream, sdar, llada2\)"):
+    with pytest.raises(
+        ValueError, match=r"family must be a text model \(llada, dream, sdar, llada2, diffusion_gemma\)"
+    ):
         DLMSearchLM(path=str(checkpoints["llada"].directory), family="sudoku")
     with pytest.raises(ValueError, match="unknown model_args: temprature"):
         DLMSearchLM(path=str(checkpoints["llada"].directory), temprature=0.5)
@@ -268,15 +270,26 @@ def test_shipped_task_files_are_package_data() -> None:
     assert all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)
 
 
+@pytest.mark.parametrize(
+    "model_args",
+    [
+        "family=countdown,decoder=adalook,cache=dual",
+        "family=countdown_uniform,decoder=diffusion_gemma",  # lm-eval's greedy requests leave it to the schedule
+    ],
+)
 def test_the_cli_runs_a_shipped_task_offline(
-    offline: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    offline: None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    model_args: str,
 ) -> None:
     """docs/lm_eval.md's Countdown command, offline, from any directory (lm-eval's own tasks are not indexed)."""
     monkeypatch.chdir(tmp_path)
     code, out, err = run_main(
         [
             "--model_args",
-            "family=countdown,decoder=adalook,cache=dual",
+            model_args,
             "--tasks",
             "dlmsearch_countdown",
             "--limit",

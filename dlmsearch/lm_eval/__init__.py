@@ -14,7 +14,7 @@ left-to-right likelihoods here, so ``loglikelihood`` tasks (multiple choice, per
 refused with a clear error.
 
 Model args (``--model_args k=v,k=v``): ``path`` (local checkpoint directory), ``family``
-(llada|dream|sdar|llada2, or countdown / countdown_block: the shipped Countdown models, no path needed), ``decoder`` (a preset of ``conf/decoder/``), ``gen_length`` (used when a request
+(llada|dream|sdar|llada2|diffusion_gemma, or countdown / countdown_block / countdown_uniform: the shipped Countdown models, no path needed), ``decoder`` (a preset of ``conf/decoder/``), ``gen_length`` (used when a request
 gives no ``max_gen_toks``) and ``block_length`` (unset: what the model was trained for, as
 ``python -m dlmsearch`` takes them, else 256 in blocks of 32), ``batch_size``, ``cache`` (none|prefix|dual; unset: the config's, none),
 ``device`` (auto|cpu|cuda...), ``dtype``, ``chat`` (true: each context is one user turn of the
@@ -91,11 +91,12 @@ class ModelArgsError(ValueError):
     prints it as one line, ``error: ...``, and exits 2."""
 
 
-TEXT_FAMILIES = ("llada", "dream", "sdar", "llada2")  # conf/model/<family>.yaml with model.path=DIR
+TEXT_FAMILIES = ("llada", "dream", "sdar", "llada2", "diffusion_gemma")  # conf/model/<family>.yaml with model.path=DIR
 SHIPPED_TEXT_MODELS = (
     "countdown",
     "countdown_block",
-)  # the Countdown models dlmsearch ships (LLaDA's and SDAR's formats)
+    "countdown_uniform",
+)  # the Countdown models dlmsearch ships (LLaDA's, SDAR's and DiffusionGemma's formats)
 NAMED_ARGS = (
     "path",
     "family",
@@ -296,10 +297,15 @@ class DLMSearchLM(LM):
         return texts
 
     def _temperature(self, gen_kwargs: dict[str, Any]) -> float | None:
-        """The model arg ``temperature`` if given, else the request's (0 unless it samples)."""
+        """The model arg ``temperature`` if given, else the request's (0 unless it samples). A
+        uniform-noise model (DiffusionGemma) samples at its decoder's schedule: a greedy request
+        (lm-eval's default) leaves it to the schedule (None); one that asks to sample is refused by
+        the plan, naming the schedule's settings."""
         if self.temperature is not None:
             return float(self.temperature)
         sampled = gen_kwargs.get("do_sample", float(gen_kwargs.get("temperature") or 0.0) > 0)
+        if not sampled and self.model.adapter.capabilities.noise == "uniform":
+            return None
         return float(gen_kwargs.get("temperature") or 0.0) if sampled else 0.0
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:

@@ -86,6 +86,12 @@ class DecodeResult:
     commit_branch: torch.Tensor  # lookahead branch index, -1 for base commits
     revisions: torch.Tensor  # [n] times each position was returned to the mask (0 for decoders that never revise)
     population: PopulationOutcome = attrs.field(factory=lambda: PopulationOutcome())
+    writes: int = 0  # of the steps, the calls that only wrote a cache (a uniform-noise model's encoder calls)
+
+    @property
+    def decoder_forwards(self) -> int:
+        """The denoising forwards: model calls that were not a cache's separate write (DiffusionGemma's ``decoder_forward_passes``)."""
+        return self.steps - self.writes
 
 
 @attrs.frozen
@@ -336,6 +342,7 @@ class SearchDecoder:
             uid=int(slots.uid[slot]),
             tokens=canvas.tokens[slot, gen].clone(),
             steps=int(usage.steps[sample]),
+            writes=int(usage.writes[sample]),
             row_forwards=int(usage.row_forwards[sample]),
             token_forwards=int(usage.token_forwards[sample]),
             deadline_hit=late,

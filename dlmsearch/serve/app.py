@@ -48,7 +48,7 @@ from dlmsearch.tasks.text import TextTask
 from dlmsearch.validation import number
 
 DISCONNECT_POLL_S = 0.25
-COUNTERS = ("steps", "row_forwards", "token_forwards", "tokens_committed")
+COUNTERS = ("steps", "decoder_forwards", "row_forwards", "token_forwards", "tokens_committed")
 
 
 def _cut_at_stops(text: str, stops: list[str], final: bool) -> tuple[str, bool]:

@@ -37,25 +37,30 @@ class CallCost:
 
 @attrs.frozen(eq=False)
 class Usage:
-    """Per sample ``[samples]``: model calls, row-forwards and token-forwards so far."""
+    """Per sample ``[samples]``: model calls, row-forwards and token-forwards so far, and of the
+    calls those that only wrote a cache (``writes``: the block cache's separate write, a uniform-noise
+    model's encoder call), so that ``steps - writes`` counts the denoising (decoder) forwards."""
 
     steps: torch.Tensor
     row_forwards: torch.Tensor
     token_forwards: torch.Tensor
+    writes: torch.Tensor
 
     @classmethod
     def zeros(cls, samples: int) -> Usage:
-        return cls(*(torch.zeros(samples, dtype=torch.long) for _ in range(3)))
+        return cls(*(torch.zeros(samples, dtype=torch.long) for _ in range(4)))
 
     def charge(self, owner: torch.Tensor, cost: CallCost) -> Usage:
         """After one engine call of rows owned by samples ``owner [R]``: one more step for each of them
         (more where a row took several sequential model calls: the most of its rows), and the rows' cost."""
         calls = torch.ones_like(owner) if cost.calls is None else cost.calls
         steps = self.steps.scatter_reduce(0, owner, self.steps.index_select(0, owner) + calls, "amax")
+        writes = self.writes.scatter_reduce(0, owner, self.writes.index_select(0, owner) + calls - 1, "amax")
         return Usage(
             steps,
             self.row_forwards.index_add(0, owner, cost.rows),
             self.token_forwards.index_add(0, owner, cost.tokens),
+            writes,
         )
 
     def take(self, index: torch.Tensor) -> Usage:
