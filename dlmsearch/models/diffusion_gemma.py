@@ -24,15 +24,16 @@ decoder sees it (``dlmsearch.search.engine.uniform_noise``); the id never reache
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
+import torch.nn.functional as F
 
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.models.loading import _json_object
 
 EXACT_ATTENTION = "dlmsearch_exact"  # the name transformers' AttentionInterface knows dlmsearch's attention by
 
@@ -78,6 +79,11 @@ def register_exact_attention() -> str:
 class _PrefixLayer:
     keys: torch.Tensor
     values: torch.Tensor
+
+
+def _left_padded(parts: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Each row's ``[1, kv_heads, n, dim]`` cached keys (or values), zero-padded on the left to ``width`` and stacked."""
+    return torch.cat([F.pad(part, (0, 0, width - part.shape[-2], 0)) for part in parts])
 
 
 @attrs.frozen
@@ -349,16 +355,15 @@ class DiffusionGemmaAdapter(ModelAdapter):
         layers, masks = [], {}
         for index, layer_type in enumerate(self._layer_types()):
             parts = [c.layers[index] for c in caches]
-            width = max(p.keys.shape[-2] for p in parts)
-            keys = parts[0].keys.new_zeros(rows, parts[0].keys.shape[1], width, parts[0].keys.shape[-1])
-            values = torch.zeros_like(keys)
-            visible = torch.zeros(rows, width + length, dtype=torch.bool)
-            for r, part in enumerate(parts):
-                n = part.keys.shape[-2]
-                keys[r, :, width - n :], values[r, :, width - n :] = part.keys[0], part.values[0]
-                visible[r, width - n :] = True
-            layers.append(_PrefixLayer(keys, values))
-            if layer_type not in masks:
+            cached = torch.tensor([p.keys.shape[-2] for p in parts])
+            width = int(cached.max())
+            layers.append(
+                _PrefixLayer(
+                    _left_padded([p.keys for p in parts], width), _left_padded([p.values for p in parts], width)
+                )
+            )
+            if layer_type not in masks:  # the layers of one type hold the same cached columns
+                visible = torch.arange(width + length)[None, :] >= (width - cached)[:, None]
                 masks[layer_type] = visible[:, None, None, :].expand(rows, 1, length, width + length).to(self.device)
         logits, has = conditioning
         if logits is not None:
@@ -386,7 +391,7 @@ def _checkpoint_directory(path: str | None) -> Path:
         raise FileNotFoundError(
             f"model.path={directory}: no config.json there (a DiffusionGemma checkpoint directory is expected)"
         )
-    model_type = _json(config_path).get("model_type")
+    model_type = _json_object(config_path).get("model_type")
     if model_type != "diffusion_gemma":
         raise ValueError(
             f"{config_path} has model_type={model_type!r}; model=diffusion_gemma loads model_type 'diffusion_gemma'"
@@ -399,15 +404,14 @@ def checkpoint_fields(path: str | None) -> dict[str, Any]:
     ``vocab_size``, ``mask_id`` (open positions: one past the vocabulary), ``canvas_length``,
     ``stop_ids`` (generation_config.json's ``eos_token_id``, else config.json's) and ``pad_id``."""
     directory = _checkpoint_directory(path)
-    config = _json(directory / "config.json")
+    config = _json_object(directory / "config.json")
     text = config.get("text_config") or {}
     if config.get("vision_config") and not text:
         raise ValueError(
             f"{directory / 'config.json'} has vision weights but no text_config: dlmsearch decodes DiffusionGemma's "
             "text model, which this checkpoint does not describe"
         )
-    generation_path = directory / "generation_config.json"
-    generation = _json(generation_path) if generation_path.is_file() else {}
+    generation = _json_object(directory / "generation_config.json")
     vocab = text.get("vocab_size", config.get("vocab_size"))
     eos = generation.get("eos_token_id", text.get("eos_token_id", config.get("eos_token_id")))
     pad = generation.get("pad_token_id", text.get("pad_token_id", config.get("pad_token_id")))
@@ -444,7 +448,7 @@ def load_diffusion_gemma(
     """
     from transformers import DiffusionGemmaForBlockDiffusion
 
-    from dlmsearch.models.loading import resolve_device
+    from dlmsearch.models.loading import _plain, resolve_device
 
     fields = checkpoint_fields(path)
     given = {"vocab_size": vocab_size, "mask_id": mask_id, "stop_ids": stop_ids, "canvas_length": block_length}
@@ -475,21 +479,9 @@ def generation_setting(path: str | None, key: str, default: Any) -> Any:
     file = Path(str(path)).expanduser() / "generation_config.json" if path not in (None, "", "???") else None
     if file is None or not file.is_file():
         return default
-    value: Any = _json(file)
+    value: Any = _json_object(file)
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
             return default
         value = value[part]
     return default if value is None else value
-
-
-def _plain(value: Any) -> Any:
-    """A config value as plain Python (OmegaConf's ListConfig becomes a list)."""
-    return value if isinstance(value, (int, float, str)) or value is None else list(value)
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from error

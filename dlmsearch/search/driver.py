@@ -635,17 +635,22 @@ def _open(state: DecodeState, usage: Usage, root: Canvas, evaluation: Evaluation
     first = torch.zeros(rows, root.tokens.shape[1], dtype=torch.bool)
     first[torch.arange(rows), positions.flatten()] = True
     first &= live.flatten()[:, None]
-    token = evaluation.token.repeat_interleave(width, dim=0)
-    confidence = evaluation.confidence.repeat_interleave(width, dim=0)
     branch_id = torch.arange(width).repeat(roots)
+    repeated = evaluation.take(torch.arange(roots).repeat_interleave(width))
     if plan.commit.redecides:  # uniform noise: the step with the candidate kept beside the keep-set
-        repeated = evaluation.take(torch.arange(roots).repeat_interleave(width))
         branches = plan.commit.redecide(
             root.repeat(width), repeated, layout, calls.repeat_interleave(width), plan.mask_id, first
         )
     else:
         branches = root.repeat(width).commit(
-            first, token, confidence, calls.repeat_interleave(width), 1, branch_id, layout, plan.commit
+            first,
+            repeated.token,
+            repeated.confidence,
+            calls.repeat_interleave(width),
+            1,
+            branch_id,
+            layout,
+            plan.commit,
         )
     return Lookahead(
         slots=exploring,

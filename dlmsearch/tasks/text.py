@@ -101,17 +101,25 @@ def read_text_file(path: str | Path) -> tuple[Path, list[str]]:
     return file, text.splitlines()
 
 
-def read_jsonl(path: str | Path, fields: tuple[str, ...]) -> list[tuple[int, dict[str, Any]]]:
-    """``(line number, record)`` per non-blank line, each an object holding every one of ``fields``."""
+def json_lines(path: str | Path) -> list[tuple[int, Any]]:
+    """``(line number, value)`` per non-blank line of a JSONL file, one readable error where a line is not JSON."""
     file, lines = read_text_file(path)
-    records = []
+    values = []
     for number_, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            values.append((number_, json.loads(line)))
         except json.JSONDecodeError as error:
             raise TaskFileError(f"{file}:{number_}: not JSON ({error.msg} at column {error.colno})") from None
+    return values
+
+
+def read_jsonl(path: str | Path, fields: tuple[str, ...]) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` per non-blank line, each an object holding every one of ``fields``."""
+    file = Path(path).expanduser()
+    records = []
+    for number_, record in json_lines(path):
         if not isinstance(record, dict):
             raise TaskFileError(f"{file}:{number_}: expected a JSON object, got {type(record).__name__}")
         missing = [f for f in fields if f not in record]
@@ -262,7 +270,7 @@ class TextTask:
         ]
         if self.initial_canvas is None:
             return items
-        canvases = _jsonl_rows(Path(self.initial_canvas), "task.initial_canvas")[: len(items)]
+        canvases = [value for _, value in json_lines(self.initial_canvas)][: len(items)]
         return with_initial_canvas(items, canvases, self.mask_id, self.vocab_size, self.block_length)
 
     def judge(self, item: TaskItem, tokens: torch.Tensor) -> bool | None:
@@ -320,17 +328,3 @@ def with_initial_canvas(
         attrs.evolve(item, generation=torch.cat([row.long(), item.generation[canvas_length:]]))
         for item, row in zip(items, canvas)
     ]
-
-
-def _jsonl_rows(path: Path, setting: str) -> list[Any]:
-    """The JSON value of each non-empty line of ``path``, one readable error where it cannot be read."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{setting}={path}: no such file")
-    rows = []
-    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{setting}={path}, line {line_number}: not JSON ({error})") from None
-    return rows

@@ -704,7 +704,7 @@ class RolloutEngine:
             )
             if self.uniform_noise:
                 processed = summaries.pop("processed")
-                draft = logits.argmax(dim=-1).cpu() if "draft" not in summaries else summaries["draft"].long().cpu()
+                draft = summaries["draft"].long().cpu()  # the uniform-noise rule asks for it (plan rule 11)
                 repeats = uniform_noise.remember(
                     settings.memory,
                     rows.slot[index],

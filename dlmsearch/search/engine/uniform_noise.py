@@ -21,15 +21,11 @@ from __future__ import annotations
 
 import torch
 
+from dlmsearch.core.attention import positions
 from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter
 from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.records.randomness import Stream, hashed_uniform, is_root
 from dlmsearch.search.records.usage import CallCost
-
-
-def positions(attention: torch.Tensor) -> torch.Tensor:
-    """``[R, T]`` each column's position in its row (padding not counted)."""
-    return attention.long().cumsum(dim=1) - 1
 
 
 def noised(
@@ -141,4 +137,4 @@ def remember(
     return memory.canvas.remember(slot, start, row_key, is_root(row_key), processed.to(dtype), draft)
 
 
-__all__ = ["denoise", "encode_pending", "noised", "positions", "remember"]
+__all__ = ["denoise", "encode_pending", "noised", "remember"]
