@@ -46,6 +46,7 @@ from dlmsearch.search.engine.rollout import CallRows, CallSettings, RolloutEngin
 from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.plan import DecodePlan, make_plan
 from dlmsearch.search.records.randomness import BRANCH_KEYS
+from dlmsearch.search.records.row_sampling import RowSampling
 from dlmsearch.search.records.slots import SlotRows, Slots
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout, block_aligned, initial_canvas
 from dlmsearch.search.records.usage import Usage
@@ -59,13 +60,16 @@ RECHECK_KEY = BRANCH_KEYS - 1  # the rows of a population's final re-check by th
 class DecodeRequest:
     """One sample: ``uid`` names it in the decode; ``generation`` holds the mask where to fill.
     Its randomness is keyed by ``seed`` (None: the engine's) and ``key`` (None: the uid), so a
-    server's request decodes as item 0 of an offline run with its seed, beside other requests."""
+    server's request decodes as item 0 of an offline run with its seed, beside other requests;
+    its ``sampling`` lets it sample as an offline run with those engine settings would, in the
+    same forward as requests that sample otherwise."""
 
     uid: int
     prompt: torch.Tensor
     generation: torch.Tensor
     seed: int | None = None
     key: int | None = None
+    sampling: Sampling | None = None  # its own temperature, top_p, top_k over the decode's (None: the decode's)
 
 
 @attrs.frozen
@@ -249,6 +253,7 @@ class SearchDecoder:
             long([engine.seed if r.seed is None else r.seed for r in requests]),
             region,
             long([r.uid if r.key is None else r.key for r in requests]),
+            RowSampling.of([(r.sampling or Sampling()).over(plan.sampling) for r in requests]),
         )
         return DecodeState(
             plan=plan,
@@ -272,6 +277,18 @@ class SearchDecoder:
             raise ValueError(f"all requests of a decode must share the plan's generation length ({plan.gen_length})")
         longest = max(requests, key=lambda r: len(r.prompt))
         plan.check_canvas(len(longest.prompt), f"the canvas of sample uid {longest.uid}")
+        own = [(r.uid, r.sampling) for r in requests if r.sampling is not None]
+        confidence = [uid for uid, s in own if s.confidence not in (None, plan.sampling.confidence)]
+        if confidence:
+            raise ValueError(
+                f"sample uid(s) {confidence} read the confidence otherwise than the decode "
+                f"(confidence={plan.sampling.confidence!r}): one decode reads it one way"
+            )
+        if plan.commit.redecides and any(s.temperature is not None for _, s in own):
+            raise ValueError(
+                f"a sample's own temperature would be ignored: decoder {plan.name!r} samples at its schedule's "
+                "temperature (decoder.commit.t_min to t_max)"
+            )
         bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= plan.vocab_size)).any())]
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {plan.vocab_size}) in sample uid(s) {bad}")
@@ -571,6 +588,12 @@ def _evaluate(
     slots, plan = state.slots, state.plan
     row_key = slots.particle[slot] * BRANCH_KEYS + branch_key
     owner = slots.owner[slot]
+    sampling = slots.sampling.take(slot)
+    temperature = (
+        plan.commit.temperature(canvas)
+        if plan.commit.redecides
+        else plan.population.token_temperature(state.population, slots, slot)
+    )
     rows = CallRows(
         canvas.tokens,
         canvas.attention,
@@ -579,9 +602,9 @@ def _evaluate(
         row_key,
         usage.steps[owner],
         canvas.window(state.layout),
-        temperature=plan.commit.temperature(canvas)
-        if plan.commit.redecides
-        else plan.population.token_temperature(state.population, slots, slot),
+        temperature=sampling.temperature if temperature is None else temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
         seed=slots.seed[slot],
         group=None if slots.size == 1 else slots.owner[slot] * BRANCH_KEYS + branch_key,
     )

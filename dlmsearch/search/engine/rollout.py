@@ -37,6 +37,7 @@ from dlmsearch.search.engine.memory import auto_row_budget
 from dlmsearch.search.engine.profile import ForwardProfile
 from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.engine.summaries import summarise_logits
+from dlmsearch.search.records.row_sampling import RowSampling
 from dlmsearch.search.records.randomness import Stream, hashed_uniform, is_root
 from dlmsearch.search.records.state import Evaluation
 from dlmsearch.search.records.usage import CallCost
@@ -88,6 +89,8 @@ class CallRows:
     call: torch.Tensor  # [rows] model calls the row's sample made before this one (a draws key)
     window: tuple[torch.Tensor, torch.Tensor] | None  # [rows] first and end column each row decodes
     temperature: torch.Tensor | None = None  # [rows] token sampling's, over the decode's
+    top_p: torch.Tensor | None = None  # [rows] nucleus mass (1: none), over the decode's
+    top_k: torch.Tensor | None = None  # [rows] top-k (0: none), over the decode's
     seed: torch.Tensor | None = None  # [rows] the draws' first key (None: the engine's)
     group: torch.Tensor | None = None  # [rows] rows of one group with the same tokens share a forward
 
@@ -100,7 +103,7 @@ class CallRows:
         window = None if self.window is None else (self.window[0][at], self.window[1][at])
         optional = {
             name: None if getattr(self, name) is None else getattr(self, name)[at]
-            for name in ("temperature", "seed", "group")
+            for name in ("temperature", "top_p", "top_k", "seed", "group")
         }
         picked = {name: getattr(self, name)[at] for name in ("tokens", "attention", "slot", "uid", "row_key", "call")}
         return CallRows(**picked, window=window, **optional)
@@ -417,12 +420,14 @@ class RolloutEngine:
         return int(lengths[0])
 
     def _prepare(self, rows: CallRows, settings: CallSettings) -> PreparedCall:
-        """The decode's temperature where the rows set none, the seeded draws where something reads
+        """The decode's sampling settings where the rows set none, the seeded draws where something reads
         them (the ordering's ``uniform`` and the token samples'), the rows that repeat another of
         their group, and the row budget for this canvas."""
-        if rows.temperature is None and settings.sampling.temperature > 0:
-            rows = attrs.evolve(rows, temperature=torch.full((len(rows.slot),), float(settings.sampling.temperature)))
-        sampled = rows.temperature is not None and bool((rows.temperature > 0).any())
+        decode = RowSampling.uniform(settings.sampling, len(rows.slot))
+        rows = attrs.evolve(
+            rows, **{name: getattr(decode, name) for name in ("temperature", "top_p", "top_k") if getattr(rows, name) is None}
+        )
+        sampled = bool((rows.temperature > 0).any())
         ordering = statistics_registry.from_source(settings.statistics, "draws")
         seed = torch.tensor(self.seed) if rows.seed is None else rows.seed[:, None]
         if self.uniform_noise:  # open positions hold the ids drawn after the sample's previous call
@@ -695,12 +700,12 @@ class RolloutEngine:
         with self._timed("summary"):
             logits, kv, verify = self._logits(prepared, forward, source)
             logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
-            temperature = None if rows.temperature is None else rows.temperature[index]
+            sampling = RowSampling(rows.temperature[index], rows.top_p[index], rows.top_k[index])
             draw = None if prepared.draw is None else prepared.draw[index[:, None], span]
             of_distribution = statistics_registry.of_distribution(settings.statistics)
             of_logits = statistics_registry.of_logits(settings.statistics)
             summaries = summarise_logits(
-                logits, settings.sampling, temperature, draw, of_distribution, of_logits, self.uniform_noise
+                logits, settings.sampling.confidence, sampling, draw, of_distribution, of_logits, self.uniform_noise
             )
             if self.uniform_noise:
                 processed = summaries.pop("processed")

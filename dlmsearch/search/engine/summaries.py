@@ -21,37 +21,49 @@ import math
 
 import torch
 
-from dlmsearch.core.sampling import Sampling
+from dlmsearch.search.records.row_sampling import RowSampling
 from dlmsearch.search.engine.statistics import Statistic
 
 
-def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+def top_p_filter(logits: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
     """Nucleus truncation: keep the most likely tokens until their mass first exceeds ``top_p``
-    (the token that crosses it is kept, and always the most likely one); the rest get -inf."""
+    (the token that crosses it is kept, and always the most likely one); the rest get -inf.
+    ``top_p [R]`` per row of ``logits [R, T, V]``: a row at 1 or more keeps every token."""
     ordered, order = torch.sort(logits, dim=-1, descending=True)
     mass = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
     before = torch.cat([torch.zeros_like(mass[..., :1]), mass[..., :-1]], dim=-1)  # mass of the tokens ranked above
+    if isinstance(top_p, torch.Tensor):
+        limit = top_p.to(mass.device, mass.dtype)
+        top_p = torch.where(limit < 1.0, limit, math.inf).view(-1, *(1,) * (logits.dim() - 1))
     drop_sorted = before > top_p
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, -math.inf)
 
 
-def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Keep the tokens whose logit is at least the ``top_k``-th largest (ties at it are kept); the rest get -inf."""
-    kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+def top_k_filter(logits: torch.Tensor, top_k: int | torch.Tensor) -> torch.Tensor:
+    """Keep the tokens whose logit is at least the ``top_k``-th largest (ties at it are kept); the
+    rest get -inf. ``top_k [R]`` per row of ``logits [R, T, V]``: a row at 0 keeps every token."""
+    if not isinstance(top_k, torch.Tensor):
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        return logits.masked_fill(logits < kth, -math.inf)
+    k = top_k.to(logits.device).clamp(max=logits.shape[-1])
+    largest = torch.topk(logits, max(int(k.max()), 1), dim=-1).values
+    shape = (-1, *(1,) * (logits.dim() - 1))
+    kth = largest.gather(-1, (k - 1).clamp(min=0).view(shape).expand(*largest.shape[:-1], 1))
+    kth = torch.where((k > 0).view(shape), kth, -math.inf)
     return logits.masked_fill(logits < kth, -math.inf)
 
 
-def process(logits: torch.Tensor, temperature: torch.Tensor | None, sampling: Sampling) -> torch.Tensor:
-    """``logits [R, T, V]`` after the processors: divided by each row's temperature where it is
-    positive (``temperature [R]``), then top-p, then top-k (Dream's order)."""
-    if temperature is not None and bool((temperature > 0).any()):
-        scale = torch.where(temperature > 0, temperature, 1.0).to(logits.device, logits.dtype)
+def process(logits: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+    """``logits [R, T, V]`` after the processors, each row with its own settings: divided by its
+    temperature where it is positive, then top-p, then top-k (Dream's order)."""
+    if rows.hot:
+        scale = torch.where(rows.temperature > 0, rows.temperature, 1.0).to(logits.device, logits.dtype)
         logits = logits / scale[:, None, None]
-    if sampling.top_p is not None and sampling.top_p < 1.0:
-        logits = top_p_filter(logits, sampling.top_p)
-    if sampling.top_k is not None:
-        logits = top_k_filter(logits, sampling.top_k)
+    if bool((rows.top_p < 1.0).any()):
+        logits = top_p_filter(logits, rows.top_p)
+    if bool((rows.top_k > 0).any()):
+        logits = top_k_filter(logits, rows.top_k)
     return logits
 
 
@@ -65,42 +77,42 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 def summarise_logits(
     logits: torch.Tensor,
-    sampling: Sampling,
-    temperature: torch.Tensor | None,
-    draw: torch.Tensor,
+    confidence: str,
+    rows: RowSampling,
+    draw: torch.Tensor | None,
     statistics: list[Statistic],
     of_logits: list[Statistic] = (),
     keep_processed: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Proposal (``token``), ``confidence`` and the requested statistics (``margin``: top-1
     minus top-2 probability; ``entropy``, Dream's definition) per position, from ``logits
-    [R, T, V]`` (impossible tokens already at -inf). ``temperature [R]`` (or None: 0 for all
-    rows) and ``draw [R, T]`` (the positions' uniforms) decide the samples; ``nan`` flags
-    positions whose logits were NaN.
+    [R, T, V]`` (impossible tokens already at -inf). Each row's settings (``rows``) and ``draw
+    [R, T]`` (the positions' uniforms) decide the samples; ``nan`` flags positions whose logits
+    were NaN.
 
     Args:
         logits: ``[R, T, V]`` the forward's logits.
-        sampling: the processors (top-p, top-k) and where the confidence is read.
-        temperature: ``[R]`` each row's temperature (None: 0 for all rows).
-        draw: ``[R, T]`` the positions' uniforms for the token samples.
+        confidence: where the confidence is read (``model`` or ``sampling``, see above).
+        rows: each row's temperature, top-p and top-k.
+        draw: ``[R, T]`` the positions' uniforms for the token samples (None: no row samples).
         statistics: statistics of the distribution the confidence is read from.
         of_logits: statistics of the processed logits.
         keep_processed: the processed logits come back too, as ``processed`` (a uniform-noise
             model's self-conditioning input; not a summary).
     """
     model_probs = torch.softmax(logits, dim=-1)
-    processed = sampling.truncates or (temperature is not None and bool((temperature > 0).any()))
-    processed_logits = process(logits, temperature, sampling) if processed else logits
+    processed = rows.truncates or rows.hot
+    processed_logits = process(logits, rows) if processed else logits
     probs = torch.softmax(processed_logits, dim=-1) if processed else model_probs
     best, token = probs.max(dim=-1)
-    hot = None if temperature is None else (temperature > 0).to(logits.device)
-    if hot is not None and bool(hot.any()):
+    if rows.hot:
+        hot = (rows.temperature > 0).to(logits.device)
         token = torch.where(hot[:, None], inverse_cdf(probs, draw), token)
-    read = probs if sampling.confidence == "sampling" else model_probs
-    confidence = best if (read is probs and hot is None) else read.gather(-1, token[..., None]).squeeze(-1)
+    read = probs if confidence == "sampling" else model_probs
+    confidence_of = best if (read is probs and not rows.hot) else read.gather(-1, token[..., None]).squeeze(-1)
     out = {
         "token": token,
-        "confidence": confidence,
+        "confidence": confidence_of,
         "nan": torch.isnan(model_probs[..., 0]).float(),
     }  # NaN logits make the whole softmax NaN
     for statistic in statistics:  # the distribution's own statistics (margin, entropy: :mod:`statistics`)

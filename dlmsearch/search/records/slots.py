@@ -11,7 +11,9 @@ from __future__ import annotations
 import attrs
 import torch
 
+from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.records.randomness import Stream, hashed_uniform
+from dlmsearch.search.records.row_sampling import RowSampling
 from dlmsearch.search.records.state import Canvas, Layout
 
 
@@ -31,13 +33,22 @@ class Slots:
     owner: torch.Tensor  # [slots]
     particle: torch.Tensor  # [slots]
     region: torch.Tensor  # [slots, 2] first and end generation column of the sample's output
+    sampling: RowSampling  # each slot's temperature, top-p and top-k (its request's, over the decode's)
 
     @classmethod
     def start(
-        cls, uid: torch.Tensor, size: int, seed: torch.Tensor, region: torch.Tensor, key: torch.Tensor | None = None
+        cls,
+        uid: torch.Tensor,
+        size: int,
+        seed: torch.Tensor,
+        region: torch.Tensor,
+        key: torch.Tensor | None = None,
+        sampling: RowSampling | None = None,
     ) -> Slots:
-        """Per sample: ``seed``, ``key`` (None: the uid) and ``region [samples, 2]``, its output columns within the generation region."""
+        """Per sample: ``seed``, ``key`` (None: the uid), ``region [samples, 2]``, its output
+        columns within the generation region, and its ``sampling`` (None: greedy, untruncated)."""
         samples = len(uid)
+        sampling = RowSampling.uniform(Sampling(), samples) if sampling is None else sampling
         per_slot = lambda values: values.repeat_interleave(size, dim=0)
         return cls(
             size=size,
@@ -47,6 +58,7 @@ class Slots:
             owner=torch.arange(samples).repeat_interleave(size),
             particle=torch.arange(size).repeat(samples),
             region=region.repeat_interleave(size, dim=0),
+            sampling=sampling.repeated(size),
         )
 
     def joined(self, other: Slots) -> Slots:
@@ -62,6 +74,7 @@ class Slots:
             cat(self.owner, other.owner + self.samples),
             cat(self.particle, other.particle),
             cat(self.region, other.region),
+            self.sampling.joined(other.sampling),
         )
 
     def kept(self, samples: torch.Tensor) -> tuple[Slots, torch.Tensor]:
@@ -69,7 +82,14 @@ class Slots:
         slot = (samples[:, None] * self.size + torch.arange(self.size)[None, :]).flatten()
         owner = torch.arange(len(samples)).repeat_interleave(self.size)
         return Slots(
-            self.size, self.seed[slot], self.key[slot], self.uid[slot], owner, self.particle[slot], self.region[slot]
+            self.size,
+            self.seed[slot],
+            self.key[slot],
+            self.uid[slot],
+            owner,
+            self.particle[slot],
+            self.region[slot],
+            self.sampling.take(slot),
         ), slot
 
     @property
