@@ -2,10 +2,11 @@
 
 A decode's plan depends on its generation length (the presets' schedules read
 ``task.gen_length``), on sampling (``engine.temperature``, ``top_p``, ``top_k``), on the preset
-and its options, and on the deadline. Requests that agree on all of these decode in one
+and its options, and on the deadline. Requests that agree on all of these but sampling share one
 :class:`~dlmsearch.search.session.DecodeSession` (one forward per step for all of them, each
-with its own seed); requests that differ decode in different lanes, stepped in turn by the one
-decode loop. Each lane is composed exactly as ``python -m dlmsearch`` composes a run from
+with its own seed, temperature, top-p and top-k, which ride along as per-row vectors: see
+:attr:`Lane.shares`); requests that differ otherwise decode in different sessions, stepped in
+turn by the one decode loop. Each lane is composed exactly as ``python -m dlmsearch`` composes a run from
 ``conf/serve.yaml`` (the server's own overrides, then the request's), so a served request
 decodes what the CLI decodes.
 """
@@ -21,6 +22,7 @@ from omegaconf import DictConfig
 
 from dlmsearch.api import compose_settings
 from dlmsearch.config import ConfigError, build, decoder_presets
+from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
@@ -42,6 +44,18 @@ class LaneKey:
     options: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs of decoder options
     deadline_s: float | None = None
 
+    @property
+    def without_sampling(self) -> LaneKey:
+        """The same settings at the server's own sampling: the lane whose session this one's requests may join."""
+        return attrs.evolve(self, temperature=None, top_p=None, top_k=None)
+
+    @property
+    def sampling(self) -> Sampling | None:
+        """The request's own sampling settings (None: the server's)."""
+        if self == self.without_sampling:
+            return None
+        return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
 
 @attrs.frozen(eq=False)
 class Lane:
@@ -54,6 +68,19 @@ class Lane:
     verifier: Verifier | None
     task: TextTask
     deadline_s: float | None
+    # The lane at the server's own sampling whose session this lane's requests join, each sampling
+    # as it says (``key.sampling``); None: its own session (it is that lane, or their plans differ otherwise).
+    shares: Lane | None = None
+
+    @property
+    def host(self) -> Lane:
+        """The lane whose session this lane's requests decode in."""
+        return self.shares or self
+
+    @property
+    def own_sampling(self) -> Sampling | None:
+        """What a request of this lane sets in its :class:`~dlmsearch.search.driver.DecodeRequest` (``sampling``)."""
+        return None if self.shares is None else self.key.sampling
 
     @property
     def rows_per_sample(self) -> int:
@@ -140,10 +167,23 @@ class Lanes:
             self.built.move_to_end(key)
             return self.built[key]
         lane = self._build(key)
+        if key.sampling is not None:
+            lane = self._sharing(lane)
         self.built[key] = lane
         while len(self.built) > self.limit:
             self.built.popitem(last=False)
         return lane
+
+    def _sharing(self, lane: Lane) -> Lane:
+        """``lane`` joining the session of the lane without its sampling settings, where their plans
+        agree on everything but sampling (the engine applies each row's own); else ``lane`` as it is."""
+        try:
+            host = self.get(lane.key.without_sampling)
+        except APIError:
+            return lane
+        same = attrs.evolve(lane.plan, sampling=host.plan.sampling) == host.plan
+        confidence = lane.plan.sampling.confidence == host.plan.sampling.confidence
+        return attrs.evolve(lane, shares=host) if same and confidence else lane
 
     def config(self, key: LaneKey) -> DictConfig:
         """The config a lane decodes with: what ``python -m dlmsearch`` composes for the same settings."""

@@ -37,8 +37,8 @@ from dlmsearch.search.engine.memory import auto_row_budget
 from dlmsearch.search.engine.profile import ForwardProfile
 from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.engine.summaries import summarise_logits
-from dlmsearch.search.records.row_sampling import RowSampling
 from dlmsearch.search.records.randomness import Stream, hashed_uniform, is_root
+from dlmsearch.search.records.row_sampling import RowSampling
 from dlmsearch.search.records.state import Evaluation
 from dlmsearch.search.records.usage import CallCost
 from dlmsearch.validation import check_choice, check_type, number
@@ -425,7 +425,10 @@ class RolloutEngine:
         their group, and the row budget for this canvas."""
         decode = RowSampling.uniform(settings.sampling, len(rows.slot))
         rows = attrs.evolve(
-            rows, **{name: getattr(decode, name) for name in ("temperature", "top_p", "top_k") if getattr(rows, name) is None}
+            rows,
+            **{
+                name: getattr(decode, name) for name in ("temperature", "top_p", "top_k") if getattr(rows, name) is None
+            },
         )
         sampled = bool((rows.temperature > 0).any())
         ordering = statistics_registry.from_source(settings.statistics, "draws")

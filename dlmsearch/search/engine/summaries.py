@@ -21,8 +21,8 @@ import math
 
 import torch
 
-from dlmsearch.search.records.row_sampling import RowSampling
 from dlmsearch.search.engine.statistics import Statistic
+from dlmsearch.search.records.row_sampling import RowSampling
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:

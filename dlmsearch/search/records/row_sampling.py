@@ -46,7 +46,10 @@ class RowSampling:
 
     def joined(self, other: RowSampling) -> RowSampling:
         return RowSampling(
-            *(torch.cat([a, b]) for a, b in zip(attrs.astuple(self, recurse=False), attrs.astuple(other, recurse=False)))
+            *(
+                torch.cat([a, b])
+                for a, b in zip(attrs.astuple(self, recurse=False), attrs.astuple(other, recurse=False))
+            )
         )
 
     @property
