@@ -18,6 +18,7 @@ from collections import OrderedDict
 from typing import Any
 
 import attrs
+import torch
 from omegaconf import DictConfig
 
 from dlmsearch.api import compose_settings
@@ -93,6 +94,22 @@ class Lane:
     def streams_blocks(self) -> bool:
         """Whether a committed block is final: no revision, one path (a population chooses its output at the end)."""
         return not self.plan.revision.revises and self.plan.population.size == 1
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two plans (or their parts) are equal field by field, tensors by value (a component
+    holding one, PC-Sampler's position prior, has no boolean ``==``); anything else compares as it says."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return type(a) is type(b) and a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+    if type(a) is not type(b):
+        return False
+    if attrs.has(type(a)):
+        return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in attrs.fields(type(a)))
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 @attrs.define(eq=False)
@@ -181,7 +198,7 @@ class Lanes:
             host = self.get(lane.key.without_sampling)
         except APIError:
             return lane
-        same = attrs.evolve(lane.plan, sampling=host.plan.sampling) == host.plan
+        same = _same(attrs.evolve(lane.plan, sampling=host.plan.sampling), host.plan)
         confidence = lane.plan.sampling.confidence == host.plan.sampling.confidence
         return attrs.evolve(lane, shares=host) if same and confidence else lane
 
