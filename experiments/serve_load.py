@@ -3,7 +3,7 @@ serving and the offline decode of the same requests at batch 16, measured in one
 
     python experiments/serve_load.py                      # both models, fast_dllm and adalook (into runs/serve_load/)
     python experiments/serve_load.py --batch-wait-ms 0 10 --write-committed   # the committed experiments/results/serve/
-    python experiments/serve_load.py --models countdown --requests 32 --concurrency 1 16
+    python experiments/serve_load.py --models countdown --requests 32 --concurrency 1 16 --settings greedy mixed
 
 Two models: the shipped Countdown model, and a tiny random LLaDA (LLaDA's architecture at the
 benchmark's ``tiny`` shape, 256 wide and 4 layers, initialised by
@@ -13,7 +13,9 @@ checkpoint and served as ``model=llada model.path=DIR``). Starts ``python -m dlm
 on 127.0.0.1 (an ephemeral port), sends ``--requests``
 distinct chat requests (Countdown problems, each its own seed) from N concurrent clients
 (httpx; one request through the official ``openai`` client first), and reads the server's
-``/metrics`` for the mean rows per step. Concurrency 1 is one-at-a-time serving. The offline
+``/metrics`` for the mean rows per step. Each point runs twice (``--settings``): every request
+greedy, and a mixed load where every second request samples at temperature 0.7 with top-p 0.9
+(they share the greedy requests' forward: per-row sampling). Concurrency 1 is one-at-a-time serving. The offline
 figure decodes the same prompts with :meth:`dlmsearch.api.Decoder.generate` at ``batch_size=16``
 in this process. Writes ``load.json``, ``load.md`` and ``load.png`` into ``--out`` (default
 ``runs/serve_load/``; ``--write-committed``: ``experiments/results/serve/``, the README's table).
@@ -78,7 +80,15 @@ def prompts(count: int) -> list[str]:
     return [f"Make {10 + (i * 7) % 40} from {1 + i % 9} {2 + (i * 3) % 8} {3 + (i * 5) % 7}." for i in range(count)]
 
 
-async def load(url: str, model: str, texts: list[str], concurrency: int, max_tokens: int) -> dict:
+MIXED = {"temperature": 0.7, "top_p": 0.9}  # what every second request of a mixed load sets (the rest are greedy)
+
+
+def sampling_of(i: int, settings: str) -> dict:
+    """Request ``i``'s sampling fields: none (greedy) for every request, or for every second one under ``mixed``."""
+    return MIXED if settings == "mixed" and i % 2 else {}
+
+
+async def load(url: str, model: str, texts: list[str], concurrency: int, max_tokens: int, settings: str) -> dict:
     gate = asyncio.Semaphore(concurrency)
     latencies, tokens = [], 0
 
@@ -93,6 +103,7 @@ async def load(url: str, model: str, texts: list[str], concurrency: int, max_tok
                     "messages": [{"role": "user", "content": texts[i]}],
                     "max_tokens": max_tokens,
                     "seed": i,
+                    **sampling_of(i, settings),
                 },
             )
             r.raise_for_status()
@@ -113,6 +124,7 @@ async def load(url: str, model: str, texts: list[str], concurrency: int, max_tok
             await metric(client, "dlmsearch_slot_steps_total") - slots0,
         )
     return {
+        "settings": settings,
         "concurrency": concurrency,
         "requests": len(texts),
         "wall_s": round(wall, 3),
@@ -158,6 +170,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--batch-wait-ms", type=float, nargs="+", default=[0.0], help="serve.batch_wait_ms values, each measured"
     )
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        choices=("greedy", "mixed"),
+        default=["greedy", "mixed"],
+        help="greedy: every request greedy; mixed: every second one at temperature 0.7, top-p 0.9 (each its own seed)",
+    )
+    parser.add_argument("--workers", type=int, default=1, help="serve.workers: the HTTP front processes")
     args = parser.parse_args(argv)
     out = resolve(parser, args, args.out, COMMITTED_OUT, RUNS / "serve_load")
     args.out = out
@@ -183,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
                         "serve.max_batch=64",
                         "serve.max_queue=1024",
                         f"serve.batch_wait_ms={wait}",
+                        f"serve.workers={args.workers}",
                     ]
                     with running_server(settings, cwd=str(out), threads=2) as (_, url, _):
                         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
@@ -197,32 +218,43 @@ def main(argv: list[str] | None = None) -> None:
                                 "model": name,
                                 "preset": preset,
                                 "batch_wait_ms": wait,
-                                **asyncio.run(load(url, served_as, texts, c, args.max_tokens)),
+                                **asyncio.run(load(url, served_as, texts, c, args.max_tokens, kind)),
                             }
+                            for kind in args.settings
                             for c in args.concurrency
                         ]
                 rate = offline(model, preset, texts, args.max_tokens)
                 for row in mine:
+                    alike = lambda r, row=row: r["batch_wait_ms"] == row["batch_wait_ms"]
                     base = next(
                         (
                             r["requests_per_s"]
                             for r in mine
-                            if r["concurrency"] == 1 and r["batch_wait_ms"] == row["batch_wait_ms"]
+                            if alike(r) and r["concurrency"] == 1 and r["settings"] == row["settings"]
+                        ),
+                        None,
+                    )
+                    greedy = next(
+                        (
+                            r["requests_per_s"]
+                            for r in mine
+                            if alike(r) and r["concurrency"] == row["concurrency"] and r["settings"] == "greedy"
                         ),
                         None,
                     )
                     row["offline_batch16_requests_per_s"] = round(rate, 3)
                     row["vs_one_at_a_time"] = round(row["requests_per_s"] / base, 2) if base else None
                     row["vs_offline_batch16"] = round(row["requests_per_s"] / rate, 2)
+                    row["vs_greedy"] = round(row["requests_per_s"] / greedy, 2) if greedy else None
                     print(json.dumps(row), flush=True)
                 rows += mine
     (out / "load.json").write_text(json.dumps(rows, indent=2) + "\n")
     lines = [
-        "| model | preset | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | p50 s | p95 s | p99 s | mean rows/step |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | preset | settings | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | × all greedy | p50 s | p95 s | p99 s | mean rows/step |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {r['model']} | `{r['preset']}` | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} |"
+        f"| {r['model']} | `{r['preset']}` | {r['settings']} | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['vs_greedy']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} |"
         for r in rows
     ]
     (out / "load.md").write_text("\n".join(lines) + "\n")
@@ -241,17 +273,26 @@ def plot(rows: list[dict], requests: int, path: Path) -> None:
     fig, axes = plt.subplots(len(models), 2, figsize=(10, 4 * len(models)), squeeze=False)
     for (left, right), name in zip(axes, models):
         for preset in dict.fromkeys(r["preset"] for r in rows if r["model"] == name):
-            for wait in dict.fromkeys(r["batch_wait_ms"] for r in rows):
-                mine = [r for r in rows if r["model"] == name and r["preset"] == preset and r["batch_wait_ms"] == wait]
-                x, label = [r["concurrency"] for r in mine], f"{preset}, wait {wait:g} ms"
+            for wait, kind in dict.fromkeys((r["batch_wait_ms"], r["settings"]) for r in rows):
+                mine = [
+                    r
+                    for r in rows
+                    if r["model"] == name
+                    and r["preset"] == preset
+                    and r["batch_wait_ms"] == wait
+                    and r["settings"] == kind
+                ]
+                x, label = [r["concurrency"] for r in mine], f"{preset}, {kind}, wait {wait:g} ms"
                 left.plot(
                     x,
                     [r["requests_per_s"] for r in mine],
                     marker="o",
-                    linestyle="-" if wait == 0 else "--",
+                    linestyle="-" if kind == "greedy" else "--",
                     label=label,
                 )
-                right.plot(x, [r["p95_s"] for r in mine], marker="o", linestyle="-" if wait == 0 else "--", label=label)
+                right.plot(
+                    x, [r["p95_s"] for r in mine], marker="o", linestyle="-" if kind == "greedy" else "--", label=label
+                )
             left.axhline(mine[0]["offline_batch16_requests_per_s"], linestyle=":", color="grey")
             left.annotate(
                 f"{preset} offline, batch 16",
