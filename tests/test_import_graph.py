@@ -22,7 +22,7 @@ LAYERS = [
     ["search.session"],
     ["tasks", "run_records", "sweeps", "distributed"],
     ["config", "run", "startup"],
-    ["api", "lm_eval", "training", "__main__"],
+    ["api", "lm_eval", "training", "estimate", "__main__"],
     ["serve"],
 ]
 
