@@ -1,13 +1,19 @@
-"""The HTTP face: OpenAI's endpoints over the decode loop (FastAPI).
+"""The HTTP face: OpenAI's endpoints in a front process, the decode loop in the engine process (FastAPI).
 
-``POST /v1/completions`` and ``POST /v1/chat/completions`` turn a body into a :class:`Job`
-(prompts encoded as the text tasks encode them, ``max_tokens`` rounded up to whole blocks as
-the generation length, the lane its settings need), queue it, and answer with the whole
-response or, with ``stream: true``, Server-Sent Events. ``GET /v1/models``, ``GET /health``
-and ``GET /metrics`` report on the server. Every failure is OpenAI's error body with its status;
-nothing a request does can stop the server. A request that the shutdown cuts off (still running
-when ``serve.grace_s`` is over) gets a 503 ``server_shutdown`` body too, or on a stream an error
-event and ``[DONE]``, and the log one line for it.
+A :class:`Front` parses a body, checks it against what it can check without the model (the
+model's name, ``n``, the prompts), tokenises it (the tokenizer is its own: cheap to load) and
+hands the engine a :class:`~dlmsearch.serve.engine.Submission` over its pipe; the engine checks
+the lane (preset, options, the canvas), queues the job or answers the error, and then sends the
+choices' token ids, which the front turns into the whole response or, with ``stream: true``,
+Server-Sent Events. ``GET /v1/models`` is the front's own answer; ``GET /health`` and ``GET
+/metrics`` ask the engine. Every failure is OpenAI's error body with its status; nothing a
+request does can stop the server. A request that the shutdown cuts off (still running when
+``serve.grace_s`` is over) gets a 503 ``server_shutdown`` body too, or on a stream an error event
+and ``[DONE]``; the engine logs one line for it.
+
+``python -m dlmsearch.serve`` runs ``serve.workers`` fronts (:func:`run_front`), each its own
+process on the one listening socket; :class:`Server` joins an engine and one front inside one
+process (tests, embedding) over the same pipe protocol.
 """
 
 from __future__ import annotations
@@ -15,24 +21,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
+import multiprocessing
+import socket
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 import attrs
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from starlette.exceptions import HTTPException
 
 from dlmsearch.api import prompt_list
-from dlmsearch.config import build, decoder_presets
-from dlmsearch.search.driver import DecodeRequest, DecodeResult
-from dlmsearch.serve.lanes import Lanes
-from dlmsearch.serve.metrics import ServerMetrics
+from dlmsearch.serve.engine import (
+    COUNTERS,
+    Engine,
+    FrontSettings,
+    ServeLimits,
+    Submission,
+    check_limits,
+    error_message,
+)
 from dlmsearch.serve.protocol import (
     APIError,
     ChatRequest,
@@ -43,12 +57,13 @@ from dlmsearch.serve.protocol import (
     parse,
     usage,
 )
-from dlmsearch.serve.scheduler import Choice, Job, Scheduler
 from dlmsearch.tasks.text import TextTask
-from dlmsearch.validation import number
+
+__all__ = ["Front", "ServeLimits", "Server", "check_limits", "create_app", "run_front"]
 
 DISCONNECT_POLL_S = 0.25
-COUNTERS = ("steps", "decoder_forwards", "row_forwards", "token_forwards", "tokens_committed")
+ASK_TIMEOUT_S = 10.0
+SHUTTING_DOWN = "the server is shutting down and admits no new requests"
 
 
 def _cut_at_stops(text: str, stops: list[str], final: bool) -> tuple[str, bool]:
@@ -64,77 +79,127 @@ def _cut_at_stops(text: str, stops: list[str], final: bool) -> tuple[str, bool]:
     return text, False
 
 
-@attrs.frozen(kw_only=True)
-class ServeLimits:
-    """The server's limits (``serve.*``), typed and in range before the model loads."""
+@attrs.define(eq=False)
+class Call:
+    """A request in flight at the front: what its answer needs, and its events from the engine."""
 
-    max_batch: int = number(int, 1)
-    max_queue: int = number(int, 1)
-    max_n: int = number(int, 1)
-    max_body_bytes: int = number(int, 1)
-    max_lanes: int = number(int, 1)
-    batch_wait_ms: float = number(float, 0)
-    grace_s: float = number(float, 0)
-    max_rows: int | None = number(int, 1, optional=True)  # None: the engine's row budget
+    rid: str
+    choices: int
+    max_tokens: int
+    stops: list[str]
+    stream: bool
+    prompt_tokens: int
+    gen_length: int
+    preset: str
+    events: asyncio.Queue
+    front: Front
+    sent: dict[int, str] = attrs.field(factory=dict)  # choice index -> text already streamed
+    early: list[tuple] = attrs.field(factory=list)  # events that came before ("accepted", rid)
+
+    async def next(self, timeout: float) -> tuple | None:
+        """The next event as the routes read it, ``("delta", index, text)``, ``("choice", index,
+        result)`` or ``("error", APIError)``; None after ``timeout`` s or for a delta with no new text."""
+        message = self.early.pop(0) if self.early else await asyncio.wait_for(self.events.get(), timeout)
+        return self.front.read(self, message)
 
 
-def check_limits(serve: DictConfig) -> ServeLimits:
-    """``serve``'s limits, or one line naming the key that is out of range (``serve.KEY must be ...``)."""
-    try:
-        return ServeLimits(**{field.name: serve.get(field.name) for field in attrs.fields(ServeLimits)})
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"serve.{error}") from None
+class Front:
+    """The HTTP side of the server: requests into submissions, the engine's events into bodies."""
 
-
-class Server:
-    """The model, the lanes built over it, the decode loop, and how requests become jobs and results become bodies."""
-
-    def __init__(self, cfg: DictConfig, overrides: list[str], model_name: str) -> None:
-        serve = cfg.serve
-        limits = check_limits(serve)
-        self.cfg, self.model_name = cfg, str(serve.model_name or model_name)
-        self.adapter = build(cfg, "model")
+    def __init__(self, settings: FrontSettings, conn: Connection) -> None:
+        self.settings, self.conn = settings, conn
+        self.model_name, self.max_n, self.max_body = settings.model_name, settings.max_n, settings.max_body
         # One tokenizer: completions encode raw text (``task.chat=false``), chat requests go through
         # ``encode_messages`` (the chat template, as ``task.chat=true`` encodes one user message)
-        self.task: TextTask = prompt_list(cfg.task, chat=False)
-        self.block_length = int(cfg.task.block_length)
-        self.default_tokens = int(cfg.task.gen_length)
-        self.max_n, self.max_body, self.grace_s = limits.max_n, limits.max_body_bytes, limits.grace_s
-        decoder = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("decoder=")), None)
-        if decoder is None:
-            raise ValueError("no decoder chosen: add +decoder=NAME")
-        presets = decoder_presets() if serve.presets == "all" else list(serve.presets)
-        unknown = sorted(set(presets) - set(decoder_presets()))
-        if unknown:
-            raise ValueError(
-                f"serve.presets names unknown preset(s) {', '.join(unknown)}; one of: {', '.join(decoder_presets())} (or all)"
-            )
-        self.lanes = Lanes(
-            tuple(overrides),
-            cfg,
-            self.adapter,
-            self.task,
-            tuple(dict.fromkeys([decoder, *presets])),
-            tuple(serve.request_options),
-            limits.max_lanes,
-        )
-        self.lane_lock = asyncio.Lock()
-        own = self.lanes.get(
-            self.lanes.key(None, self.default_tokens, None, None, None, {}, None)
-        )  # the server's own settings are checked before it listens
-        self.metrics = ServerMetrics()
-        max_rows = limits.max_rows or own.engine.max_rows
-        self.scheduler = Scheduler(
-            self.metrics,
-            limits.max_batch,
-            max_rows,
-            limits.max_queue,
-            self._result,
-            self._progress,
-            limits.batch_wait_ms / 1000,
-        )
+        self.task: TextTask = prompt_list(OmegaConf.create(settings.task), chat=False)
+        self.draining = False  # the engine said so (or this process got a signal): new requests get 503
+        self.gone = False  # the engine's pipe closed
+        self.on_stop: Callable[[], None] = lambda: None  # the engine says to exit (the process's server sets it)
+        self.lock = threading.Lock()
+        self.waiting: dict[str, Callable[[tuple], None]] = {}  # request or question id -> its queue's put
+        self.reader = threading.Thread(target=self._read, name="dlmsearch-engine-in", daemon=True)
 
-    # ------------------------------------------------------------------ requests into jobs
+    # ------------------------------------------------------------------ the pipe
+
+    def start(self) -> None:
+        """Read the engine's messages; tell it this front serves."""
+        self.reader.start()
+        self.send(("ready",))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.close()
+
+    def send(self, message: tuple) -> None:
+        try:
+            with self.lock:
+                self.conn.send(message)
+        except (OSError, ValueError):
+            raise APIError(503, "the engine process is gone", code="server_shutdown") from None
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = self.conn.recv()
+                if message[0] == "drain":
+                    self.draining = True
+                elif message[0] == "stop":
+                    self.on_stop()
+                else:
+                    with self.lock:
+                        put = self.waiting.get(message[1])
+                    if put is not None:
+                        put(message)
+        except (EOFError, OSError):
+            pass
+        self.gone = self.draining = True
+        error = APIError(503, "the engine process stopped before this request finished", code="server_shutdown")
+        with self.lock:
+            waiting = list(self.waiting.items())
+        for rid, put in waiting:
+            put(error_message(rid, error))
+        self.on_stop()
+
+    def _listen(self, rid: str) -> asyncio.Queue:
+        """The queue that ``rid``'s messages go into (put from the reader thread)."""
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        with self.lock:
+            self.waiting[rid] = lambda message: loop.call_soon_threadsafe(events.put_nowait, message)
+        return events
+
+    def forget(self, rid: str) -> None:
+        with self.lock:
+            self.waiting.pop(rid, None)
+
+    def cancel(self, rid: str) -> None:
+        """The client went away: the engine frees the request's slots."""
+        self.forget(rid)
+        with contextlib.suppress(APIError):
+            self.send(("cancel", rid))
+
+    async def ask(self, what: str) -> Any:
+        """The engine's answer to ``"health"`` or ``"metrics"``."""
+        qid = f"ask-{uuid.uuid4().hex}"
+        answers = self._listen(qid)
+        try:
+            self.send(("ask", qid, what))
+            message = await asyncio.wait_for(answers.get(), ASK_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise APIError(
+                503, f"the engine did not answer {what!r} in {ASK_TIMEOUT_S:g} s", code="engine_busy"
+            ) from None
+        finally:
+            self.forget(qid)
+        if message[0] == "error":
+            raise APIError(*message[2:])
+        return message[2]
+
+    # ------------------------------------------------------------------ requests into submissions
+
+    def check_open(self) -> None:
+        """A draining server admits nothing: a 503 (the engine checks again at submission)."""
+        if self.draining:
+            raise APIError(503, SHUTTING_DOWN, code="shutting_down")
 
     def _prompts(self, body: Sampled) -> list[torch.Tensor]:
         task = self.task
@@ -149,8 +214,8 @@ class Server:
             raise APIError(400, "prompt: an empty prompt gives the model nothing to condition on", param="prompt")
         return [task.encode(t) for t in texts]
 
-    async def job(self, body: Sampled, post: Any) -> Job:
-        """Check a request against the server and build its job (nothing is queued yet)."""
+    def submission(self, body: Sampled) -> tuple[Submission, int]:
+        """Check a request against what the front knows and tokenise it; also its prompt tokens."""
         if body.model != self.model_name:
             raise APIError(
                 404,
@@ -161,125 +226,134 @@ class Server:
         if body.n > self.max_n:
             raise APIError(400, f"n={body.n} is above this server's limit of {self.max_n} (serve.max_n)", param="n")
         prompts = self._prompts(body)
-        max_tokens = body.max_tokens or self.default_tokens
-        gen_length = -(-max_tokens // self.block_length) * self.block_length
-        key = self.lanes.key(
-            body.preset, gen_length, body.temperature, body.top_p, body.top_k, dict(body.decoder), body.deadline_s
-        )
-        async with self.lane_lock:  # Hydra's composition is not thread-safe: one lane is built at a time
-            lane = await asyncio.to_thread(self.lanes.get, key)
-        try:
-            lane.plan.check_canvas(max(len(p) for p in prompts), f"the prompt with max_tokens={max_tokens}")
-        except ValueError as error:
-            raise APIError(400, str(error), param="max_tokens", code="context_length_exceeded") from None
-        seed = int(self.cfg.seed) if body.seed is None else int(body.seed)
-        mask = torch.full((gen_length,), self.adapter.mask_id, dtype=torch.long)
-        choices = [
-            # Item ``p * n + i`` of an offline task holding each prompt n times, with this seed.
-            Choice(
-                uid,
-                p * body.n + i,
-                DecodeRequest(uid=uid, prompt=prompt, generation=mask.clone(), seed=seed, key=p * body.n + i),
-            )
-            for p, prompt in enumerate(prompts)
-            for i in range(body.n)
-            for uid in [self.scheduler.new_uid()]
-        ]
-        return Job(
-            lane=lane,
-            choices=choices,
-            post=post,
+        max_tokens = body.max_tokens or self.settings.default_tokens
+        block = self.settings.block_length
+        submission = Submission(
+            prompts=[p.tolist() for p in prompts],
+            n=body.n,
+            seed=self.settings.seed if body.seed is None else int(body.seed),
+            gen_length=-(-max_tokens // block) * block,
             max_tokens=max_tokens,
+            stream=body.stream,
+            preset=body.preset,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            options=dict(body.decoder),
+            deadline_s=body.deadline_s,
+        )
+        return submission, sum(len(p) for p in prompts)
+
+    async def submit(self, body: Sampled, chat: bool) -> Call:
+        """Hand a request to the engine; its answer (queued, or the error) decides the response."""
+        submission, prompt_tokens = self.submission(body)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        call = Call(
+            rid=rid,
+            choices=len(submission.prompts) * submission.n,
+            max_tokens=submission.max_tokens,
             stops=list(body.stop or []),
             stream=body.stream,
-            prompt_tokens=sum(len(p) for p in prompts),
+            prompt_tokens=prompt_tokens,
+            gen_length=submission.gen_length,
+            preset=body.preset or self.settings.preset,
+            events=self._listen(rid),
+            front=self,
         )
+        try:
+            self.send(("submit", rid, submission))
+            first = await call.events.get()
+        except BaseException:
+            self.cancel(rid)
+            raise
+        if first[0] == "error":
+            self.forget(rid)
+            raise APIError(*first[2:])
+        if first[0] != "accepted":  # a delta overtook the acceptance: the job is queued
+            call.early.append(first)
+        return call
 
-    # ------------------------------------------------------------------ results into bodies (called on the loop's thread)
+    # ------------------------------------------------------------------ the engine's events into bodies
 
-    def _text(self, job: Job, tokens: torch.Tensor, final: bool) -> tuple[str, str, int]:
+    def _text(self, call: Call, ids: list[int], final: bool) -> tuple[str, str, int]:
         """The choice's text so far, why it ended (final only) and its completion tokens."""
-        task = job.lane.task
-        ids = task.generated_ids(tokens)
-        ended = len(ids) < len(tokens)
-        if len(ids) > job.max_tokens:
-            ids, ended = ids[: job.max_tokens], False
-        text, stopped = _cut_at_stops(task.decode(torch.tensor(ids, dtype=torch.long)), job.stops, final)
+        tokens = torch.tensor(ids, dtype=torch.long)
+        generated = self.task.generated_ids(tokens)
+        ended = len(generated) < len(tokens)
+        if len(generated) > call.max_tokens:
+            generated, ended = generated[: call.max_tokens], False
+        text, stopped = _cut_at_stops(self.task.decode(torch.tensor(generated, dtype=torch.long)), call.stops, final)
         if not final and text.endswith("\ufffd"):  # a character whose bytes are not all committed yet
             text = text.rstrip("\ufffd")
-        return text, "stop" if ended or stopped else "length", len(ids)
+        return text, "stop" if ended or stopped else "length", len(generated)
 
-    def _result(self, job: Job, choice: Choice, result: DecodeResult) -> dict[str, Any]:
-        text, reason, count = self._text(job, result.tokens, final=True)
-        unsent = text.removeprefix(choice.sent)
-        self.metrics.tokens.inc(count)
-        counters = {name: getattr(result, name) for name in COUNTERS} | {"deadline_hit": result.deadline_hit}
-        return {
-            "index": choice.index,
-            "text": text,
-            "unsent": unsent,
-            "finish_reason": reason,
-            "completion_tokens": count,
-            **counters,
-        }
+    def read(self, call: Call, message: tuple) -> tuple | None:
+        """An engine's message for ``call`` as the routes read it (see :meth:`Call.next`)."""
+        kind = message[0]
+        if kind == "error":
+            return ("error", APIError(*message[2:]))
+        if kind == "delta":
+            index, sent = message[2], call.sent.get(message[2], "")
+            text, _, _ = self._text(call, message[3], final=False)
+            if len(text) > len(sent) and text.startswith(sent):
+                call.sent[index] = text
+                return ("delta", index, text[len(sent) :])
+            return None
+        if kind == "choice":
+            result = message[3]
+            text, reason, count = self._text(call, result["ids"], final=True)
+            counters = {name: result[name] for name in (*COUNTERS, "deadline_hit")}
+            return (
+                "choice",
+                result["index"],
+                {
+                    "index": result["index"],
+                    "text": text,
+                    "unsent": text.removeprefix(call.sent.get(result["index"], "")),
+                    "finish_reason": reason,
+                    "completion_tokens": count,
+                    **counters,
+                },
+            )
+        return None  # a late ("accepted", rid)
 
-    def _progress(self, job: Job, choice: Choice, tokens: torch.Tensor, settled: int) -> None:
-        block = job.lane.plan.block_length
-        if settled < len(tokens):
-            settled -= settled % block  # whole blocks only
-        if settled == 0:
-            return
-        text, _, _ = self._text(job, tokens[:settled], final=False)
-        if len(text) > len(choice.sent) and text.startswith(choice.sent):
-            delta, choice.sent = text[len(choice.sent) :], text
-            job.post(("delta", choice.index, delta))
-
-    # ------------------------------------------------------------------ shutting down
-
-    def cut_off(self) -> int:
-        """The grace after SIGTERM is over: answer every request still queued or running with a 503
-        ``server_shutdown`` (a client should retry it elsewhere: the same seed gives the same text),
-        and log one line for each instead of the cancelled tasks' tracebacks. Returns how many."""
-        error = APIError(
-            503,
-            f"the server shut down before this request finished: serve.grace_s ({self.grace_s:g} s after SIGTERM) was over; retry it",
-            code="server_shutdown",
-        )
-        now = time.monotonic()
-        jobs = self.scheduler.expire(error)
-        for job in jobs:
-            print(_cut_off_line(job, now), file=sys.stderr, flush=True)
-        return len(jobs)
-
-    def totals(self, job: Job, done: list[dict[str, Any]]) -> dict[str, Any]:
+    def totals(self, call: Call, done: list[dict[str, Any]]) -> dict[str, Any]:
         """The response's usage: OpenAI's token counts, then the decode's counters summed over the choices."""
         counters = {name: sum(c[name] for c in done) for name in COUNTERS}
         counters |= {
             "deadline_hit": any(c["deadline_hit"] for c in done),
-            "gen_length": job.choices[0].request.generation.numel(),
-            "preset": job.lane.key.preset,
+            "gen_length": call.gen_length,
+            "preset": call.preset,
         }
-        return usage(job.prompt_tokens, sum(c["completion_tokens"] for c in done), counters)
+        return usage(call.prompt_tokens, sum(c["completion_tokens"] for c in done), counters)
 
 
-def _cut_off_line(job: Job, now: float) -> str:
-    """The log line for a request the shutdown cut off: which, how long it ran, how far it got."""
-    state = "queued" if job.admitted is None else f"running {now - job.admitted:.1f} s"
-    answer = (
-        "its stream ended with a server_shutdown error event and [DONE]"
-        if job.stream
-        else "answered 503 server_shutdown"
-    )
-    return f"dlmsearch.serve: {job.request_id} cut off by the shutdown ({state}, {job.finished} of {len(job.choices)} choices done): {answer}"
+class Server(Front):
+    """An engine and one front in this process, joined by a pipe as the processes of ``python -m
+    dlmsearch.serve`` are: the routes over a model in one interpreter (tests, embedding)."""
+
+    def __init__(self, cfg: DictConfig, overrides: list[str], model_name: str) -> None:
+        self.engine = Engine(cfg, overrides, model_name)
+        mine, theirs = multiprocessing.Pipe()
+        self.engine.attach(theirs)
+        super().__init__(self.engine.settings, mine)
+
+    def start(self) -> None:
+        self.engine.scheduler.start()
+        super().start()
+
+    def close(self) -> None:
+        self.engine.scheduler.stop()
+        super().close()
 
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """The decode loop runs exactly as long as the app does."""
-    server: Server = app.state.server
-    server.scheduler.start()
+    """The front reads the engine's pipe exactly as long as the app runs."""
+    front: Front = app.state.front
+    front.start()
     yield
-    server.scheduler.stop()
+    front.close()
 
 
 async def _api_error(request: Request, error: APIError) -> JSONResponse:
@@ -307,73 +381,72 @@ async def _unexpected(request: Request, error: Exception) -> JSONResponse:
 
 
 class _Endpoints:
-    """The routes over one server: the two completion endpoints and the three reports."""
+    """The routes over one front: the two completion endpoints and the three reports."""
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
+    def __init__(self, front: Front) -> None:
+        self.front = front
 
     async def read_body(self, request: Request) -> bytes:
         """The body, refused with a 413 as soon as it is known to be above ``serve.max_body_bytes``."""
-        server = self.server
+        front = self.front
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > server.max_body:
+        if declared is not None and declared.isdigit() and int(declared) > front.max_body:
             raise APIError(
                 413,
-                f"the request body is {declared} bytes, above this server's limit of {server.max_body} (serve.max_body_bytes)",
+                f"the request body is {declared} bytes, above this server's limit of {front.max_body} (serve.max_body_bytes)",
                 code="body_too_large",
             )
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > server.max_body:
+            if size > front.max_body:
                 raise APIError(
                     413,
-                    f"the request body is above this server's limit of {server.max_body} bytes (serve.max_body_bytes)",
+                    f"the request body is above this server's limit of {front.max_body} bytes (serve.max_body_bytes)",
                     code="body_too_large",
                 )
             chunks.append(chunk)
         return b"".join(chunks)
 
     async def complete(self, request: Request, kind: type[Sampled], chat: bool) -> Response:
-        """Queue the request's job, then answer with a stream or, once every choice is done, the whole body."""
-        server = self.server
-        server.scheduler.check_open()
+        """Hand the request to the engine, then answer with a stream or, once every choice is done, the whole body."""
+        front = self.front
+        front.check_open()
         body = parse(await self.read_body(request), kind)
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        job = await server.job(body, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
-        request_id = job.request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        server.scheduler.submit(job)
+        call = await front.submit(body, chat)
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage", False))
-            return StreamingResponse(
-                _sse(server, job, events, request_id, chat, include_usage, request), media_type="text/event-stream"
-            )
-        done = await self.wait_for_choices(job, events, request)
+            return StreamingResponse(_sse(front, call, chat, include_usage, request), media_type="text/event-stream")
+        done = await self.wait_for_choices(call, request)
         if done is None:
             return Response(status_code=499)
         done.sort(key=lambda c: c["index"])
-        return JSONResponse(completion_body(request_id, server.model_name, chat, done, server.totals(job, done)))
+        return JSONResponse(completion_body(call.rid, front.model_name, chat, done, front.totals(call, done)))
 
-    async def wait_for_choices(self, job: Job, events: asyncio.Queue, request: Request) -> list[dict[str, Any]] | None:
-        """Every choice's result, or None once the client has gone (its job's slots are freed then)."""
-        server = self.server
+    async def wait_for_choices(self, call: Call, request: Request) -> list[dict[str, Any]] | None:
+        """Every choice's result, or None once the client has gone (the engine frees its slots then)."""
+        front = self.front
         done: list[dict[str, Any]] = []
         try:
-            while len(done) < len(job.choices):
+            while len(done) < call.choices:
                 try:
-                    event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+                    event = await call.next(DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
-                        server.scheduler.cancel(job)
+                        front.cancel(call.rid)
                         return None
+                    continue
+                if event is None:
                     continue
                 if event[0] == "error":
                     raise event[1]
                 if event[0] == "choice":
                     done.append(event[2])
         except asyncio.CancelledError:
-            server.scheduler.cancel(job)
+            front.cancel(call.rid)
             raise
+        finally:
+            front.forget(call.rid)
         return done
 
     async def completions(self, request: Request) -> Response:
@@ -389,29 +462,32 @@ class _Endpoints:
         return {
             "object": "list",
             "data": [
-                {"id": self.server.model_name, "object": "model", "created": int(time.time()), "owned_by": "dlmsearch"}
+                {"id": self.front.model_name, "object": "model", "created": int(time.time()), "owned_by": "dlmsearch"}
             ],
         }
 
     async def health(self) -> JSONResponse:
-        """``GET /health``: the scheduler's state, 503 while draining so a balancer stops sending."""
-        state = self.server.scheduler.snapshot()
-        draining = self.server.scheduler.draining
+        """``GET /health``: the engine's queue and running counts, 503 while draining so a balancer stops sending."""
+        try:
+            state = await self.front.ask("health")
+        except APIError:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        draining = bool(state.pop("draining")) or self.front.draining
         return JSONResponse({"status": "draining" if draining else "ok", **state}, status_code=503 if draining else 200)
 
     async def metrics(self) -> Response:
-        """``GET /metrics``: Prometheus' text format."""
-        return Response(self.server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        """``GET /metrics``: Prometheus' text format, as the engine counts."""
+        return Response(await self.front.ask("metrics"), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def create_app(server: Server) -> FastAPI:
-    """The FastAPI application over ``server`` (its decode loop starts with the app)."""
+def create_app(front: Front) -> FastAPI:
+    """The FastAPI application over ``front`` (it reads the engine's pipe while the app runs)."""
     app = FastAPI(title="dlmsearch", docs_url=None, redoc_url=None, openapi_url=None, lifespan=_lifespan)
-    app.state.server = server
+    app.state.front = front
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)
-    endpoints = _Endpoints(server)
+    endpoints = _Endpoints(front)
     app.post("/v1/completions")(endpoints.completions)
     app.post("/v1/chat/completions")(endpoints.chat_completions)
     app.get("/v1/models")(endpoints.models)
@@ -420,33 +496,28 @@ def create_app(server: Server) -> FastAPI:
     return app
 
 
-async def _sse(
-    server: Server, job: Job, events: asyncio.Queue, request_id: str, chat: bool, include_usage: bool, request: Request
-) -> AsyncIterator[str]:
+async def _sse(front: Front, call: Call, chat: bool, include_usage: bool, request: Request) -> AsyncIterator[str]:
     """Each choice's settled text as it comes, its finish chunk, the usage chunk if asked, then ``[DONE]``.
     Between events it asks whether the client is still there (a send to a closed connection
-    alone would notice only at the next block), and frees the request's slots when it is not.
+    alone would notice only at the next block), and has the engine free the request's slots when it is not.
 
     Args:
-        server: the server whose scheduler runs the job and whose model names the chunks.
-        job: the queued job; its choices say how many finish chunks to wait for.
-        events: the job's events as the decode loop posts them: ``("delta", index, text)``,
-            ``("choice", index, result)`` or ``("error", APIError)``.
-        request_id: the response's id (``cmpl-...`` or ``chatcmpl-...``), repeated in every chunk.
+        front: the front that submitted the call and whose model names the chunks.
+        call: the submitted request; its choices say how many finish chunks to wait for.
         chat: chat chunks (a role chunk first, ``delta`` bodies) rather than completion chunks.
         include_usage: send the usage chunk (``stream_options.include_usage``) before ``[DONE]``.
         request: the client's request, polled for a disconnect between events.
     """
-    model = server.model_name
+    model, rid = front.model_name, call.rid
     line = lambda data: f"data: {json.dumps(data)}\n\n"
     done: list[dict[str, Any]] = []
     try:
         if chat:
-            for choice in job.choices:
-                yield line(chunk_body(request_id, model, chat, choice.index, "", None, role=True))
-        while len(done) < len(job.choices):
+            for index in range(call.choices):
+                yield line(chunk_body(rid, model, chat, index, "", None, role=True))
+        while len(done) < call.choices:
             try:
-                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+                event = await call.next(DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 event = None
             if await request.is_disconnected():
@@ -457,23 +528,52 @@ async def _sse(
                 yield line(event[1].body())
                 break
             if event[0] == "delta":
-                yield line(chunk_body(request_id, model, chat, event[1], event[2], None))
+                yield line(chunk_body(rid, model, chat, event[1], event[2], None))
             elif event[0] == "choice":
                 result = event[2]
                 done.append(result)
                 if result["unsent"]:
-                    yield line(chunk_body(request_id, model, chat, result["index"], result["unsent"], None))
-                yield line(
-                    chunk_body(request_id, model, chat, result["index"], None if chat else "", result["finish_reason"])
-                )
+                    yield line(chunk_body(rid, model, chat, result["index"], result["unsent"], None))
+                yield line(chunk_body(rid, model, chat, result["index"], None if chat else "", result["finish_reason"]))
         else:
             if include_usage:
                 body = chunk_body(
-                    request_id, model, chat, 0, None, None, server.totals(job, sorted(done, key=lambda c: c["index"]))
+                    rid, model, chat, 0, None, None, front.totals(call, sorted(done, key=lambda c: c["index"]))
                 )
                 body["choices"] = []
                 yield line(body)
         yield "data: [DONE]\n\n"
     finally:
-        if len(done) < len(job.choices):
-            server.scheduler.cancel(job)
+        if len(done) < call.choices:
+            front.cancel(call.rid)
+        front.forget(call.rid)
+
+
+def run_front(settings: FrontSettings, conn: Connection, sock: socket.socket, index: int) -> None:
+    """A front process (``python -m dlmsearch.serve`` starts ``serve.workers`` of them): uvicorn on
+    the shared listening socket, over the engine's pipe, until the engine says stop or goes away.
+
+    A signal to this process only stops its admissions: the engine process decides when the
+    front exits (after the requests it still answers for got their answers).
+    """
+    import uvicorn
+
+    front = Front(settings, conn)
+
+    class FrontServer(uvicorn.Server):
+        """uvicorn's server that exits when the engine says so, not on the first signal."""
+
+        signals = 0
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self.signals += 1
+            if front.gone:  # nobody left to wait for
+                self.should_exit = True
+            elif self.signals > 1:  # a second signal: exit now
+                self.should_exit = self.force_exit = True
+            front.draining = True
+
+    config = uvicorn.Config(create_app(front), log_level="warning", timeout_graceful_shutdown=5, lifespan="on")
+    server = FrontServer(config)
+    front.on_stop = lambda: setattr(server, "should_exit", True)
+    server.run(sockets=[sock])

@@ -45,8 +45,16 @@ class Slots:
         key: torch.Tensor | None = None,
         sampling: RowSampling | None = None,
     ) -> Slots:
-        """Per sample: ``seed``, ``key`` (None: the uid), ``region [samples, 2]``, its output
-        columns within the generation region, and its ``sampling`` (None: greedy, untruncated)."""
+        """The table of ``len(uid)`` samples with ``size`` particles each.
+
+        Args:
+            uid: ``[samples]`` each sample's name in the decode.
+            size: particles per sample.
+            seed: ``[samples]`` (or one) the draws' first key.
+            region: ``[samples, 2]`` its output columns within the generation region.
+            key: ``[samples]`` the draws' second key (None: the uid).
+            sampling: each sample's temperature, top-p and top-k (None: greedy, untruncated).
+        """
         samples = len(uid)
         sampling = RowSampling.uniform(Sampling(), samples) if sampling is None else sampling
         per_slot = lambda values: values.repeat_interleave(size, dim=0)
