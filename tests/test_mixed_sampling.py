@@ -88,6 +88,8 @@ def test_mixed_settings_in_one_session_equal_each_alone(family: str, preset: str
         plain = request.__class__(request.uid, request.prompt, request.generation, seed=request.seed)
         [alone] = decoder.decode(engine, [plain], BLOCK, verifier=verifier)
         assert record(finished[request.uid]) == record(alone), f"{preset}: uid {request.uid} at {own} changed"
-        [greedy] = decoder.decode(RolloutEngine(adapter=adapter(family), cache=cache), [plain], BLOCK, verifier=verifier)
+        [greedy] = decoder.decode(
+            RolloutEngine(adapter=adapter(family), cache=cache), [plain], BLOCK, verifier=verifier
+        )
         changed += record(greedy) != record(alone)
     assert changed >= 2
