@@ -151,6 +151,24 @@ def test_served_equals_offline_under_concurrency(server: str, model: Model) -> N
         assert answer == expected, case
 
 
+def test_mixed_sampling_shares_one_forward(server: str, model: Model) -> None:
+    """One preset at six sampling settings at once: each answer equals its offline decode, and
+    the steps the server took are fewer than the requests' own steps added up (they shared the steps)."""
+    settings = [{}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.0, "top_k": 5}, {"top_k": 3}]
+    settings += [{"temperature": 0.5}, {"temperature": 0.9, "top_p": 0.8, "top_k": 20}]
+    mixed = [
+        {"prompt": PROMPTS[i], "chat": True, "max_tokens": 24, "seed": 40 + i, **extra}
+        for i, extra in enumerate(settings)
+    ]
+    before = metric(server, "dlmsearch_steps_total")
+    with httpx.Client(base_url=server) as client, concurrent.futures.ThreadPoolExecutor(len(mixed)) as pool:
+        got = list(pool.map(lambda case: served(client, case), mixed))
+    taken = metric(server, "dlmsearch_steps_total") - before
+    for case, answer in zip(mixed, got):
+        assert answer == offline(model, case), case
+    assert taken < sum(answer[0]["steps"] for answer in got)
+
+
 def test_openai_client_and_streaming(server: str, model: Model) -> None:
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
     assert [m.id for m in client.models.list().data] == [MODEL]
