@@ -1,8 +1,14 @@
 """Scale-out under ``torchrun``: which items a rank decodes, where it writes, and the merge.
 
-Each rank decodes every ``world``-th pending item into its own ``results.rank<r>.jsonl``; rank 0
-then merges all result files into ``results.jsonl`` in item order. Resuming reads every result
-file first, so a run can resume with another number of ranks (or none).
+Each data-parallel group decodes every ``dp_world``-th pending item into its own
+``results.rank<d>.jsonl`` (``d``: the group's data-parallel rank); rank 0 then merges all result
+files into ``results.jsonl`` in item order. Resuming reads every result file first, so a run can
+resume with another number of ranks (or none).
+
+With ``model.tensor_parallel=N`` the ``world`` ranks form ``world / N`` groups of ``N`` consecutive
+ranks, each one model sharded over its ranks (:mod:`dlmsearch.models.tensor_parallel`): all ranks
+of a group decode the same items and take the same decisions, and only its tensor-parallel rank 0
+writes them. Without it every rank is its own group (``N = 1``).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any, TypeVar
 import attrs
 import torch
 
+from dlmsearch.models.tensor_parallel import Layout, environment_layout
 from dlmsearch.run_records import read_records, write_records
 
 Item = TypeVar("Item")
@@ -22,21 +29,28 @@ Item = TypeVar("Item")
 
 @attrs.frozen
 class Ranks:
-    """This process's rank among ``world`` processes (1 without torchrun)."""
+    """This process's rank among ``world`` processes (1 without torchrun), in tensor-parallel groups
+    of ``tensor_parallel`` consecutive ranks (1: every rank decodes its own shard)."""
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    tensor_parallel: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        self.layout  # noqa: B018  fails in one line where tensor_parallel does not divide world
 
     @staticmethod
-    def from_environment() -> Ranks:
-        """Read torchrun's environment and join its process group (gloo on CPU, nccl on CUDA)."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+    def from_environment(tensor_parallel: int = 1) -> Ranks:
+        """Read torchrun's environment and join its process group (gloo on CPU, nccl on CUDA);
+        ``tensor_parallel`` > 1 needs torchrun and a world it divides."""
+        layout = environment_layout(tensor_parallel)
+        world = layout.world
         if world <= 1:
             return Ranks()
         import torch.distributed as dist
 
-        ranks = Ranks(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+        ranks = Ranks(layout.rank, world, int(os.environ.get("LOCAL_RANK", "0")), tensor_parallel)
         if not dist.is_initialized():
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             if backend == "nccl":
@@ -45,12 +59,31 @@ class Ranks:
         return ranks
 
     @property
+    def layout(self) -> Layout:
+        return Layout(self.rank, self.world, self.tensor_parallel)
+
+    @property
+    def dp_rank(self) -> int:
+        """The data-parallel shard this rank decodes (its tensor-parallel group's)."""
+        return self.layout.dp_rank
+
+    @property
+    def dp_world(self) -> int:
+        """How many data-parallel shards there are (tensor-parallel groups)."""
+        return self.layout.dp_world
+
+    @property
+    def writes(self) -> bool:
+        """Whether this rank writes its group's results (its tensor-parallel rank 0)."""
+        return self.layout.tp_rank == 0
+
+    @property
     def results_name(self) -> str:
-        return "results.jsonl" if self.world == 1 else f"results.rank{self.rank}.jsonl"
+        return "results.jsonl" if self.dp_world == 1 else f"results.rank{self.dp_rank}.jsonl"
 
     @property
     def trace_name(self) -> str:
-        return "trace.jsonl" if self.world == 1 else f"trace.rank{self.rank}.jsonl"
+        return "trace.jsonl" if self.dp_world == 1 else f"trace.rank{self.dp_rank}.jsonl"
 
     def model_overrides(self, cfg: Any) -> dict[str, str]:
         """One GPU per rank where the model would run on CUDA."""
@@ -66,7 +99,8 @@ class Ranks:
             dist.barrier()
 
     def shard(self, pending: list[Item]) -> list[Item]:
-        return pending[self.rank :: self.world]
+        """This rank's data-parallel shard (the same for every rank of a tensor-parallel group)."""
+        return pending[self.dp_rank :: self.dp_world]
 
     def merge(
         self, out: Path, item_ids: list[str], read: Callable[[Path], dict[str, dict[str, Any]]]

@@ -10,6 +10,7 @@ records are those of any batch size and any admission order.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import sys
@@ -510,7 +511,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
         raise ValueError(f"batch_size must be at least 1, got {cfg.batch_size}")
     identity = RunIdentity.of(to_plain(cfg), overrides)
     claim(out, identity)
-    ranks = Ranks.from_environment()
+    ranks = Ranks.from_environment(_tensor_parallel(cfg))
     decoding = _decoding(cfg, ranks)
     items = decoding.task.items()
     plan = decoding.prepare(items)
@@ -552,6 +553,17 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     return summary
 
 
+def _tensor_parallel(cfg: DictConfig) -> int:
+    """``model.tensor_parallel`` (1 where the model has no such key), refused with what cannot shard."""
+    size = cfg.model.get("tensor_parallel", 1)
+    if size != 1 and bool(cfg.get("engine", {}).get("compile", False)):
+        raise ValueError(
+            f"model.tensor_parallel={size} with engine.compile=true: the all-reduce would sit inside the compiled "
+            "per-token graphs, which dlmsearch does not support; use engine.compile=false"
+        )
+    return size
+
+
 def _decoding(cfg: DictConfig, ranks: Ranks) -> Decoding:
     """The run's model, task, engine, decoder and fallback, built from the config (this rank's device)."""
     adapter = build(cfg, "model", **ranks.model_overrides(cfg))
@@ -590,7 +602,7 @@ def _decode_pending(
     """
     bar = tqdm(
         total=total,
-        initial=total - len(pending) * ranks.world,
+        initial=total - len(pending) * ranks.dp_world,
         desc=f"{decoding.decoder.name} on {decoding.task.name}",
         unit="item",
         dynamic_ncols=True,
@@ -602,13 +614,16 @@ def _decode_pending(
     with (
         bar,
         graceful_signals() as stop,
-        (out / ranks.results_name).open("a") as results,
-        (out / ranks.trace_name).open("a") if cfg.trace else nullcontext() as traces,
+        # the other ranks of a tensor-parallel group decode the same items: only its rank 0 writes them
+        (out / ranks.results_name if ranks.writes else Path(os.devnull)).open("a") as results,
+        (out / ranks.trace_name if ranks.writes else Path(os.devnull)).open("a")
+        if cfg.trace
+        else nullcontext() as traces,
     ):
         for finished in decoding.stream(pending, int(cfg.batch_size), lambda: stop["signal"] is not None):
             write_finished(finished, results, traces, decoding, decoding.task)
             written += 1
-            bar.update(ranks.world)
+            bar.update(ranks.dp_world)
             if finished.record.get("correct") is not None:
                 judged.append(finished.record["correct"])
                 solved += finished.record["correct"]

@@ -24,6 +24,7 @@ decoder sees it (``dlmsearch.search.engine.uniform_noise``); the id never reache
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -432,6 +433,7 @@ def load_diffusion_gemma(
     mask_id: int | None = None,
     stop_ids: list[int] | None = None,
     block_length: int | None = None,
+    tensor_parallel: int = 1,
 ) -> DiffusionGemmaAdapter:
     """A local ``model_type: diffusion_gemma`` checkpoint through transformers' own classes (the Hub
     is never contacted): its ids and ``canvas_length`` from its ``config.json`` /
@@ -445,20 +447,31 @@ def load_diffusion_gemma(
         mask_id: the open-position marker (``vocab_size``).
         stop_ids: the ids that end an answer (the checkpoint's EOS).
         block_length: the canvas (the checkpoint's ``canvas_length``).
+        tensor_parallel: processes (of torchrun's) the text layers are sharded over
+            (:func:`~dlmsearch.models.tensor_parallel.parallelize_diffusion_gemma`); 1: whole in this process.
     """
+    import sys
+
     from transformers import DiffusionGemmaForBlockDiffusion
 
     from dlmsearch.models.loading import _plain, resolve_device
+    from dlmsearch.models.tensor_parallel import join, parallelize_diffusion_gemma
 
     fields = checkpoint_fields(path)
     given = {"vocab_size": vocab_size, "mask_id": mask_id, "stop_ids": stop_ids, "canvas_length": block_length}
     for key, value in given.items():
         if value is not None and _plain(value) != fields[key]:
             raise ValueError(f"model.{key}={_plain(value)} but the checkpoint in {path} has {fields[key]}")
+    group = join(tensor_parallel)
     device, dtype = resolve_device(device, dtype)
     module = DiffusionGemmaForBlockDiffusion.from_pretrained(
         str(_checkpoint_directory(path)), local_files_only=True, dtype=getattr(torch, dtype), attn_implementation="sdpa"
     )
+    if group is not None:
+        module = module.to(device)
+        for what in parallelize_diffusion_gemma(module, group):
+            if group.rank == 0 and int(os.environ.get("RANK", "0")) == 0:
+                print(f"model.tensor_parallel={tensor_parallel}: {what} stay replicated", file=sys.stderr)
     return DiffusionGemmaAdapter(
         module=module,
         mask_id=fields["mask_id"],

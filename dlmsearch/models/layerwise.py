@@ -270,6 +270,11 @@ def layerwise_logits(
         low: ``[rows]`` the first column whose logits are read.
         high: ``[rows]`` one past the last column whose logits are read.
     """
+    if module.blocks[0].reduce is not token_ops.identity:
+        raise ValueError(
+            "a layerwise cache policy cannot run a tensor-parallel model (model.tensor_parallel>1): its per-layer "
+            "choices read this rank's heads only; use cache=none, prefix, dual or block"
+        )
     rows, width = input_ids.shape
     device = input_ids.device
     cos, sin = module.rotary(pattern.positions(real))

@@ -342,6 +342,7 @@ def load_text_model(
     confidence_eos_eot_inf: bool = False,
     fallback_ids: dict[str, Any] | None = None,
     block_length: int | None = None,
+    tensor_parallel: int = 1,
 ) -> ModelAdapter:
     """A LLaDA or Dream checkpoint from a local directory (the Hub is never contacted).
 
@@ -368,10 +369,14 @@ def load_text_model(
         confidence_eos_eot_inf: EOS/EOT proposals are committed last (LLaDA's switch).
         fallback_ids: the ids to take where neither the caller nor the directory names one.
         block_length: a block-diffusion model's attention block; it must agree with ``config.json``'s ``block_size``.
+        tensor_parallel: processes (of torchrun's) the native model is sharded over
+            (:mod:`~dlmsearch.models.tensor_parallel`); 1: whole in this process.
     """
     from dlmsearch.models.native import checkpoint_family, read_config
+    from dlmsearch.models.tensor_parallel import join
 
     _check_choices(path, family, impl)
+    group = join(_native_only(tensor_parallel, impl))
     directory = Path(path).expanduser()
     config = read_config(directory)
     checked = checkpoint_family(directory, config, family)
@@ -384,7 +389,7 @@ def load_text_model(
     mask_id, vocab_size, stop_ids = resolve_ids(directory, family, mask_id, vocab_size, stop_ids, fallback_ids)
     device, dtype = resolve_device(device, dtype)
     eos = stop_ids[:1]
-    module, max_length = _load_module(directory, config, checked, impl, device, dtype, vocab_size)
+    module, max_length = _load_module(directory, config, checked, impl, device, dtype, vocab_size, group)
     return ModelAdapter(
         module=module,
         mask_id=mask_id,
@@ -400,6 +405,16 @@ def load_text_model(
         generation_defaults=generation_defaults(directory),
         attention_block=module.config.block_size if impl == "native" else None,
     )
+
+
+def _native_only(tensor_parallel: int, impl: str) -> int:
+    """``tensor_parallel``, refused (one line) for the checkpoint's own code."""
+    if tensor_parallel != 1 and impl != "native":
+        raise ValueError(
+            f"model.tensor_parallel={tensor_parallel} shards dlmsearch's native transformer only; model.impl={impl} runs "
+            "the checkpoint's own code, which has no place for the all-reduce: use model.impl=native"
+        )
+    return tensor_parallel
 
 
 def _check_choices(path: str | None, family: str, impl: str) -> None:
@@ -440,6 +455,7 @@ def _load_module(
     device: str,
     dtype: str,
     vocab_size: int,
+    group: Any = None,
 ) -> tuple[Any, int | None]:
     """The loaded module and its context length; the native transformer also checks the vocabulary fits its logits.
 
@@ -451,13 +467,14 @@ def _load_module(
         device: the resolved device.
         dtype: the resolved dtype's name.
         vocab_size: the vocabulary the decoders sample from.
+        group: this rank's tensor-parallel group (:func:`~dlmsearch.models.tensor_parallel.join`), or None.
     """
     import torch
 
     from dlmsearch.models.native import load_native
 
     if impl == "native":
-        module = load_native(directory, config, checked, device, getattr(torch, dtype))
+        module = load_native(directory, config, checked, device, getattr(torch, dtype), group)
         if vocab_size > module.config.vocab_size:
             raise ValueError(
                 f"model.vocab_size={vocab_size} but the checkpoint in {directory} has {module.config.vocab_size} output logits"

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from dlmsearch.models.families import Family, UnsupportedCheckpoint, family_of
+from dlmsearch.models.tensor_parallel import TensorParallel, read_slice, shard_model
 from dlmsearch.models.transformer import BidirectionalTransformer
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffers some exports keep
@@ -58,13 +59,31 @@ def checkpoint_family(directory: Path, config: dict[str, Any], expected: str) ->
 
 
 def load_native(
-    directory: Path, config: dict[str, Any], family: Family, device: str, dtype: torch.dtype
+    directory: Path,
+    config: dict[str, Any],
+    family: Family,
+    device: str,
+    dtype: torch.dtype,
+    tensor_parallel: TensorParallel | None = None,
 ) -> BidirectionalTransformer:
-    """The checkpoint in ``directory`` (its ``config.json`` already read) as a native transformer."""
+    """The checkpoint in ``directory`` (its ``config.json`` already read) as a native transformer;
+    with ``tensor_parallel``, this rank's shard of it, reading only its slices of the weights
+    (:mod:`~dlmsearch.models.tensor_parallel`).
+
+    Args:
+        directory: the checkpoint's directory.
+        config: its ``config.json``.
+        family: the checkpoint's family (names, config reader, regrouping).
+        device: where the weights go.
+        dtype: the weights' dtype.
+        tensor_parallel: this rank's tensor-parallel group, or None (the whole model).
+    """
     from safetensors import safe_open
 
     with torch.device("meta"):
         module = BidirectionalTransformer(family.read_config(config))
+    whole = module.config
+    shard_model(module, tensor_parallel)
     state: dict[str, torch.Tensor] = {}
     unknown: list[str] = []
     for file in weight_files(directory):
@@ -75,7 +94,13 @@ def load_native(
                     if not name.endswith(IGNORED_SUFFIXES):
                         unknown.append(name)
                     continue
-                state[native] = handle.get_tensor(name).to(device=device, dtype=dtype)
+                part = (
+                    handle.get_tensor(name)
+                    if tensor_parallel is None
+                    else read_slice(native, handle.get_slice(name), whole, tensor_parallel)
+                )
+                if part is not None:
+                    state[native] = part.to(device=device, dtype=dtype)
     if unknown:
         raise UnsupportedCheckpoint(
             f"{directory}: weights the native {family.name} model has no place for: {', '.join(unknown[:5])}"

@@ -22,6 +22,11 @@ SMALLEST_BUCKET = 16
 RECOMPILE_LIMIT = 64  # one graph per bucket and dtype: far more than a decode meets
 
 
+def identity(x: torch.Tensor) -> torch.Tensor:
+    """A block's ``reduce`` without tensor parallelism: its partial sums are already whole."""
+    return x
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Root-mean-square norm computed in float32, scaled in the input dtype (as both families do)."""
     dtype = x.dtype
@@ -106,6 +111,7 @@ def block_output(
     up: torch.Tensor,
     down: torch.Tensor,
     activation: str,
+    reduce: Callable[[torch.Tensor], torch.Tensor] = identity,
 ) -> torch.Tensor:
     """The block's output for ``x [tokens, hidden]`` given its attention ``[tokens, hidden]``.
 
@@ -123,9 +129,11 @@ def block_output(
         up: ``[intermediate, hidden]`` its up projection.
         down: ``[hidden, intermediate]`` its down projection.
         activation: the gate's activation, a key of ``ACTIVATIONS``.
+        reduce: sums a projection's partial sums over the tensor-parallel ranks before each residual
+            (:mod:`~dlmsearch.models.tensor_parallel`; :func:`identity` in one process).
     """
-    x = x + F.linear(attended, wo)
-    return x + mlp(x, norm, eps, gate, up, down, activation)
+    x = x + reduce(F.linear(attended, wo))
+    return x + reduce(mlp(x, norm, eps, gate, up, down, activation))
 
 
 def mlp(
@@ -164,6 +172,7 @@ def routed_experts(
     top_groups: int,
     scaling: float,
     activation: str,
+    first_expert: int = 0,
 ) -> torch.Tensor:
     """The routed experts' output for ``h [tokens, hidden]`` (LLaDA2.x / Ling MoE, DeepSeek-V3's
     routing): sigmoid scores of ``router [E, hidden]`` in float32; the ``top_groups`` groups (of
@@ -186,9 +195,13 @@ def routed_experts(
         top_groups: groups a token's experts may come from.
         scaling: the factor on the routing weights (``routed_scaling_factor``).
         activation: the gate's activation, a key of ``ACTIVATIONS``.
+        first_expert: the global index of ``gate[0]`` (expert parallelism: this rank holds experts
+            ``first_expert .. first_expert + len(gate) - 1``; the others' outputs are zeros here and
+            are added by the tensor-parallel all-reduce).
     """
     tokens = h.shape[0]
     experts = router.shape[0]
+    held = range(first_expert, first_expert + gate.shape[0])
     scores = torch.sigmoid(F.linear(h.float(), router.float()))
     biased = scores + expert_bias.float()
     best_two = (
@@ -207,15 +220,16 @@ def routed_experts(
     flat = choice.reshape(-1)
     order = torch.sort(flat, stable=True).indices
     counts = torch.bincount(flat, minlength=experts).tolist()
-    out = h.new_empty(tokens * top_k, h.shape[1])
+    out = (h.new_empty if len(held) == experts else h.new_zeros)(tokens * top_k, h.shape[1])
     act = ACTIVATIONS[activation]
     start = 0
     for expert, count in enumerate(counts):
-        if count:
+        if count and expert in held:
             rows = order[start : start + count]
             x = h[rows // top_k]
-            out[rows] = F.linear(act(F.linear(x, gate[expert])) * F.linear(x, up[expert]), down[expert])
-            start += count
+            local = expert - first_expert
+            out[rows] = F.linear(act(F.linear(x, gate[local])) * F.linear(x, up[local]), down[local])
+        start += count
     return (out.view(tokens, top_k, -1).to(weight.dtype) * weight[..., None]).sum(dim=1).to(h.dtype)
 
 
@@ -230,6 +244,7 @@ def moe_block_output(
     shared_down: torch.Tensor,
     activation: str,
     routed: dict,
+    reduce: Callable[[torch.Tensor], torch.Tensor] = identity,
 ) -> torch.Tensor:
     """:func:`block_output` of a mixture-of-experts block: the shared experts (a gated MLP, possibly
     of width 0) plus the routed experts (:func:`routed_experts` with ``routed``'s weights and settings).
@@ -245,12 +260,14 @@ def moe_block_output(
         shared_down: ``[hidden, shared * I]`` their down projection.
         activation: the gate's activation, a key of ``ACTIVATIONS`` (shared and routed experts alike).
         routed: :func:`routed_experts`' other arguments (``router``, ``expert_bias``, ``gate``, ``up``,
-            ``down``, ``top_k``, ``groups``, ``top_groups``, ``scaling``).
+            ``down``, ``top_k``, ``groups``, ``top_groups``, ``scaling``, ``first_expert``).
+        reduce: sums the partial sums over the tensor-parallel ranks (:func:`block_output`'s); under
+            tensor parallelism the routed part is this rank's experts' only, summed with the shared part.
     """
-    x = x + F.linear(attended, wo)
+    x = x + reduce(F.linear(attended, wo))
     h = rms_norm(x, norm, eps)
     shared = F.linear(ACTIVATIONS[activation](F.linear(h, shared_gate)) * F.linear(h, shared_up), shared_down)
-    return x + (routed_experts(h, activation=activation, **routed) + shared)  # the reference's order of additions
+    return x + reduce(routed_experts(h, activation=activation, **routed) + shared)  # the reference's order of additions
 
 
 def attend(

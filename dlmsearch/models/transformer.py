@@ -147,6 +147,10 @@ class Block(nn.Module):
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.ops: EagerOps | CompiledOps = EagerOps()
+        # tensor parallelism (dlmsearch.models.tensor_parallel): sums the output projections' partial
+        # sums over the ranks; this rank's first routed expert (its experts are a slice of them all)
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = token_ops.identity
+        self.first_expert = 0
 
     def forward(
         self,
@@ -215,8 +219,8 @@ class Block(nn.Module):
             self.config.activation,
         )
         if self.moe is None:
-            return self.ops.block_output(flat, mixed, *dense)
-        return token_ops.moe_block_output(flat, mixed, *dense, self._routed())
+            return self.ops.block_output(flat, mixed, *dense, self.reduce)
+        return token_ops.moe_block_output(flat, mixed, *dense, self._routed(), self.reduce)
 
     def _routed(self) -> dict[str, Any]:
         """The routed experts' weights and routing settings, as :func:`token_ops.moe_block_output` takes them."""
@@ -230,6 +234,7 @@ class Block(nn.Module):
             "groups": self.moe.groups,
             "top_groups": self.moe.top_groups,
             "scaling": self.moe.scaling,
+            "first_expert": self.first_expert,
         }
 
 
@@ -253,6 +258,11 @@ class BidirectionalTransformer(nn.Module):
         per token-count bucket shared by all layers (:mod:`~dlmsearch.models.token_ops`)."""
         if not isinstance(self.blocks[0].ops, EagerOps):
             return
+        if self.blocks[0].reduce is not token_ops.identity:
+            raise ValueError(
+                "engine.compile=true cannot run a tensor-parallel model: its all-reduce would sit inside the "
+                "compiled per-token graphs, which dlmsearch does not support; use engine.compile=false"
+            )
         fused = CompiledOps(
             Bucketed(token_ops.attention_inputs, per_token=3), Bucketed(token_ops.block_output, per_token=2)
         )

@@ -1,0 +1,53 @@
+"""Tensor parallelism on CPU (gloo, 2 processes) against one process, per family: the largest logit
+difference, whether every decode's tokens and counters agree, and the all-reduce bytes of one forward.
+
+Writes each family's tiny sharp checkpoint (``tests/tp_worker.py``) into a temporary directory and
+runs the worker under ``torchrun --standalone --nproc-per-node N`` for N = 1 and 2:
+
+    python experiments/tp_logit_table.py
+
+Bytes per forward (of 2 rows x 12 tokens, hidden 32, float32; DiffusionGemma: a decoder call of 2
+canvases of 8): measured by the native blocks' all-reduce counter (2 per layer: o_proj, down_proj);
+for DiffusionGemma (DTensor's RowwiseParallel) computed as sharded row-wise projections x rows x
+tokens x hidden x 4 bytes (its replicated full-attention layer sends nothing).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))
+
+from test_tensor_parallel import CASES, launch
+from tp_worker import write_checkpoint
+
+GEMMA_ROWWISE = (
+    3 + 2
+)  # decoder layers' down_proj (3) + the sliding layers' o_proj (2); the full layer's attention is replicated
+
+
+def main() -> None:
+    print(
+        "| family | max \\|Δlogit\\| (TP=2 vs TP=1, float32) | tokens & counters identical | all-reduce bytes per forward |"
+    )
+    print("|---|---|---|---|")
+    for family in CASES:
+        with tempfile.TemporaryDirectory() as scratch:
+            scratch = Path(scratch)
+            directory = write_checkpoint(family, scratch / "model")
+            one, two = launch(family, directory, 1, scratch), launch(family, directory, 2, scratch)
+        difference = (one["logits"] - two["logits"]).abs().max().item()
+        same = all(
+            a["tokens"] == b["tokens"] and a["counters"] == b["counters"]
+            for a, b in zip(one["decodes"], two["decodes"])
+        )
+        cases = ", ".join(f"{p}/{c}{' T=0.8' if o and 'temperature' in o[0] else ''}" for p, c, o in CASES[family][0])
+        sent = two["bytes_per_forward"] or GEMMA_ROWWISE * 2 * 8 * 32 * 4
+        print(f"| {family} | {difference:.2e} | {'yes' if same else 'NO'} ({cases}) | {sent} |")
+
+
+if __name__ == "__main__":
+    main()

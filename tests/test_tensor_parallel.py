@@ -1,0 +1,153 @@
+"""Tensor parallelism (``model.tensor_parallel=2``) on CPU with gloo: tiny sharp checkpoints of every family
+decoded by two torchrun processes give the tokens and counters one process gives (temperature 0 and
+sampled with seeds, with and without caches), and logits within float32 rounding; the rank layout
+of tensor- and data-parallel groups; and every refusal in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tp_worker import write_checkpoint
+
+from dlmsearch.distributed import Ranks
+from dlmsearch.models.tensor_parallel import Layout, TensorParallel, check_shardable, environment_layout, shard_model
+from dlmsearch.models.transformer import BidirectionalTransformer, MixtureOfExperts, TransformerConfig
+
+WORKER = Path(__file__).with_name("tp_worker.py")
+SAMPLED = "decoder.sampling.temperature=0.8"
+CASES = {  # family: (decodes [preset, cache, overrides], gen, block)
+    "llada": ([["llada", "none", []], ["llada", "prefix", []], ["llada", "dual", [SAMPLED]]], 16, 8),
+    "dream": ([["dream", "none", []], ["dream", "none", [SAMPLED]]], 16, 16),
+    "sdar": ([["sdar_greedy", "block", []], ["sdar", "none", []]], 12, 4),
+    "llada2": ([["llada2", "none", []], ["llada2", "block", [SAMPLED]]], 16, 8),
+    "diffusion_gemma": ([["diffusion_gemma", "none", ["decoder.commit.max_steps=3"]]], 16, 8),
+    "diffusion_gemma_moe": ([["diffusion_gemma", "none", ["decoder.commit.max_steps=3"]]], 16, 8),
+}
+
+
+def launch(family: str, directory: Path, processes: int, scratch: Path) -> dict:
+    """The worker's output for ``family`` under torchrun with ``processes`` ranks and tensor_parallel = processes."""
+    decodes, gen, block = CASES[family]
+    spec, out = scratch / f"spec{processes}.json", scratch / f"out{processes}.pt"
+    spec.write_text(
+        json.dumps(
+            {
+                "family": family,
+                "directory": str(directory),
+                "tensor_parallel": processes,
+                "decodes": decodes,
+                "gen": gen,
+                "block": block,
+            }
+        )
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parent)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
+    done = subprocess.run(
+        [*command, "--standalone", str(WORKER), str(spec), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_two_ranks_decode_what_one_process_decodes(family: str, tmp_path: Path) -> None:
+    directory = write_checkpoint(family, tmp_path / "model")
+    one, two = launch(family, directory, 1, tmp_path), launch(family, directory, 2, tmp_path)
+    difference = (one["logits"] - two["logits"]).abs().max().item()
+    print(f"{family}: max |logit(TP=2) - logit(TP=1)| = {difference:.3g}")
+    assert difference < 1e-4
+    for alone, sharded in zip(one["decodes"], two["decodes"]):
+        assert alone["tokens"] == sharded["tokens"], alone["case"]
+        assert alone["counters"] == sharded["counters"], alone["case"]
+    if not family.startswith("diffusion_gemma"):  # two all-reduces of [2 rows x 12 tokens x 32] float32 per layer
+        assert two["bytes_per_forward"] == 2 * 2 * 2 * 12 * 32 * 4
+
+
+def test_tensor_and_data_parallel_ranks() -> None:
+    """4 processes with tensor_parallel=2: groups {0, 1} and {2, 3} decode shards 0 and 1; TP rank 0 writes."""
+    items = list(range(7))
+    ranks = [Ranks(rank, 4, rank, 2) for rank in range(4)]
+    assert [r.dp_rank for r in ranks] == [0, 0, 1, 1]
+    assert [r.dp_world for r in ranks] == [2, 2, 2, 2]
+    assert [r.shard(items) for r in ranks] == [[0, 2, 4, 6], [0, 2, 4, 6], [1, 3, 5], [1, 3, 5]]
+    assert [r.writes for r in ranks] == [True, False, True, False]
+    assert [r.results_name for r in ranks] == ["results.rank0.jsonl"] * 2 + ["results.rank1.jsonl"] * 2
+    assert [Layout(r, 4, 2).group_ranks(g) for g in range(2) for r in (0,)] == [[0, 1], [2, 3]]
+    only_tp = Ranks(1, 2, 1, 2)
+    assert (only_tp.results_name, only_tp.shard(items), only_tp.writes) == ("results.jsonl", items, False)
+    assert Ranks(3, 4).shard(items) == [3]  # without tensor parallelism: as before
+
+
+def _tiny(**changes) -> TransformerConfig:
+    fields = {
+        "vocab_size": 16,
+        "hidden_size": 16,
+        "num_layers": 1,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "intermediate_size": 32,
+        "max_length": 32,
+    }
+    return TransformerConfig(**{**fields, **changes})
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (_tiny(num_heads=3, num_kv_heads=3, hidden_size=12), "attention heads"),
+        (_tiny(num_kv_heads=1), "key/value heads"),
+        (_tiny(intermediate_size=33), "MLP width"),
+        (
+            _tiny(moe=MixtureOfExperts(3, 1, 1, 1, 1.0, 8, 1, 0)),
+            "routed experts",
+        ),
+    ],
+)
+def test_what_two_ranks_cannot_split_is_refused(config: TransformerConfig, message: str) -> None:
+    with pytest.raises(ValueError, match=f"model.tensor_parallel=2 does not divide the {message}"):
+        check_shardable(config, 2)
+
+
+def test_launch_errors_are_one_line(monkeypatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="needs torchrun"):
+        environment_layout(2)
+    with pytest.raises(ValueError, match="does not divide the 3 torchrun processes"):
+        Layout(0, 3, 2)
+    with pytest.raises(ValueError, match="positive integer"):
+        Layout(0, 2, 0)
+
+
+def test_remote_compile_and_layerwise_are_refused(monkeypatch, tmp_path: Path) -> None:
+    from dlmsearch.models.layerwise import layerwise_logits
+    from dlmsearch.models.loading import load_text_model
+    from dlmsearch.run import _tensor_parallel
+
+    directory = write_checkpoint("llada", tmp_path / "llada")
+    with pytest.raises(ValueError, match="model.impl=remote runs the checkpoint's own code"):
+        load_text_model(str(directory), "llada", impl="remote", tensor_parallel=2)
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"model": {"tensor_parallel": 2}, "engine": {"compile": True}})
+    with pytest.raises(ValueError, match="engine.compile=true"):
+        _tensor_parallel(cfg)
+    model = shard_model(BidirectionalTransformer(_tiny()), TensorParallel(0, 2, None, lambda t: t))
+    assert model.config.num_heads == 2 and model.blocks[0].q_proj.weight.shape == (8, 16)
+    with pytest.raises(ValueError, match="engine.compile=true cannot run a tensor-parallel model"):
+        model.compile_blocks()
+    with pytest.raises(ValueError, match="layerwise cache policy cannot run a tensor-parallel model"):
+        layerwise_logits(
+            model, torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.bool), None, None, None
+        )
