@@ -90,7 +90,7 @@ def sampling_of(i: int, settings: str) -> dict:
 
 async def load(url: str, model: str, texts: list[str], concurrency: int, max_tokens: int, settings: str) -> dict:
     gate = asyncio.Semaphore(concurrency)
-    latencies, tokens = [], 0
+    latencies, tokens, steps_taken = [], 0, []
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
         nonlocal tokens
@@ -109,6 +109,7 @@ async def load(url: str, model: str, texts: list[str], concurrency: int, max_tok
             r.raise_for_status()
             latencies.append(time.perf_counter() - tick)
             tokens += r.json()["usage"]["completion_tokens"]
+            steps_taken.append(r.json()["usage"]["steps"])
 
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
@@ -134,6 +135,7 @@ async def load(url: str, model: str, texts: list[str], concurrency: int, max_tok
         "p95_s": round(percentile(latencies, 95), 3),
         "p99_s": round(percentile(latencies, 99), 3),
         "mean_rows_per_step": round(slots / max(steps, 1), 2),
+        "mean_steps_per_request": round(sum(steps_taken) / len(steps_taken), 2),  # sampled requests may need more
     }
 
 
@@ -250,11 +252,11 @@ def main(argv: list[str] | None = None) -> None:
                 rows += mine
     (out / "load.json").write_text(json.dumps(rows, indent=2) + "\n")
     lines = [
-        "| model | preset | settings | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | × all greedy | p50 s | p95 s | p99 s | mean rows/step |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | preset | settings | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | × all greedy | p50 s | p95 s | p99 s | mean rows/step | steps/request |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {r['model']} | `{r['preset']}` | {r['settings']} | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['vs_greedy']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} |"
+        f"| {r['model']} | `{r['preset']}` | {r['settings']} | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['vs_greedy']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} | {r.get('mean_steps_per_request', '')} |"
         for r in rows
     ]
     (out / "load.md").write_text("\n".join(lines) + "\n")

@@ -92,6 +92,18 @@ step "pytest -m gpu" 70 "$python" -m pytest -q -p no:cacheprovider -m gpu tests/
 rc=$?
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
 
+# tensor parallelism: memory per rank of the two models that need it (printed, CPU), then the TP=1 row (torchrun, one
+# process, model.tensor_parallel=1) on the shipped Countdown model; a TP=2 row where two GPUs are visible
+step "memory per rank (python -m dlmsearch.estimate)" 60 "$python" -m dlmsearch.estimate --preset llada2-flash diffusion-gemma-26b-a4b \
+    --tp 1 2 4 8 --dtype bfloat16 --batch 8 --length 2048 --cache prefix || status=1
+tp_device=$([ "$dry" = 1 ] && echo cpu || echo cuda); tp_items=$([ "$dry" = 1 ] && echo 8 || echo 64)
+step "tensor parallel TP=1" 120 "$python" -m torch.distributed.run --standalone --nproc-per-node 1 -m dlmsearch model=countdown \
+    model.device="$tp_device" model.tensor_parallel=1 task=countdown task.limit="$tp_items" +decoder=fast_dllm out_dir="$out/tp1" || status=1
+if [ "$dry" != 1 ] && [ "$("$python" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+    step "tensor parallel TP=2" 120 "$python" -m torch.distributed.run --standalone --nproc-per-node 2 -m dlmsearch model=countdown \
+        model.device=cuda model.tensor_parallel=2 task=countdown task.limit=64 +decoder=fast_dllm out_dir="$out/tp2" || status=1
+fi
+
 if [ "$dry" = 1 ]; then
     step "bench_engine tiny (dry run)" 120 "$python" experiments/bench_engine.py --size tiny --device cpu --quick --repeats 1 --sections 2,4 \
         --out "$out/bench_tiny.json" || status=1

@@ -29,14 +29,22 @@ def test_gpu_check_dry_run_writes_its_tables_and_summary(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    steps = ["pytest -m gpu", "bench_engine tiny (dry run)", "bench_engine tiny, engine.compile (dry run)"]
+    steps = [
+        "pytest -m gpu",
+        "memory per rank (python -m dlmsearch.estimate)",
+        "tensor parallel TP=1",
+        "bench_engine tiny (dry run)",
+        "bench_engine tiny, engine.compile (dry run)",
+    ]
     assert summary["status"] == 0 and summary["dry_run"] and [s["step"] for s in summary["steps"]] == steps
     assert all(s["limit_s"] is None for s in summary["steps"])
     bench = json.loads((out / "bench_tiny.json").read_text())
     assert {row["section"] for row in bench["rows"]} == {"2_lookahead_round", "4_host_overhead"}
     compiled = json.loads((out / "bench_tiny_compile.json").read_text())
     assert {row["section"] for row in compiled["rows"]} == {"4_host_overhead"} and compiled["args"]["compile"]
-    assert "gpu_check finished" in (out / "gpu_check.txt").read_text()
+    log = (out / "gpu_check.txt").read_text()
+    assert "gpu_check finished" in log and "| 8 | 26.14 |" in log  # LLaDA2-flash at N = 8: 26.14 GiB per rank
+    assert len((out / "tp1" / "results.jsonl").read_text().splitlines()) == 8
 
 
 def test_gpu_check_refuses_unknown_options_and_a_second_out_dir(tmp_path: Path) -> None:
