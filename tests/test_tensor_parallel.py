@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -49,15 +50,21 @@ def launch(family: str, directory: Path, processes: int, scratch: Path) -> dict:
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parent)}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes)]
-    done = subprocess.run(
+    with subprocess.Popen(
         [*command, "--standalone", str(WORKER), str(spec), str(out)],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+        start_new_session=True,  # its own process group: a timeout ends the workers too, not only torchrun
+    ) as run:
+        try:
+            _, stderr = run.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.communicate()
+            pytest.fail(f"{family}: {processes} ranks did not finish within 240 s")
+    assert run.returncode == 0, stderr[-3000:]
     return torch.load(out)
 
 
@@ -73,6 +80,9 @@ def test_two_ranks_decode_what_one_process_decodes(family: str, tmp_path: Path) 
         assert alone["counters"] == sharded["counters"], alone["case"]
     if not family.startswith("diffusion_gemma"):  # two all-reduces of [2 rows x 12 tokens x 32] float32 per layer
         assert two["bytes_per_forward"] == 2 * 2 * 2 * 12 * 32 * 4
+    # a rank holds less than the whole model (DiffusionGemma's decoder shares its encoder's shards, not a copy)
+    print(f"{family}: parameter bytes per rank {two['parameter_bytes']} of {one['parameter_bytes']}")
+    assert two["parameter_bytes"] < one["parameter_bytes"]
 
 
 def test_tensor_and_data_parallel_ranks() -> None:

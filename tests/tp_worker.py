@@ -211,6 +211,20 @@ def forward_logits(adapter, family: str) -> torch.Tensor:
         return adapter.denoise(canvas, positions, prefixes, torch.arange(2), (None, torch.zeros(2, dtype=torch.bool)))
 
 
+def local_parameter_bytes(module: torch.nn.Module) -> int:
+    """The bytes of parameters this rank holds: each storage once (tied weights share one), a DTensor by its local shard."""
+    from torch.distributed.tensor import DTensor
+
+    seen, total = set(), 0
+    for _, parameter in module.named_parameters(remove_duplicate=False):
+        local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
+        key = local.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += local.untyped_storage().nbytes()
+    return total
+
+
 def main(spec_path: str, out_path: str) -> None:
     from dlmsearch.config import build, compose
     from dlmsearch.models.tensor_parallel import local_reduce
@@ -221,6 +235,7 @@ def main(spec_path: str, out_path: str) -> None:
     adapter = load(spec["family"], spec["directory"], spec["tensor_parallel"])
     reduce = local_reduce(adapter.module)
     logits = forward_logits(adapter, spec["family"])
+    held = local_parameter_bytes(adapter.module)
     bytes_per_forward = reduce.bytes if reduce is not None else 0
     reduces_per_forward = reduce.calls if reduce is not None else 0
     decodes = []
@@ -247,6 +262,7 @@ def main(spec_path: str, out_path: str) -> None:
                 "bytes_per_forward": bytes_per_forward,
                 "reduces_per_forward": reduces_per_forward,
                 "tokens_per_forward": 24,
+                "parameter_bytes": held,
             },
             out_path,
         )

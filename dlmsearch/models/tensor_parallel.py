@@ -253,12 +253,18 @@ def read_slice(name: str, view: Any, config: TransformerConfig, tp: TensorParall
         ):
             start, stop = tp.span(width, what)
             parts.append(view[offset + start : offset + stop])
-        return torch.cat(parts)
+        return torch.cat(parts)  # a new tensor of the shard's own size
     dim = split_dim(name)
     if dim is None:
         return view[:]
     start, stop = tp.span(view.get_shape()[dim], name)
-    return view[start:stop] if dim == 0 else view[:, start:stop]
+    return _compact(view[start:stop] if dim == 0 else view[:, start:stop])
+
+
+def _compact(part: torch.Tensor) -> torch.Tensor:
+    """``part`` in storage of its own size: a safetensors slice can be a view of the whole tensor, and
+    the whole tensor would then stay in memory for as long as the shard lives."""
+    return part.clone() if part.untyped_storage().nbytes() > part.numel() * part.element_size() else part
 
 
 def is_sharded(module: torch.nn.Module) -> bool:
@@ -297,9 +303,13 @@ def parallelize_diffusion_gemma(module: torch.nn.Module, tp: TensorParallel | No
         raise ValueError(
             f"model.tensor_parallel={tp.size} does not divide DiffusionGemma's MLP width (intermediate_size): {text.intermediate_size}"
         )
+    encoder_layers = module.model.get_submodule("encoder.language_model").layers
+    tied = [_shared_names(decoder, encoder) for decoder, encoder in zip(module.model.decoder.layers, encoder_layers)]
     for stack in ("encoder.language_model", "decoder"):
         layers = module.model.get_submodule(stack).layers
         for index, layer in enumerate(layers):
+            if stack == "decoder":
+                _tie_to_sharded(layer, encoder_layers[index], tied[index])
             plan = {"mlp.gate_proj": colwise, "mlp.up_proj": colwise, "mlp.down_proj": rowwise}
             attention = layer.self_attn
             heads = attention.q_proj.out_features // attention.head_dim
@@ -317,6 +327,20 @@ def parallelize_diffusion_gemma(module: torch.nn.Module, tp: TensorParallel | No
     if getattr(text, "num_experts", 1) and text.num_experts > 1:
         replicated.append(f"the {text.num_experts} routed experts of every layer")
     return replicated
+
+
+def _shared_names(layer: torch.nn.Module, twin: torch.nn.Module) -> list[str]:
+    """The parameters ``layer`` shares with ``twin`` (DiffusionGemma's decoder layers share their encoder's)."""
+    return [name for name, parameter in layer.named_parameters() if twin.get_parameter(name) is parameter]
+
+
+def _tie_to_sharded(layer: torch.nn.Module, twin: torch.nn.Module, names: list[str]) -> None:
+    """Point ``layer``'s parameters ``names`` at ``twin``'s, now sharded: ``parallelize_module`` keeps a
+    parameter that is already a DTensor of its placement as it is, so the two stacks hold one shard, not two."""
+    for name in names:
+        owner_name, _, leaf = name.rpartition(".")
+        owner = layer.get_submodule(owner_name) if owner_name else layer
+        owner.register_parameter(leaf, twin.get_parameter(name))
 
 
 def local_reduce(module: torch.nn.Module) -> Any:
