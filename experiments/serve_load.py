@@ -210,11 +210,13 @@ def main(argv: list[str] | None = None) -> None:
                     with running_server(settings, cwd=str(out), threads=2) as (_, url, _):
                         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
                         served_as = client.models.list().data[0].id
-                        client.chat.completions.create(
-                            model=served_as,
-                            messages=[{"role": "user", "content": texts[0]}],
-                            max_tokens=args.max_tokens,
-                        )  # warm-up
+                        for kind in args.settings:  # warm-up: each load's lanes are built before it is timed
+                            client.chat.completions.create(
+                                model=served_as,
+                                messages=[{"role": "user", "content": texts[0]}],
+                                max_tokens=args.max_tokens,
+                                **sampling_of(1, kind),
+                            )
                         mine += [
                             {
                                 "model": name,

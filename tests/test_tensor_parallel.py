@@ -117,7 +117,6 @@ def _tiny(**changes) -> TransformerConfig:
     ("config", "message"),
     [
         (_tiny(num_heads=3, num_kv_heads=3, hidden_size=12), "attention heads"),
-        (_tiny(num_kv_heads=1), "key/value heads"),
         (_tiny(intermediate_size=33), "MLP width"),
         (
             _tiny(moe=MixtureOfExperts(3, 1, 1, 1, 1.0, 8, 1, 0)),
@@ -128,6 +127,16 @@ def _tiny(**changes) -> TransformerConfig:
 def test_what_two_ranks_cannot_split_is_refused(config: TransformerConfig, message: str) -> None:
     with pytest.raises(ValueError, match=f"model.tensor_parallel=2 does not divide the {message}"):
         check_shardable(config, 2)
+
+
+def test_key_value_heads_are_split_or_held_whole() -> None:
+    """N divides the key/value heads (a share each) or is a multiple of them (one whole head per rank,
+    the one its query heads read); anything else is refused."""
+    heads = [TensorParallel(rank, 4).kv_span(2, 8) for rank in range(4)]
+    assert heads == [(0, 8), (0, 8), (8, 16), (8, 16)]  # queries 0-1 and 2-3 of 8 read head 0, 4-7 head 1
+    assert [TensorParallel(rank, 2).kv_span(4, 8) for rank in range(2)] == [(0, 16), (16, 32)]
+    with pytest.raises(ValueError, match="neither divides nor is a multiple of the key/value heads"):
+        check_shardable(_tiny(num_heads=6, num_kv_heads=3, hidden_size=12), 2)
 
 
 def test_launch_errors_are_one_line(monkeypatch) -> None:

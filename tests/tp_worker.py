@@ -23,7 +23,8 @@ FAMILIES = ("llada", "dream", "sdar", "llada2", "diffusion_gemma", "diffusion_ge
 
 
 def _native(family: str):
-    """A random native model of ``family``'s architecture, sharpened (head, q/k) so confidences spread."""
+    """A random native model of ``family``'s architecture, sharpened (head, q/k) so confidences spread.
+    Dream's is multi-query (one key/value head, with biases): two ranks each hold that head whole."""
     from dlmsearch.models.families import LLADA2
     from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 
@@ -39,7 +40,7 @@ def _native(family: str):
     else:
         dream = family == "dream"
         config = TransformerConfig(
-            **common, num_kv_heads=2 if dream else 4, intermediate_size=64, rope_theta=1e6 if dream else 5e5,
+            **common, num_kv_heads=1 if dream else 4, intermediate_size=64, rope_theta=1e6 if dream else 5e5,
             qkv_bias=dream, rope_in_float32=not dream,
         )  # fmt: skip
     model = BidirectionalTransformer(config)

@@ -8,7 +8,7 @@ communication layer of its own: the one collective is ``all_reduce``.
 
 **Native families (LLaDA, Dream, SDAR, LLaDA2): Megatron-style.** In every block q/k/v and the MLP's
 gate/up are split column-wise (each rank keeps ``heads/N`` query heads, ``kv_heads/N`` key/value
-heads and ``intermediate/N`` MLP columns); ``o_proj`` and ``down_proj`` row-wise, their partial sums
+heads, or the one its queries read where N is a multiple of them, and ``intermediate/N`` MLP columns); ``o_proj`` and ``down_proj`` row-wise, their partial sums
 all-reduced over the group before each residual (the block's ``reduce``, which the per-token output
 functions of :mod:`~dlmsearch.models.token_ops` apply; the identity in one process). So a block
 costs two all-reduces of ``[tokens, hidden]``. The block's (and the model's) config becomes the
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 
 COLUMN = re.compile(r"blocks\.\d+\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)")
+KEY_VALUE = re.compile(r"blocks\.\d+\.(k_proj|v_proj)\.(weight|bias)")
 ROW = re.compile(r"blocks\.\d+\.(o_proj|down_proj)\.weight")
 EXPERTS = re.compile(r"blocks\.\d+\.expert_(gate|up|down)")  # stacked [E, ...]: whole experts per rank
 FUSED_QKV = re.compile(r"blocks\.\d+\.qkv\.weight")  # LLaDA2's query_key_value, before it is split
@@ -134,6 +135,19 @@ class TensorParallel:
         chunk = total // self.size
         return self.rank * chunk, (self.rank + 1) * chunk
 
+    def kv_span(self, kv_heads: int, head_dim: int) -> tuple[int, int]:
+        """This rank's key/value rows: ``1/size`` of the heads, or, where ``size`` is a multiple of
+        them (LLaDA2-flash's 4 heads over 8 ranks, a multi-query model's one), the one whole head
+        its query heads read, shared by ``size / kv_heads`` ranks (vLLM's replication)."""
+        if kv_heads % self.size == 0:
+            return self.span(kv_heads * head_dim, "the key/value heads")
+        if self.size % kv_heads:
+            raise ValueError(
+                f"model.tensor_parallel={self.size} neither divides nor is a multiple of the key/value heads ({kv_heads})"
+            )
+        head = self.rank // (self.size // kv_heads)
+        return head * head_dim, (head + 1) * head_dim
+
 
 _JOINED: dict[int, TensorParallel] = {}
 
@@ -166,7 +180,6 @@ def check_shardable(config: TransformerConfig, size: int) -> None:
     """One ValueError naming what ``size`` does not divide (heads, kv heads, MLP widths, experts)."""
     widths = {
         "the attention heads (num_heads)": config.num_heads,
-        "the key/value heads (num_kv_heads; multi-query models cannot shard their one head)": config.num_kv_heads,
         "the MLP width (intermediate_size)": config.intermediate_size,
     }
     if config.moe is not None:
@@ -177,16 +190,22 @@ def check_shardable(config: TransformerConfig, size: int) -> None:
     for what, total in widths.items():
         if total % size:
             raise ValueError(f"model.tensor_parallel={size} does not divide {what}: {total}")
+    kv = config.num_kv_heads
+    if kv % size and size % kv:
+        raise ValueError(
+            f"model.tensor_parallel={size} neither divides nor is a multiple of the key/value heads (num_kv_heads): {kv}"
+        )
 
 
 def local_config(config: TransformerConfig, size: int) -> TransformerConfig:
-    """The config one rank's blocks run with: ``1/size`` of the heads and MLP width, ``head_dim``
-    kept (the MoE description stays global: the router scores every expert)."""
+    """The config one rank's blocks run with: ``1/size`` of the heads (at least one key/value head:
+    :meth:`TensorParallel.kv_span`) and MLP width, ``head_dim`` kept (the MoE description stays
+    global: the router scores every expert)."""
     check_shardable(config, size)
     return attrs.evolve(
         config,
         num_heads=config.num_heads // size,
-        num_kv_heads=config.num_kv_heads // size,
+        num_kv_heads=max(config.num_kv_heads // size, 1),  # one whole head per rank where size is a multiple
         intermediate_size=config.intermediate_size // size,
         head_dim=config.head_dim,
     )
@@ -211,7 +230,7 @@ def shard_model(module: BidirectionalTransformer, tp: TensorParallel | None) -> 
         dim = split_dim(name)
         if dim is None:
             continue
-        start, stop = tp.span(param.shape[dim], name)
+        start, stop = _rows(name, param.shape[dim], module.config, tp) if dim == 0 else tp.span(param.shape[dim], name)
         owner, leaf = _owner(module, name)
         setattr(
             owner,
@@ -246,19 +265,27 @@ def read_slice(name: str, view: Any, config: TransformerConfig, tp: TensorParall
     if FUSED_QKV.fullmatch(name):
         q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         parts = []
-        for offset, width, what in (
-            (0, q, "the query width"),
-            (q, kv, "the key width"),
-            (q + kv, kv, "the value width"),
+        kv_start, kv_stop = tp.kv_span(config.num_kv_heads, config.head_dim)
+        for offset, (start, stop) in (
+            (0, tp.span(q, "the query width")),
+            (q, (kv_start, kv_stop)),
+            (q + kv, (kv_start, kv_stop)),
         ):
-            start, stop = tp.span(width, what)
             parts.append(view[offset + start : offset + stop])
         return torch.cat(parts)  # a new tensor of the shard's own size
     dim = split_dim(name)
     if dim is None:
         return view[:]
-    start, stop = tp.span(view.get_shape()[dim], name)
+    total = view.get_shape()[dim]
+    start, stop = _rows(name, total, config, tp) if dim == 0 else tp.span(total, name)
     return _compact(view[start:stop] if dim == 0 else view[:, start:stop])
+
+
+def _rows(name: str, total: int, config: TransformerConfig, tp: TensorParallel) -> tuple[int, int]:
+    """This rank's rows of a column-wise parameter: its key/value heads for k/v, else ``1/size`` of them."""
+    if KEY_VALUE.fullmatch(name):
+        return tp.kv_span(config.num_kv_heads, config.head_dim)
+    return tp.span(total, name)
 
 
 def _compact(part: torch.Tensor) -> torch.Tensor:
