@@ -33,9 +33,5 @@ class Sampling:
         """Unset fields at their neutral values: temperature 0, no truncation, the model's confidence."""
         return self.over(Sampling(temperature=0.0, confidence="model"))
 
-    @property
-    def truncates(self) -> bool:
-        return (self.top_p is not None and self.top_p < 1.0) or self.top_k is not None
-
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)

@@ -75,6 +75,22 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cumulative, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
+def _processed(logits: torch.Tensor, model_probs: torch.Tensor, rows: RowSampling) -> tuple[torch.Tensor, torch.Tensor]:
+    """The processed logits and their distribution: each row's own where its settings change it
+    (temperature, top-p, top-k), the model's where they do not. Only the rows that change are
+    processed: a greedy request pays nothing for the sampled one it shares a forward with."""
+    changes = rows.changes
+    if not bool(changes.any()):
+        return logits, model_probs
+    if bool(changes.all()):
+        processed = process(logits, rows)
+        return processed, torch.softmax(processed, dim=-1)
+    at = changes.nonzero().squeeze(1)
+    mine = process(logits[at.to(logits.device)], rows.take(at))
+    on = at.to(logits.device)
+    return logits.index_copy(0, on, mine), model_probs.index_copy(0, on, torch.softmax(mine, dim=-1))
+
+
 def summarise_logits(
     logits: torch.Tensor,
     confidence: str,
@@ -101,13 +117,11 @@ def summarise_logits(
             model's self-conditioning input; not a summary).
     """
     model_probs = torch.softmax(logits, dim=-1)
-    processed = rows.truncates or rows.hot
-    processed_logits = process(logits, rows) if processed else logits
-    probs = torch.softmax(processed_logits, dim=-1) if processed else model_probs
+    processed_logits, probs = _processed(logits, model_probs, rows)
     best, token = probs.max(dim=-1)
-    if rows.hot:
-        hot = (rows.temperature > 0).to(logits.device)
-        token = torch.where(hot[:, None], inverse_cdf(probs, draw), token)
+    if rows.hot:  # only the rows that sample draw (a greedy row beside them costs nothing more)
+        at = (rows.temperature > 0).nonzero().squeeze(1).to(logits.device)
+        token = token.index_copy(0, at, inverse_cdf(probs[at], draw[at]))
     read = probs if confidence == "sampling" else model_probs
     confidence_of = best if (read is probs and not rows.hot) else read.gather(-1, token[..., None]).squeeze(-1)
     out = {

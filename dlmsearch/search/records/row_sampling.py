@@ -58,9 +58,9 @@ class RowSampling:
         return bool((self.temperature > 0).any())
 
     @property
-    def truncates(self) -> bool:
-        """Whether any row truncates its distribution (top-p below 1 or a top-k)."""
-        return bool((self.top_p < 1.0).any() or (self.top_k > 0).any())
+    def changes(self) -> torch.Tensor:
+        """``[rows]`` whether a row's settings change its distribution (it samples or truncates)."""
+        return (self.temperature > 0) | (self.top_p < 1.0) | (self.top_k > 0)
 
     def __len__(self) -> int:
         return len(self.temperature)
