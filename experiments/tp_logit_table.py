@@ -14,6 +14,7 @@ tokens x hidden x 4 bytes (its replicated full-attention layer sends nothing).
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -29,12 +30,16 @@ GEMMA_ROWWISE = (
 )  # decoder layers' down_proj (3) + the sliding layers' o_proj (2); the full layer's attention is replicated
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", nargs="+", choices=list(CASES), default=list(CASES))
+    args = parser.parse_args(argv)
     print(
-        "| family | max \\|Δlogit\\| (TP=2 vs TP=1, float32) | tokens & counters identical | all-reduce bytes per forward |"
+        "| family | max \\|Δlogit\\| (TP=2 vs TP=1, float32) | tokens & counters identical | all-reduce bytes per forward "
+        "| parameter bytes per rank (TP=2 / TP=1) |"
     )
-    print("|---|---|---|---|")
-    for family in CASES:
+    print("|---|---|---|---|---|")
+    for family in args.families:
         with tempfile.TemporaryDirectory() as scratch:
             scratch = Path(scratch)
             directory = write_checkpoint(family, scratch / "model")
@@ -46,7 +51,8 @@ def main() -> None:
         )
         cases = ", ".join(f"{p}/{c}{' T=0.8' if o and 'temperature' in o[0] else ''}" for p, c, o in CASES[family][0])
         sent = two["bytes_per_forward"] or GEMMA_ROWWISE * 2 * 8 * 32 * 4
-        print(f"| {family} | {difference:.2e} | {'yes' if same else 'NO'} ({cases}) | {sent} |")
+        held = f"{two['parameter_bytes']} / {one['parameter_bytes']}"
+        print(f"| {family} | {difference:.2e} | {'yes' if same else 'NO'} ({cases}) | {sent} | {held} |")
 
 
 if __name__ == "__main__":
