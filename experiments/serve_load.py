@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -88,7 +89,30 @@ def sampling_of(i: int, settings: str) -> dict:
     return MIXED if settings == "mixed" and i % 2 else {}
 
 
-async def load(url: str, model: str, texts: list[str], concurrency: int, max_tokens: int, settings: str) -> dict:
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User + system CPU seconds so far of process ``pid`` and of its descendants (Linux ``/proc``;
+    the server: the engine, and its front processes)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def own(process: int) -> float:
+        fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    def children(process: int) -> list[int]:
+        found = []
+        for task in Path(f"/proc/{process}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+        return found + [g for c in found for g in children(c)]
+
+    try:
+        return own(pid), sum(own(c) for c in children(pid))
+    except (FileNotFoundError, ProcessLookupError):  # not Linux, or a process that just ended
+        return 0.0, 0.0
+
+
+async def load(
+    url: str, model: str, texts: list[str], concurrency: int, max_tokens: int, settings: str, server_pid: int
+) -> dict:
     gate = asyncio.Semaphore(concurrency)
     latencies, tokens, steps_taken = [], 0, []
 
@@ -117,9 +141,13 @@ async def load(url: str, model: str, texts: list[str], concurrency: int, max_tok
             await metric(client, "dlmsearch_steps_total"),
             await metric(client, "dlmsearch_slot_steps_total"),
         )
-        tick = time.perf_counter()
+        tick, client_cpu, server_cpu = time.perf_counter(), time.process_time(), cpu_seconds(server_pid)
         await asyncio.gather(*(one(client, i) for i in range(len(texts))))
         wall = time.perf_counter() - tick
+        client_cpu, server_cpu = (
+            time.process_time() - client_cpu,
+            [b - a for a, b in zip(server_cpu, cpu_seconds(server_pid))],
+        )
         steps, slots = (
             await metric(client, "dlmsearch_steps_total") - steps0,
             await metric(client, "dlmsearch_slot_steps_total") - slots0,
@@ -136,6 +164,10 @@ async def load(url: str, model: str, texts: list[str], concurrency: int, max_tok
         "p99_s": round(percentile(latencies, 99), 3),
         "mean_rows_per_step": round(slots / max(steps, 1), 2),
         "mean_steps_per_request": round(sum(steps_taken) / len(steps_taken), 2),  # sampled requests may need more
+        # cores busy on average (CPU seconds / wall): the engine, the HTTP fronts, this load generator
+        "cores_engine": round(server_cpu[0] / wall, 2),
+        "cores_fronts": round(server_cpu[1] / wall, 2),
+        "cores_client": round(client_cpu / wall, 2),
     }
 
 
@@ -207,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"serve.batch_wait_ms={wait}",
                         f"serve.workers={args.workers}",
                     ]
-                    with running_server(settings, cwd=str(out), threads=2) as (_, url, _):
+                    with running_server(settings, cwd=str(out), threads=2) as (process, url, _):
                         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
                         served_as = client.models.list().data[0].id
                         for kind in args.settings:  # warm-up: each load's lanes are built before it is timed
@@ -222,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
                                 "model": name,
                                 "preset": preset,
                                 "batch_wait_ms": wait,
-                                **asyncio.run(load(url, served_as, texts, c, args.max_tokens, kind)),
+                                **asyncio.run(load(url, served_as, texts, c, args.max_tokens, kind, process.pid)),
                             }
                             for kind in args.settings
                             for c in args.concurrency
@@ -254,11 +286,11 @@ def main(argv: list[str] | None = None) -> None:
                 rows += mine
     (out / "load.json").write_text(json.dumps(rows, indent=2) + "\n")
     lines = [
-        "| model | preset | settings | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | × all greedy | p50 s | p95 s | p99 s | mean rows/step | steps/request |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | preset | settings | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | × all greedy | p50 s | p95 s | p99 s | mean rows/step | steps/request | cores: engine / fronts / client |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     lines += [
-        f"| {r['model']} | `{r['preset']}` | {r['settings']} | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['vs_greedy']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} | {r.get('mean_steps_per_request', '')} |"
+        f"| {r['model']} | `{r['preset']}` | {r['settings']} | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['vs_greedy']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} | {r.get('mean_steps_per_request', '')} | {r.get('cores_engine', '')} / {r.get('cores_fronts', '')} / {r.get('cores_client', '')} |"
         for r in rows
     ]
     (out / "load.md").write_text("\n".join(lines) + "\n")
