@@ -315,8 +315,8 @@ def parallelize_diffusion_gemma(module: torch.nn.Module, tp: TensorParallel | No
     q/k/v and the dense MLP's gate/up ``ColwiseParallel``, o_proj and down_proj ``RowwiseParallel``
     (an all-reduce before the post-norms); a layer whose query or key/value heads ``size`` does not
     divide (Gemma's full-attention layers have few kv heads) keeps its attention replicated. The
-    routed experts (3-D ``gate_up_proj`` / ``down_proj`` with a custom loop, followed by a norm of their
-    sum) stay replicated, as do the router, embeddings, norms, self-conditioning MLP and head."""
+    routed experts go by expert (:func:`_expert_parallel`, transformers' own ``ep_plan`` styles) where
+    ``size`` divides them; the router, embeddings, norms, self-conditioning MLP and head stay replicated."""
     if tp is None:
         return []
     from torch.distributed.device_mesh import DeviceMesh
@@ -351,9 +351,37 @@ def parallelize_diffusion_gemma(module: torch.nn.Module, tp: TensorParallel | No
                     f"layer {index}'s attention ({heads} query / {kv_heads} key-value heads, not divisible by {tp.size})"
                 )
             parallelize_module(layer, mesh, plan)
-    if getattr(text, "num_experts", 1) and text.num_experts > 1:
-        replicated.append(f"the {text.num_experts} routed experts of every layer")
+    experts = getattr(text, "num_experts", None) or 0
+    if experts and experts % tp.size == 0:
+        _expert_parallel(module, mesh, encoder_layers, tied)
+    elif experts:
+        replicated.append(f"the {experts} routed experts of every layer ({tp.size} does not divide them)")
     return replicated
+
+
+def _expert_parallel(module: torch.nn.Module, mesh: Any, encoder_layers: Any, tied: list[list[str]]) -> None:
+    """The routed experts by expert, through transformers' own expert parallelism (the styles of the
+    model's ``base_model_ep_plan``: ``grouped_gemm`` shards the 3-D expert weights by expert,
+    ``ep_dispatch_experts`` with ``AllReduceEP``): every rank of the group holds the same tokens, runs
+    its ``E/N`` experts on them with the routes to other ranks' experts masked, and one all-reduce sums
+    the partial outputs before the experts' post-norm. Applied module by module (the decoder's experts
+    share the encoder's parameters, which a by-name plan would see once): the decoder's point at the
+    encoder's shards."""
+    import transformers.distributed.expert_parallel  # noqa: F401  registers the expert-parallel styles
+    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
+
+    weights, dispatch = ALL_PARALLEL_STYLES["grouped_gemm"], ALL_PARALLEL_STYLES["ep_dispatch_experts"]
+
+    def shard(experts: torch.nn.Module) -> None:
+        for name in ("gate_up_proj", "down_proj"):
+            weights.shard_param(experts, name, mesh)
+        dispatch.install_forward(experts, ep_mesh=mesh, tp_mesh=mesh, ep_implementation="all_reduce")
+
+    for layer in encoder_layers:
+        shard(layer.experts)
+    for layer, twin, names in zip(module.model.decoder.layers, encoder_layers, tied):
+        _tie_to_sharded(layer, twin, [n for n in names if n.startswith("experts.")])
+        shard(layer.experts)
 
 
 def _shared_names(layer: torch.nn.Module, twin: torch.nn.Module) -> list[str]:
