@@ -114,7 +114,7 @@ async def load(
     url: str, model: str, texts: list[str], concurrency: int, max_tokens: int, settings: str, server_pid: int
 ) -> dict:
     gate = asyncio.Semaphore(concurrency)
-    latencies, tokens, steps_taken = [], 0, []
+    latencies, tokens, steps_taken, row_forwards = [], 0, [], []
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
         nonlocal tokens
@@ -134,6 +134,7 @@ async def load(
             latencies.append(time.perf_counter() - tick)
             tokens += r.json()["usage"]["completion_tokens"]
             steps_taken.append(r.json()["usage"]["steps"])
+            row_forwards.append(r.json()["usage"]["row_forwards"])
 
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
@@ -164,6 +165,7 @@ async def load(
         "p99_s": round(percentile(latencies, 99), 3),
         "mean_rows_per_step": round(slots / max(steps, 1), 2),
         "mean_steps_per_request": round(sum(steps_taken) / len(steps_taken), 2),  # sampled requests may need more
+        "mean_row_forwards_per_request": round(sum(row_forwards) / len(row_forwards), 2),  # lookahead branches count
         # cores busy on average (CPU seconds / wall): the engine, the HTTP fronts, this load generator
         "cores_engine": round(server_cpu[0] / wall, 2),
         "cores_fronts": round(server_cpu[1] / wall, 2),
@@ -286,11 +288,11 @@ def main(argv: list[str] | None = None) -> None:
                 rows += mine
     (out / "load.json").write_text(json.dumps(rows, indent=2) + "\n")
     lines = [
-        "| model | preset | settings | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | × all greedy | p50 s | p95 s | p99 s | mean rows/step | steps/request | cores: engine / fronts / client |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| model | preset | settings | batch wait ms | clients | requests/s | tokens/s | × one at a time | × offline batch 16 | × all greedy | p50 s | p95 s | p99 s | mean rows/step | steps/request | row-forwards/request | cores: engine / fronts / client |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     lines += [
-        f"| {r['model']} | `{r['preset']}` | {r['settings']} | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['vs_greedy']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} | {r.get('mean_steps_per_request', '')} | {r.get('cores_engine', '')} / {r.get('cores_fronts', '')} / {r.get('cores_client', '')} |"
+        f"| {r['model']} | `{r['preset']}` | {r['settings']} | {r['batch_wait_ms']:g} | {r['concurrency']} | {r['requests_per_s']} | {r['tokens_per_s']} | {r['vs_one_at_a_time']} | {r['vs_offline_batch16']} | {r['vs_greedy']} | {r['p50_s']} | {r['p95_s']} | {r['p99_s']} | {r['mean_rows_per_step']} | {r.get('mean_steps_per_request', '')} | {r.get('mean_row_forwards_per_request', '')} | {r.get('cores_engine', '')} / {r.get('cores_fronts', '')} / {r.get('cores_client', '')} |"
         for r in rows
     ]
     (out / "load.md").write_text("\n".join(lines) + "\n")
