@@ -9,7 +9,8 @@ runs the worker under ``torchrun --standalone --nproc-per-node N`` for N = 1 and
 Bytes per forward (of 2 rows x 12 tokens, hidden 32, float32; DiffusionGemma: a decoder call of 2
 canvases of 8): measured by the native blocks' all-reduce counter (2 per layer: o_proj, down_proj);
 for DiffusionGemma (DTensor's RowwiseParallel) computed as sharded row-wise projections x rows x
-tokens x hidden x 4 bytes (its replicated full-attention layer sends nothing).
+tokens x hidden x 4 bytes (its replicated full-attention layer sends nothing), plus one all-reduce per
+layer of routed experts in the MoE model (transformers' ``AllReduceEP``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ sys.path.insert(0, str(TESTS))
 from test_tensor_parallel import CASES, launch
 from tp_worker import write_checkpoint
 
+GEMMA_EXPERT_LAYERS = 3  # the MoE model's layers whose experts (by expert) add one all-reduce each
 GEMMA_ROWWISE = (
     3 + 2
 )  # decoder layers' down_proj (3) + the sliding layers' o_proj (2); the full layer's attention is replicated
@@ -39,18 +41,21 @@ def main(argv: list[str] | None = None) -> None:
         "| parameter bytes per rank (TP=2 / TP=1) |"
     )
     print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        for family in args.families:
+            write_checkpoint(family, scratch / family)
+        ones, twos = launch(args.families, scratch, 1, scratch), launch(args.families, scratch, 2, scratch)
     for family in args.families:
-        with tempfile.TemporaryDirectory() as scratch:
-            scratch = Path(scratch)
-            directory = write_checkpoint(family, scratch / "model")
-            one, two = launch(family, directory, 1, scratch), launch(family, directory, 2, scratch)
+        one, two = ones[family], twos[family]
         difference = (one["logits"] - two["logits"]).abs().max().item()
         same = all(
             a["tokens"] == b["tokens"] and a["counters"] == b["counters"]
             for a, b in zip(one["decodes"], two["decodes"])
         )
         cases = ", ".join(f"{p}/{c}{' T=0.8' if o and 'temperature' in o[0] else ''}" for p, c, o in CASES[family][0])
-        sent = two["bytes_per_forward"] or GEMMA_ROWWISE * 2 * 8 * 32 * 4
+        reduces = GEMMA_ROWWISE + (GEMMA_EXPERT_LAYERS if family.endswith("moe") else 0)
+        sent = two["bytes_per_forward"] or reduces * 2 * 8 * 32 * 4
         held = f"{two['parameter_bytes']} / {one['parameter_bytes']}"
         print(f"| {family} | {difference:.2e} | {'yes' if same else 'NO'} ({cases}) | {sent} | {held} |")
 

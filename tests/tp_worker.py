@@ -226,19 +226,20 @@ def local_parameter_bytes(module: torch.nn.Module) -> int:
     return total
 
 
-def main(spec_path: str, out_path: str) -> None:
+def run_one(spec: dict) -> dict:
+    """One family's checks on this rank: the logits of a fixed forward, the all-reduce traffic of
+    that forward, the parameter bytes held, and every decode's tokens and counters."""
     from dlmsearch.config import build, compose
     from dlmsearch.models.tensor_parallel import local_reduce
     from dlmsearch.search.engine.rollout import RolloutEngine
 
-    torch.set_num_threads(1)
-    spec = json.loads(Path(spec_path).read_text())
     adapter = load(spec["family"], spec["directory"], spec["tensor_parallel"])
     reduce = local_reduce(adapter.module)
+    sent, calls = (reduce.bytes, reduce.calls) if reduce is not None else (0, 0)  # the group's counter is shared
     logits = forward_logits(adapter, spec["family"])
     held = local_parameter_bytes(adapter.module)
-    bytes_per_forward = reduce.bytes if reduce is not None else 0
-    reduces_per_forward = reduce.calls if reduce is not None else 0
+    bytes_per_forward = reduce.bytes - sent if reduce is not None else 0
+    reduces_per_forward = reduce.calls - calls if reduce is not None else 0
     decodes = []
     block = spec["block"] if not spec["family"].startswith("diffusion_gemma") else adapter.canvas_length
     for preset, cache, overrides in spec["decodes"]:
@@ -253,20 +254,24 @@ def main(spec_path: str, out_path: str) -> None:
                 "counters": [(r.steps, r.row_forwards, r.token_forwards) for r in results],
             }
         )
+    return {
+        "logits": logits,
+        "decodes": decodes,
+        "bytes_per_forward": bytes_per_forward,
+        "reduces_per_forward": reduces_per_forward,
+        "tokens_per_forward": 24,
+        "parameter_bytes": held,
+    }
+
+
+def main(spec_path: str, out_path: str) -> None:
+    """Every family the spec file lists (one process start for all: each costs seconds), family -> result on rank 0."""
     import os
 
+    torch.set_num_threads(1)
+    found = {spec["family"]: run_one(spec) for spec in json.loads(Path(spec_path).read_text())}
     if int(os.environ.get("RANK", "0")) == 0:
-        torch.save(
-            {
-                "logits": logits,
-                "decodes": decodes,
-                "bytes_per_forward": bytes_per_forward,
-                "reduces_per_forward": reduces_per_forward,
-                "tokens_per_forward": 24,
-                "parameter_bytes": held,
-            },
-            out_path,
-        )
+        torch.save(found, out_path)
 
 
 if __name__ == "__main__":
