@@ -93,3 +93,60 @@ def test_mixed_settings_in_one_session_equal_each_alone(family: str, preset: str
         )
         changed += record(greedy) != record(alone)
     assert changed >= 2
+
+
+# (sampling, the commit rule's threshold): per-row thresholds beside per-row sampling
+WITH_THRESHOLDS = [
+    (Sampling(), None),
+    (Sampling(), 0.5),
+    (Sampling(temperature=0.7, top_p=0.9), 0.99),
+    (Sampling(temperature=1.0), 0.7),
+    (Sampling(top_k=3), 0.3),
+]
+
+
+@pytest.mark.parametrize(
+    ("preset", "cache", "pinned"),
+    [("fast_dllm", "none", []), ("fast_dllm", "dual", []), ("adalook", "none", ["decoder.scorer.threshold=0.9"])],
+)
+def test_mixed_thresholds_in_one_session_equal_each_alone(preset: str, cache: str, pinned: list[str]) -> None:
+    """Requests at their own commit threshold (and sampling) in one session: each decodes what the
+    decoder built with that threshold decodes alone (the lookahead's rollouts read it too). AdaLook's
+    unlock-gain score follows ``decoder.commit.threshold`` in its config: pinned here, since a row's
+    own value is the commit rule's only (the server shares a session only where the plans agree)."""
+    decoder, verifier = text_decoder(preset), NoRepeatVerifier()
+    session = DecodeSession.open(
+        decoder, RolloutEngine(adapter=adapter("llada"), cache=cache, row_budget=256), GEN, BLOCK, verifier
+    )
+    mine = [
+        r.__class__(
+            r.uid, r.prompt, r.generation, seed=5 + r.uid, sampling=s, options=None if t is None else {"threshold": t}
+        )
+        for r, (s, t) in zip(requests_for([3, 5, 4, 6, 2], seed=6), WITH_THRESHOLDS)
+    ]
+    session.admit(mine[:3])
+    finished = {r.uid: r for r in session.step()}
+    session.admit(mine[3:])
+    finished.update({r.uid: r for r in session.run()})
+    steps = set()
+    for request, (own, threshold) in zip(mine, WITH_THRESHOLDS):
+        own_threshold = [] if threshold is None else [f"decoder.commit.threshold={threshold}"]
+        alone_decoder = text_decoder(preset, *own_threshold, *pinned)
+        engine = RolloutEngine(
+            adapter=adapter("llada"), cache=cache, temperature=own.temperature, top_p=own.top_p, top_k=own.top_k
+        )
+        plain = request.__class__(request.uid, request.prompt, request.generation, seed=request.seed)
+        [alone] = alone_decoder.decode(engine, [plain], BLOCK, verifier=verifier)
+        assert record(finished[request.uid]) == record(alone), f"{preset}: uid {request.uid} at {threshold} changed"
+        steps.add(alone.steps)
+    assert len(steps) >= 2  # the thresholds take effect: the samples take different numbers of steps
+
+
+def test_an_option_the_rule_cannot_take_per_sample_is_refused() -> None:
+    session = DecodeSession.open(text_decoder("llada"), RolloutEngine(adapter=adapter("llada")), GEN, BLOCK)
+    [request] = requests_for([3], seed=1)
+    with pytest.raises(ValueError, match="cannot take per sample"):
+        session.admit([request.__class__(0, request.prompt, request.generation, options={"threshold": 0.5})])
+    session = DecodeSession.open(text_decoder("fast_dllm"), RolloutEngine(adapter=adapter("llada")), GEN, BLOCK)
+    with pytest.raises(ValueError, match="threshold"):
+        session.admit([request.__class__(0, request.prompt, request.generation, options={"threshold": 1.5})])

@@ -152,12 +152,14 @@ def test_served_equals_offline_under_concurrency(server: str, model: Model) -> N
 
 
 def test_mixed_sampling_shares_one_forward(server: str, model: Model) -> None:
-    """One preset at six sampling settings at once: each answer equals its offline decode, and
-    the steps the server took are fewer than the requests' own steps added up (they shared the steps)."""
+    """One preset at six sampling settings and two commit thresholds at once: each answer equals its
+    offline decode, and the steps the server took are fewer than the requests' own steps added up
+    (they shared the steps)."""
     settings = [{}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.0, "top_k": 5}, {"top_k": 3}]
     settings += [{"temperature": 0.5}, {"temperature": 0.9, "top_p": 0.8, "top_k": 20}]
+    settings += [{"decoder": {"commit.threshold": 0.5}}, {"temperature": 0.7, "decoder": {"commit.threshold": 0.99}}]
     mixed = [
-        {"prompt": PROMPTS[i], "chat": True, "max_tokens": 24, "seed": 40 + i, **extra}
+        {"prompt": PROMPTS[i % len(PROMPTS)], "chat": True, "max_tokens": 24, "seed": 40 + i, **extra}
         for i, extra in enumerate(settings)
     ]
     before = metric(server, "dlmsearch_steps_total")

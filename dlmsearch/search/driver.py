@@ -33,7 +33,7 @@ import torch
 
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.components.candidates import CandidateGenerator
-from dlmsearch.search.components.commit import CommitRule
+from dlmsearch.search.components.commit import CommitRule, per_row, row_options
 from dlmsearch.search.components.expansion import ExpansionPolicy
 from dlmsearch.search.components.lookahead import Lookahead
 from dlmsearch.search.components.revision import NoRevision, Revision
@@ -70,6 +70,7 @@ class DecodeRequest:
     seed: int | None = None
     key: int | None = None
     sampling: Sampling | None = None  # its own temperature, top_p, top_k over the decode's (None: the decode's)
+    options: dict[str, float] | None = None  # its own values of the commit rule's row options (``threshold``)
 
 
 @attrs.frozen
@@ -254,6 +255,13 @@ class SearchDecoder:
             region,
             long([r.uid if r.key is None else r.key for r in requests]),
             RowSampling.of([(r.sampling or Sampling()).over(plan.sampling) for r in requests]),
+            {
+                name: torch.tensor(
+                    [float((r.options or {}).get(name, getattr(plan.commit, name))) for r in requests],
+                    dtype=torch.float64,
+                )
+                for name in row_options(plan.commit)
+            },
         )
         return DecodeState(
             plan=plan,
@@ -284,6 +292,7 @@ class SearchDecoder:
                 f"sample uid(s) {confidence} read the confidence otherwise than the decode "
                 f"(confidence={plan.sampling.confidence!r}): one decode reads it one way"
             )
+        _check_options(plan, requests)
         if plan.commit.redecides and any(s.temperature is not None for _, s in own):
             raise ValueError(
                 f"a sample's own temperature would be ignored: decoder {plan.name!r} samples at its schedule's "
@@ -485,6 +494,19 @@ def _scattered(rows: torch.Tensor, size: int) -> torch.Tensor:
     return flags
 
 
+def _check_options(plan: DecodePlan, requests: list[DecodeRequest]) -> None:
+    """A sample's own commit options: ones its rule reads per row, each a value the rule accepts."""
+    names = row_options(plan.commit)
+    for request in requests:
+        for name, value in (request.options or {}).items():
+            if name not in names:
+                raise ValueError(
+                    f"sample uid {request.uid} sets decoder.commit.{name}, which decoder {plan.name!r} cannot take "
+                    f"per sample (its commit rule takes {', '.join(names) or 'none'} per sample)"
+                )
+            attrs.evolve(plan.commit, **{name: value})  # the rule's own check, naming the field
+
+
 def _select_and_commit(state: DecodeState, round_: Round) -> tuple[DecodeState, Canvas | None]:
     """The base rule on every exploiting slot: the population may perturb what it reads, the rule
     selects, the selected positions are committed (blocks advance here unless a revision acts first)."""
@@ -499,7 +521,10 @@ def _select_and_commit(state: DecodeState, round_: Round) -> tuple[DecodeState, 
     if plan.commit.redecides:  # uniform noise: the whole canvas is decided afresh (kept, re-noised, or finished)
         committed = plan.commit.redecide(sub, proposals, state.layout, call, plan.mask_id)
         return attrs.evolve(state, population=population), committed
-    chosen = plan.commit.select(sub, proposals, state.layout)
+    rule = per_row(
+        plan.commit, {name: values[base] for name, values in slots.options.items()}, proposals.confidence.dtype
+    )
+    chosen = rule.select(sub, proposals, state.layout)
     committed = sub.commit(
         chosen,
         sub_eval.token,
@@ -739,7 +764,11 @@ def _deepen(state: DecodeState, usage: Usage, look: Lookahead) -> Lookahead:
     layout, commit = state.layout, state.plan.commit
     rows = look.rows()
     sub, sub_eval = look.branches.take(rows), look.evaluation.take(rows)
-    chosen = commit.select(sub, sub_eval, layout) & (sub.masked | commit.redecides)
+    slot = look.slot_row[rows]
+    rule = per_row(
+        commit, {name: values[slot] for name, values in state.slots.options.items()}, sub_eval.confidence.dtype
+    )
+    chosen = rule.select(sub, sub_eval, layout) & (sub.masked | commit.redecides)
     logs = torch.where(chosen, torch.log(sub_eval.confidence.clamp(min=1e-30)), 0.0).sum(dim=1)
     step_log_conf = look.step_log_conf.clone()
     step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)

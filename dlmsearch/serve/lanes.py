@@ -25,6 +25,7 @@ from dlmsearch.api import compose_settings
 from dlmsearch.config import ConfigError, build, decoder_presets
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.search.components.commit import row_options
 from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan
@@ -45,15 +46,21 @@ class LaneKey:
     options: tuple[tuple[str, Any], ...] = ()  # sorted (key, value) pairs of decoder options
     deadline_s: float | None = None
 
-    @property
-    def without_sampling(self) -> LaneKey:
-        """The same settings at the server's own sampling: the lane whose session this one's requests may join."""
-        return attrs.evolve(self, temperature=None, top_p=None, top_k=None)
+    def shared(self, row_options: tuple[str, ...]) -> LaneKey:
+        """The same settings at the server's own sampling and without the request's own values of the
+        commit rule's ``row_options``: the lane whose session this one's requests may join."""
+        per_row = {f"commit.{name}" for name in row_options}
+        options = tuple(o for o in self.options if o[0] not in per_row)
+        return attrs.evolve(self, temperature=None, top_p=None, top_k=None, options=options)
+
+    def own_options(self, row_options: tuple[str, ...]) -> dict[str, float]:
+        """The request's own values of the commit rule's ``row_options`` (``decoder.commit.NAME``)."""
+        return {name: float(value) for key, value in self.options for name in row_options if key == f"commit.{name}"}
 
     @property
     def sampling(self) -> Sampling | None:
         """The request's own sampling settings (None: the server's)."""
-        if self == self.without_sampling:
+        if self.temperature is None and self.top_p is None and self.top_k is None:
             return None
         return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
 
@@ -69,8 +76,9 @@ class Lane:
     verifier: Verifier | None
     task: TextTask
     deadline_s: float | None
-    # The lane at the server's own sampling whose session this lane's requests join, each sampling
-    # as it says (``key.sampling``); None: its own session (it is that lane, or their plans differ otherwise).
+    # The lane at the server's own sampling (and commit rule settings) whose session this lane's requests
+    # join, each sampling and committing as it says (``key.sampling``, :attr:`own_options`); None: its own
+    # session (it is that lane, or their plans differ otherwise).
     shares: Lane | None = None
 
     @property
@@ -82,6 +90,13 @@ class Lane:
     def own_sampling(self) -> Sampling | None:
         """What a request of this lane sets in its :class:`~dlmsearch.search.driver.DecodeRequest` (``sampling``)."""
         return None if self.shares is None else self.key.sampling
+
+    @property
+    def own_options(self) -> dict[str, float] | None:
+        """What a request of this lane sets in its :class:`~dlmsearch.search.driver.DecodeRequest` (``options``)."""
+        if self.shares is None:
+            return None
+        return self.key.own_options(row_options(self.plan.commit)) or None
 
     @property
     def rows_per_sample(self) -> int:
@@ -183,22 +198,29 @@ class Lanes:
         if key in self.built:
             self.built.move_to_end(key)
             return self.built[key]
-        lane = self._build(key)
-        if key.sampling is not None:
-            lane = self._sharing(lane)
+        lane = self._sharing(self._build(key))
         self.built[key] = lane
         while len(self.built) > self.limit:
             self.built.popitem(last=False)
         return lane
 
     def _sharing(self, lane: Lane) -> Lane:
-        """``lane`` joining the session of the lane without its sampling settings, where their plans
-        agree on everything but sampling (the engine applies each row's own); else ``lane`` as it is."""
+        """``lane`` joining the session of the lane without its own sampling settings and commit
+        thresholds, where their plans agree on everything else (the engine and the commit rule apply
+        each row's own); else ``lane`` as it is (another preset, other options: its own session)."""
+        names = row_options(lane.plan.commit)
+        host_key = lane.key.shared(names)
+        if host_key == lane.key:
+            return lane
         try:
-            host = self.get(lane.key.without_sampling)
+            host = self.get(host_key)
         except APIError:
             return lane
-        same = _same(attrs.evolve(lane.plan, sampling=host.plan.sampling), host.plan)
+        own = lane.key.own_options(names)
+        commit = lane.plan.commit  # at the host's values of the row options, to compare the rest
+        if own:
+            commit = attrs.evolve(commit, **{name: getattr(host.plan.commit, name) for name in own})
+        same = _same(attrs.evolve(lane.plan, sampling=host.plan.sampling, commit=commit), host.plan)
         confidence = lane.plan.sampling.confidence == host.plan.sampling.confidence
         return attrs.evolve(lane, shares=host) if same and confidence else lane
 

@@ -240,8 +240,9 @@ class Scheduler:
         return taken
 
     def _admit(self, job: Job) -> None:
-        """Join a request's samples to its lane's session: the host lane's, where only sampling differs
-        (each sample then carries its own temperature, top-p and top-k: one forward for all)."""
+        """Join a request's samples to its lane's session: the host lane's, where only sampling and the
+        commit threshold differ (each sample then carries its own temperature, top-p, top-k and
+        threshold: one forward for all)."""
         host = job.lane.host
         key = (host.key, next(self.solo_ids) if job.solo else 0)
         if key not in self.sessions:
@@ -252,9 +253,9 @@ class Scheduler:
         _, session = self.sessions[key]
         for choice in job.choices:
             self.owner[choice.uid] = (job, choice)
-        sampling = job.lane.own_sampling
+        own = {"sampling": job.lane.own_sampling, "options": job.lane.own_options}
         try:
-            session.admit([attrs.evolve(c.request, sampling=sampling) for c in job.choices])
+            session.admit([attrs.evolve(c.request, **own) for c in job.choices])
         except Exception as error:  # noqa: BLE001  what only the request shows (it was checked on arrival; this is a last guard)
             self._fail(job, APIError(400, f"{type(error).__name__}: {error}", code="decode_refused"))
 

@@ -7,6 +7,7 @@ stay until the block is full). All rules are vectorised over rows.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -72,6 +73,27 @@ def at_least_one(chosen: torch.Tensor, scores: torch.Tensor, canvas: Canvas, lay
     pool = torch.where(current.any(dim=1, keepdim=True), current, canvas.masked & canvas.unlocked(layout))
     best = top_k_mask(scores, pool, torch.ones(canvas.rows, dtype=torch.long))
     return chosen | (best & ~chosen.any(dim=1, keepdim=True))
+
+
+def row_options(rule: CommitRule) -> tuple[str, ...]:
+    """The rule's settings that may differ per row (a request's own threshold beside other requests
+    in one forward): its ``row_options``, none where it declares none."""
+    return getattr(rule, "row_options", ())
+
+
+def per_row(rule: CommitRule, values: dict[str, torch.Tensor], dtype: torch.dtype) -> CommitRule:
+    """``rule`` reading each row's own value of its row options (``values``: name -> ``[R]`` float64,
+    the exact numbers asked for) as a column ``[R, 1]`` that its comparisons broadcast over the row's
+    positions. The column is in ``dtype``, the confidences' own, because that is how the number itself
+    is compared (a Python number meets a tensor in the tensor's dtype), so a row decides exactly as
+    alone. ``rule`` itself where every row holds the rule's own value."""
+    differing = {name: column for name, column in values.items() if bool((column != getattr(rule, name)).any())}
+    if not differing:
+        return rule
+    rowwise = copy.copy(rule)
+    for name, column in differing.items():
+        object.__setattr__(rowwise, name, column.to(dtype)[:, None])  # past the validator: checked values
+    return rowwise
 
 
 class CommitRule(BlockRule, Protocol):
@@ -158,6 +180,7 @@ class ThresholdRule(_UntilBlockFull):
     and always at least the most confident one."""
 
     threshold: float = number(float, 0.0, 1.0, default=0.9)
+    row_options: ClassVar[tuple[str, ...]] = ("threshold",)
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         eligible = canvas.masked & canvas.in_current_block(layout)
@@ -190,6 +213,7 @@ class FastBlockRule:
 
     budget: int = number(int, 1, default=8)
     threshold: float = number(float, 0.0, 1.0, default=0.9)
+    row_options: ClassVar[tuple[str, ...]] = ("threshold",)
     statistics: ClassVar[frozenset[str]] = frozenset()
     holds_block: ClassVar[bool] = False
     whole_prefix: ClassVar[bool] = False
@@ -533,6 +557,7 @@ class BlockDiffusionSchedule(_UntilBlockFull):
     steps: int = number(int, 1, default=4)
     remasking: str = attrs.field(default="low_confidence_dynamic", validator=check_choice(*SDAR_REMASKING))
     threshold: float = number(float, 0.0, 1.0, default=0.9)
+    row_options: ClassVar[tuple[str, ...]] = ("threshold",)
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         eligible = canvas.masked & canvas.in_current_block(layout)

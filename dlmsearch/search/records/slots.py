@@ -34,6 +34,8 @@ class Slots:
     particle: torch.Tensor  # [slots]
     region: torch.Tensor  # [slots, 2] first and end generation column of the sample's output
     sampling: RowSampling  # each slot's temperature, top-p and top-k (its request's, over the decode's)
+    # each slot's value of the commit rule's row options (name -> [slots] float64; its request's, else the rule's)
+    options: dict[str, torch.Tensor] = attrs.field(factory=dict)
 
     @classmethod
     def start(
@@ -44,6 +46,7 @@ class Slots:
         region: torch.Tensor,
         key: torch.Tensor | None = None,
         sampling: RowSampling | None = None,
+        options: dict[str, torch.Tensor] | None = None,
     ) -> Slots:
         """The table of ``len(uid)`` samples with ``size`` particles each.
 
@@ -54,6 +57,7 @@ class Slots:
             region: ``[samples, 2]`` its output columns within the generation region.
             key: ``[samples]`` the draws' second key (None: the uid).
             sampling: each sample's temperature, top-p and top-k (None: greedy, untruncated).
+            options: each sample's values of the commit rule's row options (name -> ``[samples]``).
         """
         samples = len(uid)
         sampling = RowSampling.uniform(Sampling(), samples) if sampling is None else sampling
@@ -67,6 +71,7 @@ class Slots:
             particle=torch.arange(size).repeat(samples),
             region=region.repeat_interleave(size, dim=0),
             sampling=sampling.repeated(size),
+            options={name: values.repeat_interleave(size) for name, values in (options or {}).items()},
         )
 
     def joined(self, other: Slots) -> Slots:
@@ -83,6 +88,7 @@ class Slots:
             cat(self.particle, other.particle),
             cat(self.region, other.region),
             self.sampling.joined(other.sampling),
+            {name: cat(values, other.options[name]) for name, values in self.options.items()},
         )
 
     def kept(self, samples: torch.Tensor) -> tuple[Slots, torch.Tensor]:
@@ -98,6 +104,7 @@ class Slots:
             self.particle[slot],
             self.region[slot],
             self.sampling.take(slot),
+            {name: values[slot] for name, values in self.options.items()},
         ), slot
 
     @property
