@@ -86,17 +86,39 @@ def test_tiers_are_disjoint_reachable_and_reproducible() -> None:
     assert len(small) == 256 and max(max(p.numbers) for p in small) <= 20
     from make_countdown_tiers import RECIPES  # experiments/ is on the path (conftest)
 
-    seed, count, low, high = RECIPES["validation"]
+    seed, count, low, high, numbers = RECIPES["validation"]
     redrawn = draw_tier(
         seed,
         count,
         low,
         high,
         excluded={tuple(sorted(p.numbers)) for _, p in load_countdown(shipped_countdown_path("d1"))},
+        numbers=numbers,
     )
     assert [(p.numbers, p.target) for p in redrawn] == [
         (p.numbers, p.target) for _, p in load_countdown(shipped_countdown_path("validation"))
     ]
+    for tier in ("small4", "medium4", "validation4"):
+        problems = [p for _, p in load_countdown(shipped_countdown_path(tier))]
+        assert all(len(set(p.numbers)) == 4 for p in problems) and len(problems) == RECIPES[tier][1]
+        assert max(max(p.numbers) for p in problems) <= RECIPES[tier][3]
+
+
+def test_four_numbers_take_three_steps_the_judge_accepts() -> None:
+    """Four numbers: every worked answer is three steps (a chain, or two pairs then their results) and
+    composes into an equation the judge accepts; with three numbers the solver is the two-step one."""
+    rng = np.random.default_rng(4)
+    shapes = set()
+    for _ in range(20):
+        numbers = tuple(int(n) for n in rng.choice(np.arange(1, 21), size=4, replace=False))
+        for target, answers in solutions(numbers).items():
+            for answer in answers:
+                steps = answer.split(",")
+                assert len(steps) == 3, answer
+                assert check_equation(extract_equation(answer), CountdownProblem(numbers, target)).correct, answer
+                shapes.add(steps[2].split("=")[0].count(steps[0].split("=")[1]) > 0)
+    assert shapes == {True, False}  # some last steps read the first result, some (two pairs) do not directly
+    assert solutions((12, 5, 1))[59][0] == "12*5=60,60-1=59"
 
 
 def test_draws_are_reachable_with_distinct_numbers() -> None:

@@ -49,6 +49,9 @@ TIERS = {
     "medium": ("countdown_medium.jsonl", "256 problems, numbers 1-50"),
     "large": ("countdown_large.jsonl", "256 problems, numbers 1-100"),
     "validation": ("countdown_validation.jsonl", "128 problems, numbers 1-20 (training's checkpoint measure)"),
+    "small4": ("countdown_small4.jsonl", "256 problems of four numbers 1-20 (answers of three steps)"),
+    "medium4": ("countdown_medium4.jsonl", "256 problems of four numbers 1-50 (answers of three steps)"),
+    "validation4": ("countdown_validation4.jsonl", "128 problems of four numbers 1-20 (training's checkpoint measure)"),
 }
 
 
