@@ -96,7 +96,7 @@ if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
 # process, model.tensor_parallel=1) on the shipped Countdown model; a TP=2 row where two GPUs are visible
 step "memory per rank (python -m dlmsearch.estimate)" 60 "$python" -m dlmsearch.estimate --preset llada2-flash diffusion-gemma-26b-a4b \
     --tp 1 2 4 8 --dtype bfloat16 --batch 8 --length 2048 --cache prefix || status=1
-tp_device=$([ "$dry" = 1 ] && echo cpu || echo cuda); tp_items=$([ "$dry" = 1 ] && echo 8 || echo 64)
+tp_device=$([ "$dry" = 1 ] && echo cpu || echo cuda); tp_items=$([ "$dry" = 1 ] && echo 2 || echo 64)
 step "tensor parallel TP=1" 120 "$python" -m torch.distributed.run --standalone --nproc-per-node 1 -m dlmsearch model=countdown \
     model.device="$tp_device" model.tensor_parallel=1 task=countdown task.limit="$tp_items" +decoder=fast_dllm out_dir="$out/tp1" || status=1
 if [ "$dry" != 1 ] && [ "$("$python" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then

@@ -43,6 +43,7 @@ EXCLUDED = {
     "+decoder=dream model=dream model.path=/models/Dream-v0-Instruct-7B task=gsm8k": "Dream's 152k vocabulary over 256 steps: over 10 minutes on CPU even for a tiny Dream; the Dream lines on Countdown run",
     "+decoder=dream model=dream model.path=DIR task=gsm8k": "Dream's 152k vocabulary over 256 steps: over 10 minutes on CPU even for a tiny Dream; the Dream lines on Countdown run",
     "torchrun --nproc_per_node=8": "8 processes, one per GPU; two CPU processes run the same path in tests/test_production.py",
+    "model.path=/models/LLaDA-8B-Instruct model.tensor_parallel=2": "the same 4-process layout runs on the shipped Countdown model in the block's last line (a stand-in LLaDA's GSM8K canvas costs a minute on 2 cores)",
     "hydra/launcher=slurm_gpu": "needs a SLURM cluster and hydra-submitit-launcher (the cluster extra)",
     "model.path=/models/SDAR-4B-Chat": "needs SDAR-4B's weights: GSM8K prompts do not fit the shipped block model's 128 positions (tests/test_block_cli.py runs a tiny SDAR)",
     "model.path=/models/diffusiongemma-26B-A4B-it": "needs DiffusionGemma's weights and tokenizer; tests/test_diffusion_gemma_parity.py runs the loop on tiny DiffusionGemma checkpoints and tests/test_diffusion_gemma_cli.py the CLI on a Countdown-format one",
