@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import attrs
 import torch
 
-from dlmsearch.models.tensor_parallel import Layout, environment_layout
+from dlmsearch.models.tensor_parallel import Layout, environment_layout, join_process_group
 from dlmsearch.run_records import read_records, write_records
 
 Item = TypeVar("Item")
@@ -48,15 +48,8 @@ class Ranks:
         world = layout.world
         if world <= 1:
             return Ranks()
-        import torch.distributed as dist
-
-        ranks = Ranks(layout.rank, world, int(os.environ.get("LOCAL_RANK", "0")), tensor_parallel)
-        if not dist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if backend == "nccl":
-                torch.cuda.set_device(ranks.local_rank)
-            dist.init_process_group(backend)
-        return ranks
+        join_process_group()
+        return Ranks(layout.rank, world, int(os.environ.get("LOCAL_RANK", "0")), tensor_parallel)
 
     @property
     def layout(self) -> Layout:

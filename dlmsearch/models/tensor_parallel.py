@@ -152,6 +152,18 @@ class TensorParallel:
 _JOINED: dict[int, TensorParallel] = {}
 
 
+def join_process_group() -> None:
+    """Join torchrun's process group once (nccl on CUDA, one GPU per local rank; gloo on CPU)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+
+
 def join(size: int) -> TensorParallel | None:
     """This process's tensor-parallel group of ``size`` ranks under torchrun (None for 1): joins the
     process group if nobody has, and creates every group once (all ranks create all groups, in order)."""
@@ -162,11 +174,7 @@ def join(size: int) -> TensorParallel | None:
         return _JOINED[size]
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+    join_process_group()
     mine = None
     for group in range(layout.dp_world):
         created = dist.new_group(layout.group_ranks(group))

@@ -521,9 +521,7 @@ def _select_and_commit(state: DecodeState, round_: Round) -> tuple[DecodeState, 
     if plan.commit.redecides:  # uniform noise: the whole canvas is decided afresh (kept, re-noised, or finished)
         committed = plan.commit.redecide(sub, proposals, state.layout, call, plan.mask_id)
         return attrs.evolve(state, population=population), committed
-    rule = per_row(
-        plan.commit, {name: values[base] for name, values in slots.options.items()}, proposals.confidence.dtype
-    )
+    rule = per_row(plan.commit, slots.options_at(base), proposals.confidence.dtype)
     chosen = rule.select(sub, proposals, state.layout)
     committed = sub.commit(
         chosen,
@@ -765,9 +763,7 @@ def _deepen(state: DecodeState, usage: Usage, look: Lookahead) -> Lookahead:
     rows = look.rows()
     sub, sub_eval = look.branches.take(rows), look.evaluation.take(rows)
     slot = look.slot_row[rows]
-    rule = per_row(
-        commit, {name: values[slot] for name, values in state.slots.options.items()}, sub_eval.confidence.dtype
-    )
+    rule = per_row(commit, state.slots.options_at(slot), sub_eval.confidence.dtype)
     chosen = rule.select(sub, sub_eval, layout) & (sub.masked | commit.redecides)
     logs = torch.where(chosen, torch.log(sub_eval.confidence.clamp(min=1e-30)), 0.0).sum(dim=1)
     step_log_conf = look.step_log_conf.clone()

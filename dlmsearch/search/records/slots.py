@@ -107,6 +107,10 @@ class Slots:
             {name: values[slot] for name, values in self.options.items()},
         ), slot
 
+    def options_at(self, slot: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The commit rule's row options of these slots (name -> ``[rows]``), for :func:`commit.per_row`."""
+        return {name: values[slot] for name, values in self.options.items()}
+
     @property
     def samples(self) -> int:
         return len(self.uid) // self.size
