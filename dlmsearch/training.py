@@ -143,6 +143,18 @@ class Checkpointer:
         os.replace(partial, self.path)
         return self.path
 
+    def start_from(self, directory: str | Path | None, weights: Callable[[Path], dict[str, torch.Tensor]]) -> None:
+        """Continue a trained model: a fresh run (no checkpoint in ``out_dir``) loads ``weights(directory)``
+        into the model, strictly (every name and shape must match); a resumed run keeps its
+        checkpoint's weights, and ``directory=None`` starts from the script's own initialisation."""
+        if directory is None or self.latest() is not None:
+            return
+        path = Path(directory)
+        if not path.is_dir():
+            raise FileNotFoundError(f"init_from={directory}: no such model directory")
+        self.model.load_state_dict(weights(path))
+        print(f"starting from the weights of {path}")
+
     def resume(self, logs: tuple[str, ...] = ("loss.jsonl", "eval.jsonl")) -> dict[str, Any] | None:
         """Load the latest checkpoint into the model, optimiser and random generators, and drop
         the records of ``logs`` (files in ``out_dir``) past its step, which the resumed run

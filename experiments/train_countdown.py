@@ -6,7 +6,9 @@ ids decoding sees) followed by a response of ``gen_length`` tokens: the worked a
 are masked, each with probability ``t ~ U(0, 1)`` per row; the loss is LLaDA's SFT loss
 (cross-entropy of masked tokens weighted by ``1/t``, divided by the response length).
 Problems are drawn on the fly (a curriculum from small numbers to larger ones), never with a
-number triple of a shipped tier. Checkpoints (weights, optimiser, step, RNG) are written every
+number set of a shipped tier; ``curriculum.four_fraction`` of them have four numbers (answers of
+three steps). ``init_from`` continues a trained model (a shipped directory) instead of starting
+from random weights. Checkpoints (weights, optimiser, step, RNG) are written every
 ``checkpoint_every`` steps, with the held-out accuracy of ``eval_decoders``; starting again with
 the same ``out_dir`` resumes.
 
@@ -27,6 +29,7 @@ from tqdm import tqdm
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.llada_checkpoint import save_llada
+from dlmsearch.models.native import checkpoint_family, load_native, read_config
 from dlmsearch.models.tokenizer_build import LLADA_CHAT_TEMPLATE, byte_level_bpe, save_tokenizer
 from dlmsearch.models.trained_on import write_trained_on
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
@@ -77,13 +80,27 @@ class ProblemSampler:
         c = self.cfg
         return round(c.start_high + (c.high - c.start_high) * min(1.0, done / c.ramp))
 
+    def count(self) -> int:
+        """How many numbers the next problem has: four with probability ``four_fraction``, else three
+        (no draw at all when it is 0, so runs without four-number problems keep their data order)."""
+        four = self.cfg.get("four_fraction", 0.0)
+        return 4 if four > 0 and self.rng.random() < four else 3
+
     def draw(self, done: float) -> tuple[CountdownProblem, str]:
         c = self.cfg
+        count = self.count()
         wide = done >= c.ramp and self.rng.random() < c.wide_fraction
         while True:
-            problem, answers = draw_worked(self.rng, 1, c.wide_high if wide else self.high(done))
+            problem, answers = draw_worked(self.rng, 1, c.wide_high if wide else self.high(done), count)
             if problem.key() not in self.excluded:
                 return problem, answers[self.rng.integers(len(answers))]
+
+
+def native_weights(directory: Path, family: str) -> dict[str, torch.Tensor]:
+    """The weights of a LLaDA or SDAR checkpoint directory (a shipped model, to continue training it)."""
+    config = read_config(directory)
+    module = load_native(directory, config, checkpoint_family(directory, config, family), "cpu", torch.float32)
+    return module.state_dict()
 
 
 def encode_batch(
@@ -145,7 +162,7 @@ def main(cfg: DictConfig) -> None:
     out = Path(cfg.out_dir)
     model_dir = out / "model"
     write_countdown_tokenizer(model_dir)
-    task = countdown_task(model_dir, cfg, "validation", cfg.gen_length)
+    task = countdown_task(model_dir, cfg, cfg.eval_tier, cfg.gen_length)
     eval_items = task.items()
     rng = np.random.default_rng(cfg.seed)
     sampler = ProblemSampler(cfg.curriculum, rng, held_out_triples())
@@ -169,6 +186,7 @@ def main(cfg: DictConfig) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     generator = torch.Generator().manual_seed(cfg.seed)
     checkpoints = Checkpointer(out, model, optimizer, generator, rng)
+    checkpoints.start_from(cfg.init_from, lambda directory: native_weights(directory, "llada"))
 
     def batch_loss(done: float) -> tuple[torch.Tensor, dict[str, float]]:
         tokens, attention, start = encode_batch(

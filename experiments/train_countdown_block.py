@@ -17,6 +17,10 @@ each checkpoint and when the run ends (running a finished run again only writes 
     python experiments/train_countdown_block.py                          # resumable
     python experiments/train_countdown_block.py max_minutes=30           # stop after 30 minutes, resume later
     python experiments/train_countdown_block.py steps=20 out_dir=/tmp/cdb model.n_layers=1 checkpoint_every=10
+
+``attention=full`` is the ablation: the same architecture, rows, blocks and per-block mask rates, with
+full attention over the row; its directory is still an SDAR checkpoint (blocks of ``block_length``
+for the decoding schedule), decoded with ``model.full_attention=true``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from train_countdown import (
     countdown_task,
     encode_batch,
     held_out_triples,
+    native_weights,
     write_countdown_tokenizer,
 )
 
@@ -87,9 +92,12 @@ def block_sft_loss(
     generator: torch.Generator,
     rate: torch.Tensor | None = None,
     mask_id: int = MASK_ID,
+    full_attention: bool = False,
 ) -> tuple[torch.Tensor, float]:
     """Block-diffusion SFT on the response columns ``start:``: the ``1/t``-weighted loss and the plain
-    masked-token cross-entropy. ``rate`` ``[rows, width]`` fixes the mask rates (held-out evaluation)."""
+    masked-token cross-entropy. ``rate`` ``[rows, width]`` fixes the mask rates (held-out evaluation).
+    ``full_attention`` (the ablation): the same blocks and per-block mask rates, but one forward of the
+    noisy row in which every token attends to every other, as a masked-diffusion model is decoded."""
     rows, width = tokens.shape
     eps = 1e-3
     blocks = block_ids(attention, block_length)
@@ -97,12 +105,17 @@ def block_sft_loss(
         per_block = (1 - eps) * torch.rand(rows, int(blocks.max()) + 1, generator=generator) + eps
         rate = per_block.gather(1, blocks.clamp(min=0))
     masked = (torch.rand(rows, width, generator=generator) < rate) & (torch.arange(width) >= start)[None, :]
-    noisy_from = max(0, start - block_length + 1)  # the earliest column of a block that holds a response token
-    layout, positions = clean_noisy_layout(attention, block_length, noisy_from)
-    noisy = torch.where(masked, mask_id, tokens)[:, noisy_from:]
-    logits, _ = model.run(
-        torch.cat([tokens, noisy], dim=1), None, width + start - noisy_from, attention=layout, positions=positions
-    )
+    if full_attention:  # the ablation: the noisy row alone, every real token seeing every other
+        layout = attention[:, None, :] | torch.eye(width, dtype=torch.bool)[None]
+        noisy = torch.where(masked, mask_id, tokens)
+        logits, _ = model.run(noisy, None, start, attention=layout, positions=pattern.positions(attention))
+    else:
+        noisy_from = max(0, start - block_length + 1)  # the earliest column of a block that holds a response token
+        layout, positions = clean_noisy_layout(attention, block_length, noisy_from)
+        noisy = torch.where(masked, mask_id, tokens)[:, noisy_from:]
+        logits, _ = model.run(
+            torch.cat([tokens, noisy], dim=1), None, width + start - noisy_from, attention=layout, positions=positions
+        )
     chosen = masked[:, start:]
     losses = torch.nn.functional.cross_entropy(logits[chosen], tokens[:, start:][chosen], reduction="none")
     weights = (1.0 / rate[:, start:])[chosen]
@@ -147,12 +160,16 @@ def main(cfg: DictConfig) -> None:
     rng = np.random.default_rng(cfg.seed)
     sampler = ProblemSampler(cfg.curriculum, rng, held_out_triples())
     model = build_model(cfg.model, cfg.block_length)
+    if cfg.attention not in ("block", "full"):
+        raise ValueError(f"attention={cfg.attention!r}: block (SDAR's block-causal attention) or full (the ablation)")
+    full = cfg.attention == "full"
     for name, parameter in model.named_parameters():
         if parameter.dim() == 2:
             torch.nn.init.normal_(parameter, std=0.02)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     generator = torch.Generator().manual_seed(cfg.seed)
     checkpoints = Checkpointer(out, model, optimizer, generator, rng)
+    checkpoints.start_from(cfg.init_from, lambda directory: native_weights(directory, "sdar"))
 
     def held_out_ce() -> float:
         """The masked cross-entropy of the held-out rows at mask rates 0.1, 0.3, ..., 0.9 (fixed draws)."""
@@ -168,6 +185,7 @@ def main(cfg: DictConfig) -> None:
                     cfg.block_length,
                     torch.Generator().manual_seed(7),
                     torch.full(tokens.shape, r),
+                    full_attention=full,
                 )[1]
                 for r in (0.1, 0.3, 0.5, 0.7, 0.9)
             ]
@@ -177,7 +195,7 @@ def main(cfg: DictConfig) -> None:
         tokens, attention, start = encode_batch(
             task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length
         )
-        loss, plain = block_sft_loss(model, tokens, attention, start, cfg.block_length, generator)
+        loss, plain = block_sft_loss(model, tokens, attention, start, cfg.block_length, generator, full_attention=full)
         return loss, {"masked_ce": plain}
 
     def on_checkpoint(step: int, seconds: float, done: float) -> dict:

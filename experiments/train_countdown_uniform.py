@@ -265,6 +265,9 @@ def main(cfg: DictConfig) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     generator = torch.Generator().manual_seed(cfg.seed)
     checkpoints = Checkpointer(out, model, optimizer, generator, rng)
+    checkpoints.start_from(
+        cfg.init_from, lambda directory: DiffusionGemmaForBlockDiffusion.from_pretrained(str(directory)).state_dict()
+    )
     print(f"{sum(p.numel() for p in model.parameters()):,} parameters; config {OmegaConf.to_container(cfg.model)}")
 
     def held_out_ce() -> dict[str, float]:

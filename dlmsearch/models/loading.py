@@ -343,6 +343,7 @@ def load_text_model(
     fallback_ids: dict[str, Any] | None = None,
     block_length: int | None = None,
     tensor_parallel: int = 1,
+    full_attention: bool = False,
 ) -> ModelAdapter:
     """A LLaDA or Dream checkpoint from a local directory (the Hub is never contacted).
 
@@ -371,6 +372,11 @@ def load_text_model(
         block_length: a block-diffusion model's attention block; it must agree with ``config.json``'s ``block_size``.
         tensor_parallel: processes (of torchrun's) the native model is sharded over
             (:mod:`~dlmsearch.models.tensor_parallel`); 1: whole in this process.
+        full_attention: decode a block-diffusion checkpoint as a masked-diffusion model that attends
+            to the whole canvas (no attention blocks, no block cache; decoding blocks are then
+            ``task.block_length``): for a model trained with full attention in the block format
+            (``experiments/train_countdown_block.py attention=full``), or to see what block-causal
+            attention does at decode time.
     """
     from dlmsearch.models.native import checkpoint_family, read_config
     from dlmsearch.models.tensor_parallel import join
@@ -389,7 +395,11 @@ def load_text_model(
     mask_id, vocab_size, stop_ids = resolve_ids(directory, family, mask_id, vocab_size, stop_ids, fallback_ids)
     device, dtype = resolve_device(device, dtype)
     eos = stop_ids[:1]
+    if full_attention:
+        _require_block_diffusion(checked.block_diffusion, family)
     module, max_length = _load_module(directory, config, checked, impl, device, dtype, vocab_size, group)
+    if full_attention:
+        module.config = attrs.evolve(module.config, block_size=None)
     return ModelAdapter(
         module=module,
         mask_id=mask_id,
@@ -405,6 +415,13 @@ def load_text_model(
         generation_defaults=generation_defaults(directory),
         attention_block=module.config.block_size if impl == "native" else None,
     )
+
+
+def _require_block_diffusion(block_diffusion: bool, family: str) -> None:
+    if not block_diffusion:
+        raise ValueError(
+            f"model.full_attention=true: {family} already attends to the whole canvas; the switch is for block-diffusion checkpoints (sdar, llada2)"
+        )
 
 
 def _native_only(tensor_parallel: int, impl: str) -> int:
