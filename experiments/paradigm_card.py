@@ -41,7 +41,12 @@ from dlmsearch.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "results" / "paradigm"
-TRAINED = ROOT / "runs" / "mix"  # experiments/train_countdown_mix.sh writes each model to TRAINED/<name>/model
+TRAINED = ROOT / "runs" / "mix"
+SHIPPED_CARDS = {  # the shipped models (three-number training, 16-token answers), as their own cards measured them
+    "llada": ROOT / "experiments" / "results" / "block" / "rows.json",
+    "block": ROOT / "experiments" / "results" / "block" / "rows.json",
+    "uniform": ROOT / "experiments" / "results" / "uniform" / "rows.json",
+}  # experiments/train_countdown_mix.sh writes each model to TRAINED/<name>/model
 MAIN_TIERS = ("small", "small4")  # every preset; the other tiers run EVERY_TIER only
 CPU = ["task=countdown", "model.device=cpu"]
 Variant = tuple[str, str, list[str]]  # (label, preset, overrides)
@@ -108,7 +113,7 @@ MODELS = {
     ),
     "uniform": Model(
         "uniform",
-        ("model=countdown_uniform", *CPU),
+        ("model=countdown_uniform", *CPU, "model.block_length=${diffusion_gemma:canvas_length}"),
         "diffusion_gemma",
         tuple(UNIFORM_EVERY_TIER),
         tuple(UNIFORM_SMALL_ONLY),
@@ -257,21 +262,33 @@ def main_table(done: dict[tuple[str, str, str], dict], tiers: list[str]) -> list
             return "-"
         return f"{r['label'] + ' ' if named else ''}{100 * r['accuracy']:.1f} % [{100 * r['wilson_low']:.1f}, {100 * r['wilson_high']:.1f}], {r['mean_token_forwards']:.0f} tf"
 
+    names = [*MODELS, *(f"shipped_{m}" for m in SHIPPED_CARDS)]
     for tier in tiers:
-        for name, model in MODELS.items():
+        for name in names:
+            reference = MODELS[name.removeprefix("shipped_")].reference
             rows = [r for (m, t, _), r in done.items() if m == name and t == tier]
             if not rows:
                 continue
             best = max(rows, key=lambda r: (r["accuracy"], -r["mean_token_forwards"]))
             plain = max(
-                (r for r in rows if r["preset"] in PLAIN and not r["overrides"]),
+                (r for r in rows if r["preset"] in PLAIN and all(o.startswith("cache=") for o in r["overrides"])),
                 key=lambda r: (r["accuracy"], -r["mean_token_forwards"]),
                 default=None,
             )
             lines.append(
-                f"| {tier} | {name} | {cell(done.get((name, tier, model.reference)), False)} | {cell(plain)} | {cell(best)} |"
+                f"| {tier} | {name} | {cell(done.get((name, tier, reference)), False)} | {cell(plain)} | {cell(best)} |"
             )
     return lines
+
+
+def shipped_rows() -> dict[tuple[str, str, str], dict]:
+    """The shipped models' committed card rows (block_model_card.py, uniform_model_card.py), keyed as the card's own."""
+    found = {}
+    for name, path in SHIPPED_CARDS.items():
+        for r in json.loads(path.read_text()):
+            if r["model"] == name and r.get("section", "presets") == "presets" and "refused" not in r:
+                found[(f"shipped_{name}", r["tier"], r["label"])] = {**r, "model": f"shipped_{name}"}
+    return found
 
 
 def verdict_tables(done: dict[tuple[str, str, str], dict], tiers: list[str]) -> list[str]:
@@ -311,23 +328,27 @@ def plot(rows: list[dict], tiers: list[str], path: Path) -> None:
     markers = {"llada": "s", "block": "o", "block_full": "D", "uniform": "^"}
     for axis, tier in zip(axes.flat, tiers):
         for name, marker in markers.items():
-            points = [r for r in rows if r["tier"] == tier and r["model"] == name and "refused" not in r]
-            axis.scatter(
-                [r["mean_token_forwards"] for r in points],
-                [100 * r["accuracy"] for r in points],
-                marker=marker,
-                label=f"{name} model",
-                alpha=0.8,
-            )
-            for r in points:
-                if r["label"] == MODELS[name].reference:
-                    axis.annotate(
-                        r["label"],
-                        (r["mean_token_forwards"], 100 * r["accuracy"]),
-                        fontsize=7,
-                        xytext=(3, 2),
-                        textcoords="offset points",
-                    )
+            for model, hollow in ((name, False), (f"shipped_{name}", True)):
+                points = [r for r in rows if r["tier"] == tier and r["model"] == model and "refused" not in r]
+                if not points:
+                    continue
+                axis.scatter(
+                    [r["mean_token_forwards"] for r in points],
+                    [100 * r["accuracy"] for r in points],
+                    marker=marker,
+                    label=f"{model} model" + (" (three numbers only)" if hollow else ", mix"),
+                    alpha=0.8,
+                    **({"facecolors": "none", "edgecolors": "grey"} if hollow else {}),
+                )
+                for r in points:
+                    if r["label"] == MODELS[name].reference and not hollow:
+                        axis.annotate(
+                            r["label"],
+                            (r["mean_token_forwards"], 100 * r["accuracy"]),
+                            fontsize=7,
+                            xytext=(3, 2),
+                            textcoords="offset points",
+                        )
         axis.set_xscale("log")
         axis.set_xlabel("mean token-forwards per problem (log)")
         axis.set_ylabel("solved %")
@@ -384,9 +405,15 @@ def main(argv: list[str] | None = None) -> None:
             if m.name in args.models
         ],
         "",
+        (
+            "- `shipped_*`: the shipped models (trained on three numbers only, answers of 16 tokens), rows from their own "
+            "committed cards (`experiments/block_model_card.py`, `experiments/uniform_model_card.py`); they cannot write a "
+            "four-number answer, so they have no rows on small4 and medium4."
+        ),
+        "",
         "## Side by side (tf: mean token-forwards per problem)",
         "",
-        *main_table(done, args.tiers),
+        *main_table({**done, **shipped_rows()}, args.tiers),
         "",
         "## Verdicts",
         *verdict_tables(done, args.tiers),
@@ -397,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
         *[line(r, done.get((r["model"], r["tier"], MODELS[r["model"]].reference))) for r in rows],
     ]
     (args.out / "card.md").write_text("\n".join(lines) + "\n")
-    plot(rows, args.tiers, args.out / "accuracy_vs_token_forwards.png")
+    plot([*rows, *shipped_rows().values()], args.tiers, args.out / "accuracy_vs_token_forwards.png")
     print("\n".join(lines[: 12 + len(args.tiers)]))
     print(f"wrote {args.out}/{{rows.json,card.md,accuracy_vs_token_forwards.png}}")
 
