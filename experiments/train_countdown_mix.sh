@@ -10,6 +10,9 @@
 # The ablation (block_full) is the block model trained with attention=full: the same blocks and per-block
 # mask rates, every token attending to every other (decoded with model.full_attention=true).
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "usage: bash experiments/train_countdown_mix.sh [llada|uniform|block|block_full ...]"; exit 0 ;;
+esac
 cd "$(dirname "$0")"
 DATA=../dlmsearch/data
 MIX="steps=1200 budget_minutes=null batch_size=128 lr=1.0e-3 min_lr=1.0e-4 warmup_steps=50
