@@ -160,7 +160,7 @@ VERDICTS = (
     + [
         (
             "caches",
-            f"{label.split('_', 1)[0]} with cache={label.rsplit('_', 1)[1]} against no cache",
+            f"{label.rsplit('_', 1)[0]} with cache={label.rsplit('_', 1)[1]} against no cache",
             "llada",
             label,
             label.rsplit("_", 1)[0],
@@ -191,10 +191,20 @@ def directories(args: argparse.Namespace) -> dict[str, Path]:
     return found
 
 
+def shown(path: Path) -> str:
+    """A path as the card prints it: relative to the repository where it lies inside it."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
 def row(model: Model, directory: Path, tier: str, variant: Variant, args: argparse.Namespace) -> dict:
     """One run (resumed if it already ran), or a row saying why the model cannot run the preset."""
     label, preset, overrides = variant
-    if model.name == "block" and preset in NEEDS_FULL_ATTENTION and not any(o.startswith("cache=") for o in overrides):
+    if (
+        model.name == "block"
+        and preset in NEEDS_FULL_ATTENTION | {"wino"}
+        and not any(o.startswith("cache=") for o in overrides)
+    ):
         overrides = [*overrides, "cache=none"]
     head = {"model": model.name, "tier": tier, "label": label, "preset": preset, "overrides": overrides}
     started = time.monotonic()
@@ -400,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Measured by `{command}` (batch {args.batch_size}, {args.threads} CPU threads). Models:",
         "",
         *[
-            f"- `{m.name}` ({found[m.name]}): {m.note}; reference rule `{m.reference}`."
+            f"- `{m.name}` ({shown(found[m.name])}): {m.note}; reference rule `{m.reference}`."
             for m in MODELS.values()
             if m.name in args.models
         ],

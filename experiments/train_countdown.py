@@ -19,6 +19,7 @@ the same ``out_dir`` resumes.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import hydra
@@ -49,11 +50,14 @@ SPECIALS = {
 VOCAB_SIZE = 1408
 NUMBER_DIGITS = 3  # 0-999 are one token each: copying a number and each step's arithmetic are one token
 WORDS = ("Make", "from", "user", "assistant", "\u010a\u010a")  # "\u010a\u010a": byte-level "\n\n"
+FREQUENCIES = Path(__file__).resolve().parents[1] / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json"
+"""PC-Sampler's token-frequency table of the shipped model (the same tokenizer), which each exported directory names."""
 MASK_ID, EOS_ID, EOT_ID = SPECIALS["<|mdm_mask|>"], SPECIALS["<|endoftext|>"], SPECIALS["<|eot_id|>"]
 
 
 def write_countdown_tokenizer(directory: Path) -> None:
-    """The model's tokenizer: bytes, whole numbers below 1000, a few whole words, LLaDA's specials and chat template."""
+    """The model's tokenizer (bytes, whole numbers below 1000, a few whole words, LLaDA's specials and
+    chat template), and PC-Sampler's token-frequency table that ``trained_on.json`` names."""
     save_tokenizer(
         directory,
         byte_level_bpe(SPECIALS, WORDS, number_digits=NUMBER_DIGITS),
@@ -63,6 +67,8 @@ def write_countdown_tokenizer(directory: Path) -> None:
         mask="<|mdm_mask|>",
         chat_template=LLADA_CHAT_TEMPLATE,
     )
+    if FREQUENCIES.is_file() and not (directory / FREQUENCIES.name).is_file():
+        shutil.copyfile(FREQUENCIES, directory / FREQUENCIES.name)
 
 
 def held_out_triples() -> set[tuple[int, ...]]:

@@ -42,7 +42,6 @@ checkpoint and when the run ends.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import hydra
@@ -75,7 +74,6 @@ from dlmsearch.tasks.countdown import CountdownTask
 from dlmsearch.training import Checkpointer, TrainingLoop
 
 BOS_ID = SPECIALS["<|startoftext|>"]
-FREQUENCIES = Path(__file__).resolve().parents[1] / "dlmsearch" / "data" / "countdown_model" / "token_frequencies.json"
 STOP_IDS = [EOS_ID, EOT_ID]  # generate ends a row at either and pads after it with <|endoftext|>, as the rows are
 TOKEN_VISION = dict(  # the class always builds a vision tower; text-only training never calls it
     model_type="gemma4_vision",
@@ -231,12 +229,9 @@ def generate_solve_rate(model_dir: Path, task: CountdownTask, items: list[TaskIt
 
 
 def export(model: DiffusionGemmaForBlockDiffusion, model_dir: Path, cfg: DictConfig) -> None:
-    """The model directory: ``save_pretrained`` (config, weights, generation defaults), what it was
-    trained for, and PC-Sampler's token-frequency table (the shipped Countdown model's: the same
-    tokenizer and training answers)."""
+    """The model directory: ``save_pretrained`` (config, weights, generation defaults) and what it was
+    trained for (the tokenizer and PC-Sampler's table come from ``write_countdown_tokenizer``)."""
     model.save_pretrained(str(model_dir))
-    if FREQUENCIES.is_file():
-        shutil.copyfile(FREQUENCIES, model_dir / FREQUENCIES.name)
     write_trained_on(
         model_dir,
         template=cfg.template,
