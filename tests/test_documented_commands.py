@@ -55,6 +55,9 @@ EXCLUDED = {
     "block_model_card.py": "decodes every preset on three tiers (about 20 minutes on CPU)",
     "sudoku_model_card.py": "decodes every preset on both tiers (about 15 minutes on CPU)",
     "countdown_claims.sh": "decodes every preset on three tiers (about 20 minutes on CPU)",
+    "train_countdown_mix.sh": "trains four models for about 2.5 CPU hours (tests/test_mix_training.py covers the mix, init_from and the ablation)",
+    "plot_mix_curves.py": "draws the four training runs of the line above (runs/mix/, never committed)",
+    "paradigm_card.py": "decodes every preset on four models and five tiers (about 35 minutes on 2 cores), from the runs of the block's first line",
 }
 
 # Commands whose documented outcome is not exit 0.
