@@ -72,7 +72,7 @@ def write_countdown_tokenizer(directory: Path) -> None:
 
 
 def held_out_triples() -> set[tuple[int, ...]]:
-    """Every number triple of every shipped tier: never trained on."""
+    """Every number set (three or four numbers) of every shipped tier: never trained on."""
     return {p.key() for tier in TIERS for _, p in load_countdown(shipped_countdown_path(tier))}
 
 
