@@ -372,11 +372,7 @@ def load_text_model(
         block_length: a block-diffusion model's attention block; it must agree with ``config.json``'s ``block_size``.
         tensor_parallel: processes (of torchrun's) the native model is sharded over
             (:mod:`~dlmsearch.models.tensor_parallel`); 1: whole in this process.
-        full_attention: decode a block-diffusion checkpoint as a masked-diffusion model that attends
-            to the whole canvas (no attention blocks, no block cache; decoding blocks are then
-            ``task.block_length``): for a model trained with full attention in the block format
-            (``experiments/train_countdown_block.py attention=full``), or to see what block-causal
-            attention does at decode time.
+        full_attention: decode a block-diffusion checkpoint with attention over the whole canvas (:func:`_with_full_attention`).
     """
     from dlmsearch.models.native import checkpoint_family, read_config
     from dlmsearch.models.tensor_parallel import join
@@ -395,11 +391,8 @@ def load_text_model(
     mask_id, vocab_size, stop_ids = resolve_ids(directory, family, mask_id, vocab_size, stop_ids, fallback_ids)
     device, dtype = resolve_device(device, dtype)
     eos = stop_ids[:1]
-    if full_attention:
-        _require_block_diffusion(checked.block_diffusion, family)
     module, max_length = _load_module(directory, config, checked, impl, device, dtype, vocab_size, group)
-    if full_attention:
-        module.config = attrs.evolve(module.config, block_size=None)
+    module = _with_full_attention(module, checked.block_diffusion, family, full_attention)
     return ModelAdapter(
         module=module,
         mask_id=mask_id,
@@ -417,11 +410,20 @@ def load_text_model(
     )
 
 
-def _require_block_diffusion(block_diffusion: bool, family: str) -> None:
+def _with_full_attention(module: Any, block_diffusion: bool, family: str, full_attention: bool) -> Any:
+    """The native module, attending to the whole canvas when ``full_attention``: a block-diffusion
+    checkpoint decoded as a masked-diffusion model (no attention blocks, no block cache, the
+    decoding blocks ``task.block_length``), for a model trained so in the block format
+    (``experiments/train_countdown_block.py attention=full``) or to see what block-causal attention
+    does at decode time."""
+    if not full_attention:
+        return module
     if not block_diffusion:
         raise ValueError(
             f"model.full_attention=true: {family} already attends to the whole canvas; the switch is for block-diffusion checkpoints (sdar, llada2)"
         )
+    module.config = attrs.evolve(module.config, block_size=None)
+    return module
 
 
 def _native_only(tensor_parallel: int, impl: str) -> int:
