@@ -105,16 +105,19 @@ def block_sft_loss(
         per_block = (1 - eps) * torch.rand(rows, int(blocks.max()) + 1, generator=generator) + eps
         rate = per_block.gather(1, blocks.clamp(min=0))
     masked = (torch.rand(rows, width, generator=generator) < rate) & (torch.arange(width) >= start)[None, :]
+    noisy = torch.where(masked, mask_id, tokens)
     if full_attention:  # the ablation: the noisy row alone, every real token seeing every other
         layout = attention[:, None, :] | torch.eye(width, dtype=torch.bool)[None]
-        noisy = torch.where(masked, mask_id, tokens)
         logits, _ = model.run(noisy, None, start, attention=layout, positions=pattern.positions(attention))
     else:
         noisy_from = max(0, start - block_length + 1)  # the earliest column of a block that holds a response token
         layout, positions = clean_noisy_layout(attention, block_length, noisy_from)
-        noisy = torch.where(masked, mask_id, tokens)[:, noisy_from:]
         logits, _ = model.run(
-            torch.cat([tokens, noisy], dim=1), None, width + start - noisy_from, attention=layout, positions=positions
+            torch.cat([tokens, noisy[:, noisy_from:]], dim=1),
+            None,
+            width + start - noisy_from,
+            attention=layout,
+            positions=positions,
         )
     chosen = masked[:, start:]
     losses = torch.nn.functional.cross_entropy(logits[chosen], tokens[:, start:][chosen], reduction="none")

@@ -24,14 +24,12 @@ run() {  # name, script, shipped model, extra overrides
     | grep -v '^train:' > ../runs/mix/"$name".log || true
 }
 mkdir -p ../runs/mix
-for name in "${@:-llada uniform block block_full}"; do
-  for one in $name; do
-    case $one in
-      llada) run llada train_countdown.py countdown_model decode_block_length=8 ;;
-      uniform) run uniform train_countdown_uniform.py countdown_uniform_model eval_generate=64 ;;
-      block) run block train_countdown_block.py countdown_block_model block_length=4 ;;
-      block_full) run block_full train_countdown_block.py countdown_block_model block_length=4 attention=full ;;
-      *) echo "unknown run $one (llada, uniform, block, block_full)" >&2; exit 2 ;;
-    esac
-  done
+for one in ${@:-llada uniform block block_full}; do  # unquoted: "llada block" as one argument names two runs
+  case $one in
+    llada) run llada train_countdown.py countdown_model decode_block_length=8 ;;
+    uniform) run uniform train_countdown_uniform.py countdown_uniform_model eval_generate=64 ;;
+    block) run block train_countdown_block.py countdown_block_model block_length=4 ;;
+    block_full) run block_full train_countdown_block.py countdown_block_model block_length=4 attention=full ;;
+    *) echo "unknown run $one (llada, uniform, block, block_full)" >&2; exit 2 ;;
+  esac
 done
