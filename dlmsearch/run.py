@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from dlmsearch.config import build, compose_checked, to_plain
 from dlmsearch.distributed import Ranks
+from dlmsearch.models.group_decisions import GroupDecisions, GroupDiverged
 from dlmsearch.run_records import RunIdentity, check_same_run, percentile, read_records
 from dlmsearch.search.components.lookahead import Lookahead
 from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
@@ -330,8 +331,9 @@ class Decoding:
         tick = time.perf_counter()
         refused = self._admit(session, queue, running, batch_size)
         try:
-            results = session.step()
-            session.check_progress()
+            results = session.step()  # a sample past its rounds' bound fails the step (DecodeState.check_rounds)
+        except GroupDiverged:  # a tensor-parallel group's collectives no longer pair: nothing can decode on
+            raise
         except Exception as error:  # noqa: BLE001  one bad sample must not end the run
             session.clear()
             alone = len(running) == 1
@@ -378,6 +380,8 @@ class Decoding:
         for decoder, fallback in attempts:
             try:
                 result = self._alone(decoder, uid, admission.item)
+            except GroupDiverged:
+                raise
             except Exception as failed:  # noqa: BLE001
                 if fallback is not None:  # the fallback failed too: record both
                     error = RuntimeError(
@@ -539,7 +543,9 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
         **summarise(records),
         **peak_memory_mb(),
         "world_size": ranks.world,
-        "sampling": plan.sampling.as_dict(),  # what was used: the engine's, the checkpoint's and the decoder's settings layered
+        # what was used: the engine's, the checkpoint's and the decoder's settings layered; the temperature its one owner's
+        "sampling": {**plan.sampling.as_dict(), "temperature": plan.temperature.value},
+        "temperature": plan.temperature.as_dict(),  # the temperature used and where it came from (the plan's owner)
         **decoding.engine.layerwise_cost(),
         "config": to_plain(cfg),
     }
@@ -554,14 +560,8 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
 
 
 def _tensor_parallel(cfg: DictConfig) -> int:
-    """``model.tensor_parallel`` (1 where the model has no such key), refused with what cannot shard."""
-    size = cfg.model.get("tensor_parallel", 1)
-    if size != 1 and bool(cfg.get("engine", {}).get("compile", False)):
-        raise ValueError(
-            f"model.tensor_parallel={size} with engine.compile=true: the all-reduce would sit inside the compiled "
-            "per-token graphs, which dlmsearch does not support; use engine.compile=false"
-        )
-    return size
+    """``model.tensor_parallel`` (1 where the model has no such key); what cannot run sharded is the plan's to refuse."""
+    return cfg.model.get("tensor_parallel", 1)
 
 
 def _decoding(cfg: DictConfig, ranks: Ranks) -> Decoding:
@@ -620,7 +620,8 @@ def _decode_pending(
         if cfg.trace
         else nullcontext() as traces,
     ):
-        for finished in decoding.stream(pending, int(cfg.batch_size), lambda: stop["signal"] is not None):
+        decisions = decoding.engine.decisions  # a signal on one rank of a tensor-parallel group stops them all alike
+        for finished in decoding.stream(pending, int(cfg.batch_size), lambda: agreed_signal(decisions, stop) > 0):
             write_finished(finished, results, traces, decoding, decoding.task)
             written += 1
             bar.update(ranks.dp_world)
@@ -628,8 +629,15 @@ def _decode_pending(
                 judged.append(finished.record["correct"])
                 solved += finished.record["correct"]
                 bar.set_postfix(correct=f"{100 * solved / len(judged):.1f}%")
-        if stop["signal"] is not None:
-            raise Interrupted(stop["signal"], written)
+        signum = agreed_signal(decisions, stop)  # also a signal that came during the last step on one rank only
+        if signum:
+            raise Interrupted(signum, written)
+
+
+def agreed_signal(decisions: GroupDecisions, stop: dict[str, int | None]) -> int:
+    """The signal that stops the run (0: none): this process's, or in a tensor-parallel group the
+    highest any rank received, so that every rank stops at the same step (their forwards stay paired)."""
+    return decisions.highest(stop["signal"] or 0)
 
 
 def write_finished(finished: Finished, results: Any, traces: Any, decoding: Decoding, task: Task) -> None:

@@ -56,6 +56,10 @@ def test_the_cli_reads_the_checkpoint_and_decodes(model_dir: Path, tmp_path: Pat
     records = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
     assert len(records) == 3 and summary["items"] == 3
     assert all(1 <= r["steps"] <= 2 * (1 + 3) for r in records), [r["steps"] for r in records]  # <= 2 canvases
+    # the temperature used and its owner (issue 47, defect 8), also where the layered settings name none
+    owner = "commit rule UniformNoiseSteps (schedule 0.8→0.4 over each canvas's steps)"
+    assert summary["temperature"] == {"value": "0.8→0.4", "owner": owner}
+    assert summary["sampling"]["temperature"] == "0.8→0.4"
 
 
 @pytest.mark.parametrize("preset", ["best_of_n", "smc"])
@@ -85,6 +89,10 @@ def test_lookahead_over_keep_sets(model_dir: Path, tmp_path: Path, preset: str) 
         (["+decoder=diffusion_gemma", "cache=prefix"], "caches a masked canvas"),
         (["+decoder=rcr", *UNIFORM_RULE], "re-noises what it does not keep"),
         (["+decoder=diffusion_gemma", "engine.temperature=0.7"], "engine.temperature=0.7 would be ignored"),
+        (  # issue 47, defect 8: was decoded on the schedule's 0.8→0.4 while the summary said 0.7
+            ["+decoder=diffusion_gemma", "decoder.sampling.temperature=0.7"],
+            "decoder.sampling.temperature=0.7 would be ignored: commit rule UniformNoiseSteps",
+        ),
         (["+decoder=diffusion_gemma", "decoder.commit.entropy_bound=0"], r"entropy_bound must be within \(0.0"),
         (["+decoder=diffusion_gemma", "decoder.commit.t_max=0.3"], "t_max=0.3 must be above t_min=0.4"),
     ],
@@ -106,6 +114,18 @@ def test_the_api_takes_an_initial_canvas(model_dir: Path) -> None:
         decoder.generate(model, prompts, initial_canvas=[[1, 2, 3]])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         decoder.generate(model, prompts, initial_canvas=[[5000] * CANVAS] * 2)
+
+
+def test_a_sampled_decode_does_not_depend_on_its_batch(model_dir: Path) -> None:
+    """Through transformers' classes (routed experts included), at the schedule's temperatures with
+    the seed fixed, prompts of mixed lengths decode alike one at a time and all together (issue 47,
+    defect 14; tests/test_uniform_lookahead.py pins the decoder's logits themselves)."""
+    model = Model.load("diffusion_gemma", path=model_dir, device="cpu")
+    decoder = Decoder.from_preset("diffusion_gemma", {"decoder.commit.max_steps": 4})
+    prompts = ["Make 10 from 2, 5, 1.", "Make 7 from 3, 4, 9, 2, 8.", "Make 30 from 5, 6.", "Make 24 from 1, 2, 3, 4."]
+    together = decoder.generate(model, prompts, seed=7, gen_length=2 * CANVAS)
+    alone = decoder.generate(model, prompts, seed=7, gen_length=2 * CANVAS, batch_size=1)
+    assert [g.tokens.tolist() for g in alone] == [g.tokens.tolist() for g in together]
 
 
 def test_served_requests_equal_the_api(model_dir: Path) -> None:

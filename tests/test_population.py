@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import attrs
+import paradigm_models
 import pytest
 import torch
-from conftest import MASK_ID, NoRepeatVerifier, make_requests, text_decoder
+from conftest import MASK_ID, NoRepeatVerifier, make_requests, record, text_decoder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,15 +47,31 @@ def test_a_population_of_one_is_the_plain_decoder(
     adapter: ModelAdapter, preset: str, prompts: list[int], seed: int
 ) -> None:
     requests = make_requests(prompts, 16, seed=seed, fixed=2)
-    plain = text_decoder(preset)
-    plain = attrs.evolve(
-        plain, population=attrs.evolve(plain.population, size=1, prune_conflicts=False, stop_when_accepted=False)
-    )
-    plain = attrs.evolve(plain, population=Population()) if plain.population.choice.needs_verifier else plain
-    reference = attrs.evolve(plain, population=SinglePath())  # the driver's default: no population at all
+    plain, reference = one_particle(text_decoder(preset))
     for x, y in zip(decode(plain, adapter, requests), decode(reference, adapter, requests)):
         assert torch.equal(x.tokens, y.tokens) and torch.equal(x.commit_call, y.commit_call)
         assert counters(x) == counters(y) and x.population == y.population
+
+
+def one_particle(decoder):
+    """The width preset ``decoder`` with a population of one particle that nothing ends early, and
+    the same decoder with no population at all (the driver's default): the two must decode as one."""
+    plain = attrs.evolve(
+        decoder, population=attrs.evolve(decoder.population, size=1, prune_conflicts=False, stop_when_accepted=False)
+    )
+    plain = attrs.evolve(plain, population=Population()) if plain.population.choice.needs_verifier else plain
+    return plain, attrs.evolve(plain, population=SinglePath())
+
+
+@pytest.mark.parametrize("preset", ["best_of_n", "smc", "beam"])
+@pytest.mark.parametrize("case", sorted(paradigm_models.CASES))
+def test_a_population_of_one_is_the_plain_decode_on_every_paradigm_and_cache(case: str, preset: str) -> None:
+    """Masked (every cache policy kind), block diffusion (with and without its exact cache) and uniform noise."""
+    plain, reference = one_particle(paradigm_models.decoder(case, preset))
+    requests, block = paradigm_models.requests(case, seed=4), paradigm_models.block_length(case)
+    got = plain.decode(paradigm_models.engine(case), requests, block)
+    expected = reference.decode(paradigm_models.engine(case), requests, block)
+    assert [record(r) for r in got] == [record(r) for r in expected]
 
 
 def with_population(preset: str, population: Population):

@@ -10,7 +10,7 @@ from conftest import MASK_ID, cached_adapter, make_requests, text_decoder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlmsearch.config import ConfigError, build, compose, decoder_presets
+from dlmsearch.config import build, compose, decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.state import Layout
@@ -118,8 +118,11 @@ def test_eb_sampler_commits_what_the_entropy_budget_allows(adapter: ModelAdapter
 
 
 def test_refused_combinations_fail_clearly() -> None:
-    with pytest.raises(ConfigError, match="revises commits .* and explores"):
-        build(compose(["+decoder=rcr", "decoder/trigger=always"]), "decoder")
+    explores = build(compose(["+decoder=rcr", "decoder/trigger=always"]), "decoder")
+    with pytest.raises(ValueError, match="revises commits .* and explores"):  # the plan's rule 16, before any forward
+        explores.plan(
+            RolloutEngine(adapter=ModelAdapter(module=torch.nn.Identity(), mask_id=MASK_ID, vocab_size=24)), 16, 8
+        )
     decoder = build(compose(["+decoder=rcr", "decoder/commit=threshold"]), "decoder")
     with pytest.raises(ValueError, match="needs a commit rule with a fixed number of steps per block"):
         decoder.decode(

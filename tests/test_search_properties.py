@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 
+import attrs
+import paradigm_models
 import pytest
 import torch
-from conftest import MASK_ID, VOCAB, NoRepeatVerifier, make_requests, text_decoder
+from conftest import MASK_ID, VOCAB, NoRepeatVerifier, make_requests, record, text_decoder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +16,7 @@ from dlmsearch.config import decoder_presets
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search.components.commit import DreamSchedule
 from dlmsearch.search.components.lookahead import Lookahead
+from dlmsearch.search.components.triggers import NeverTrigger
 from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.state import Canvas
@@ -155,6 +158,20 @@ def test_adalook_with_closed_gate_is_ete(adapter: ModelAdapter) -> None:
 
 def test_ete_without_trigger_is_fast_block(adapter: ModelAdapter) -> None:
     assert_same_decode(text_decoder("ete", "decoder/trigger=never"), text_decoder("fast_block"), adapter)
+
+
+@pytest.mark.parametrize("preset", ["ete", "adalook"])
+@pytest.mark.parametrize("case", sorted(paradigm_models.CASES))
+def test_a_lookahead_whose_trigger_never_fires_is_its_base_decoder(case: str, preset: str) -> None:
+    """Every paradigm and cache policy: the trigger is asked every round (gamma 0: a mean confidence is
+    never below it), so the lookahead's machinery runs, yet tokens, commit record and counters are
+    those of the same decoder with no trigger at all."""
+    quiet = paradigm_models.decoder(case, preset, "decoder.trigger.gamma=0")
+    base = attrs.evolve(quiet, trigger=NeverTrigger())
+    requests, block = paradigm_models.requests(case, seed=2), paradigm_models.block_length(case)
+    got = quiet.decode(paradigm_models.engine(case), requests, block)
+    expected = base.decode(paradigm_models.engine(case), requests, block)
+    assert [record(r) for r in got] == [record(r) for r in expected]
 
 
 def test_fixed_depth_one_is_ete(adapter: ModelAdapter) -> None:

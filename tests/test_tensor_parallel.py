@@ -158,23 +158,25 @@ def test_launch_errors_are_one_line(monkeypatch) -> None:
 
 
 def test_remote_compile_and_layerwise_are_refused(monkeypatch, tmp_path: Path) -> None:
-    from dlmsearch.models.layerwise import layerwise_logits
+    """The remote code at load; engine.compile and a layerwise cache on a sharded model by the plan (its rules
+    14 and 15, the capabilities naming the shard), once before any forward (issue 47, defect 7)."""
+    from dlmsearch.config import build, compose
+    from dlmsearch.models.adapter import ModelAdapter
     from dlmsearch.models.loading import load_text_model
-    from dlmsearch.run import _tensor_parallel
+    from dlmsearch.search.engine.rollout import RolloutEngine
 
     directory = write_checkpoint("llada", tmp_path / "llada")
     with pytest.raises(ValueError, match="model.impl=remote runs the checkpoint's own code"):
         load_text_model(str(directory), "llada", impl="remote", tensor_parallel=2)
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.create({"model": {"tensor_parallel": 2}, "engine": {"compile": True}})
-    with pytest.raises(ValueError, match="engine.compile=true"):
-        _tensor_parallel(cfg)
     model = shard_model(BidirectionalTransformer(_tiny()), TensorParallel(0, 2, None, lambda t: t))
     assert model.config.num_heads == 2 and model.blocks[0].q_proj.weight.shape == (8, 16)
-    with pytest.raises(ValueError, match="engine.compile=true cannot run a tensor-parallel model"):
-        model.compile_blocks()
-    with pytest.raises(ValueError, match="layerwise cache policy cannot run a tensor-parallel model"):
-        layerwise_logits(
-            model, torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.bool), None, None, None
-        )
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+    adapter = ModelAdapter(module=model, mask_id=15, vocab_size=16)
+    assert adapter.capabilities.tensor_parallel == 2
+    decoder = build(compose(["+decoder=llada", "decoding=text", "task.gen_length=8"]), "decoder")
+    with pytest.raises(ValueError, match="engine.compile=true with model.tensor_parallel=2"):
+        decoder.plan(RolloutEngine(adapter=adapter, compile=True), 8, 8)
+    with pytest.raises(ValueError, match="cache=dllm_cache chooses what to recompute per layer"):
+        decoder.plan(RolloutEngine(adapter=adapter, cache="dllm_cache"), 8, 8)
+    assert forwards == []

@@ -54,3 +54,6 @@ class ModelCapabilities:
     media_ids: tuple[
         int, ...
     ] = ()  # ids that stand for image or audio inputs, which dlmsearch does not feed (text only)
+    # processes the model is sharded over (model.tensor_parallel; 1: whole in this one): the plan refuses
+    # what cannot run sharded (a layerwise cache's per-layer choices, engine.compile's graphs)
+    tensor_parallel: int = 1

@@ -95,6 +95,7 @@ class ModelAdapter:
             layerwise=self.features.layerwise
             and self.attention_block is None
             and getattr(self.module.config, "moe", None) is None,
+            tensor_parallel=getattr(getattr(self.module, "tensor_parallel", None), "size", 1),  # shard_model's group
         )
 
     def _check_ids(self) -> None:

@@ -14,7 +14,12 @@ what each call sees, so that a row's logits do not depend on its batch:
   row's own positions;
 * attention runs through transformers' ``sdpa_attention_forward`` registered under its own name
   (``AttentionInterface``), with its sums in float64 on CPU, for the reason
-  :func:`~dlmsearch.models.token_ops.attend` gives (the keys a batch pads in would reassociate them).
+  :func:`~dlmsearch.models.token_ops.attend` gives (the keys a batch pads in would reassociate them);
+* the routed experts run through transformers' ``batched_mm`` on CPU, registered under its own name
+  (``ExpertsInterface``, :func:`exact_experts`): its default ``grouped_mm`` multiplies each expert's
+  tokens as one matrix, whose row count is the batch's, and a row's sums moved with it (every
+  decoder logit by up to ~2e-5 beside batch-mates), so a sampled draw near a boundary, or an
+  entropy near the keep-set's bound, decided differently batched and alone.
 
 There is no mask token. The engine keeps a position the next step may replace ("open", noised) as
 ``mask_id = vocab_size``, one past the vocabulary, and fills it with keyed uniform ids before the
@@ -37,6 +42,7 @@ from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.loading import _json_object
 
 EXACT_ATTENTION = "dlmsearch_exact"  # the name transformers' AttentionInterface knows dlmsearch's attention by
+EXACT_EXPERTS = "dlmsearch_exact"  # the name transformers' ExpertsInterface knows dlmsearch's routed experts by
 
 
 def exact_attention(
@@ -64,6 +70,34 @@ def exact_attention(
         module, query.double(), key.double(), value.double(), mask, *args[1:], **kwargs
     )
     return output.to(query.dtype), weights
+
+
+def exact_experts(
+    module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """transformers' routed experts with each token's products its own on CPU (``batched_mm``: one
+    small matrix product per token and expert, whatever else the call holds); decoding only: on
+    CUDA or with gradients transformers' default ``grouped_mm`` runs as it is (see the module docstring).
+
+    Args:
+        module: the experts layer (transformers passes it).
+        hidden_states: ``[tokens, hidden]``.
+        top_k_index: ``[tokens, k]`` each token's experts.
+        top_k_weights: ``[tokens, k]`` their weights.
+    """
+    from transformers.integrations.moe import batched_mm_experts_forward, grouped_mm_experts_forward
+
+    if hidden_states.device.type != "cpu" or torch.is_grad_enabled():
+        return grouped_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+    return batched_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+
+
+def register_exact_experts() -> str:
+    """Register :func:`exact_experts` with transformers' ``ExpertsInterface``; its name."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    ALL_EXPERTS_FUNCTIONS.register(EXACT_EXPERTS, exact_experts)
+    return EXACT_EXPERTS
 
 
 def register_exact_attention() -> str:
@@ -283,6 +317,7 @@ class DiffusionGemmaAdapter(ModelAdapter):
         self.module.config._attn_implementation = register_exact_attention()
         text = self.module.config.get_text_config()
         text._attn_implementation = EXACT_ATTENTION
+        self.module.set_experts_implementation(register_exact_experts())
         super().__attrs_post_init__()
         self.capabilities = attrs.evolve(
             self.capabilities,
@@ -472,6 +507,7 @@ def load_diffusion_gemma(
         for what in parallelize_diffusion_gemma(module, group):
             if group.rank == 0 and int(os.environ.get("RANK", "0")) == 0:
                 print(f"model.tensor_parallel={tensor_parallel}: {what} stay replicated", file=sys.stderr)
+        module.tensor_parallel = group  # as shard_model marks a native model: the adapter's capabilities read it
     return DiffusionGemmaAdapter(
         module=module,
         mask_id=fields["mask_id"],

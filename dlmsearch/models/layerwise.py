@@ -263,18 +263,13 @@ def layerwise_logits(
     recomputed per layer ``[rows, layers]``.
 
     Args:
-        module: the transformer (dense blocks only).
+        module: the transformer (dense blocks, whole: the decode plan refuses a layerwise cache on a sharded one).
         input_ids: ``[rows, columns]`` the rows' tokens, left-padded.
         real: ``[rows, columns]`` which columns are tokens (not left padding).
         rule: the call's per-layer decisions over the rows' copies of their slots' stores.
         low: ``[rows]`` the first column whose logits are read.
         high: ``[rows]`` one past the last column whose logits are read.
     """
-    if module.blocks[0].reduce is not token_ops.identity:
-        raise ValueError(
-            "a layerwise cache policy cannot run a tensor-parallel model (model.tensor_parallel>1): its per-layer "
-            "choices read this rank's heads only; use cache=none, prefix, dual or block"
-        )
     rows, width = input_ids.shape
     device = input_ids.device
     cos, sin = module.rotary(pattern.positions(real))

@@ -255,14 +255,10 @@ class BidirectionalTransformer(nn.Module):
 
     def compile_blocks(self) -> None:
         """Run every block's per-token work compiled (fused norms, rotation and MLP), one graph
-        per token-count bucket shared by all layers (:mod:`~dlmsearch.models.token_ops`)."""
+        per token-count bucket shared by all layers (:mod:`~dlmsearch.models.token_ops`). Never on a
+        tensor-parallel model (its all-reduce would sit inside the graphs): the decode plan refuses that."""
         if not isinstance(self.blocks[0].ops, EagerOps):
             return
-        if self.blocks[0].reduce is not token_ops.identity:
-            raise ValueError(
-                "engine.compile=true cannot run a tensor-parallel model: its all-reduce would sit inside the "
-                "compiled per-token graphs, which dlmsearch does not support; use engine.compile=false"
-            )
         fused = CompiledOps(
             Bucketed(token_ops.attention_inputs, per_token=3), Bucketed(token_ops.block_output, per_token=2)
         )

@@ -32,6 +32,7 @@ import attrs
 import torch
 
 from dlmsearch.core.sampling import Sampling
+from dlmsearch.core.temperature import COMMIT_RULE, DIVERSITY
 from dlmsearch.search.components.candidates import CandidateGenerator
 from dlmsearch.search.components.commit import CommitRule, per_row, row_options
 from dlmsearch.search.components.expansion import ExpansionPolicy
@@ -124,8 +125,23 @@ class DecodeState:
     memory_version: int = 0  # ``memory.version`` when this state was made: an older state is refused
 
     @property
-    def max_rounds(self) -> int:
-        return self.plan.max_rounds()
+    def decoding(self) -> torch.Tensor:
+        """``[slots]`` the slots still decoding: a canvas with masks left, a particle its population runs."""
+        return self.canvas.decoding & self.plan.population.running(self.population, self.slots)
+
+    def check_rounds(self, decoding: torch.Tensor) -> None:
+        """Refuse another round for a sample that has had the rounds any sample can need
+        (``plan.max_rounds``): its decoder never finishes it. The one bound on a sample's rounds,
+        which every intake meets (the offline loop, a run's and a server's sessions).
+
+        Args:
+            decoding: ``[slots]`` the slots about to decode (:attr:`decoding`).
+        """
+        limit = self.plan.max_rounds()
+        over = decoding & (self.rounds[self.slots.owner] >= limit)
+        if bool(over.any()):
+            uids = sorted(set(self.slots.uid[over].tolist()))
+            raise RuntimeError(f"decoder {self.plan.name!r} did not finish sample uid(s) {uids} within {limit} rounds")
 
 
 @attrs.define
@@ -147,20 +163,6 @@ class SearchDecoder:
     guidance: Guidance = attrs.field(factory=Guidance)  # classifier-free guidance (LLaDA's cfg_scale)
     # finish once the answer has ended
     stop_at_eos: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-
-    def __attrs_post_init__(self) -> None:
-        if self.trigger.explores and self.revision.revises:
-            raise ValueError(
-                f"decoder {self.name!r} revises commits ({type(self.revision).__name__}) and explores (trigger "
-                f"{type(self.trigger).__name__}): lookahead branches roll with the base rule alone, so the two are refused "
-                "together; use decoder/trigger=never (populations do combine with a revision)"
-            )
-        if self.trigger.explores:
-            missing = [n for n in ("candidates", "scorer", "expansion", "selector") if getattr(self, n) is None]
-            if missing:
-                raise ValueError(
-                    f"decoder {self.name!r} explores (trigger {type(self.trigger).__name__}) but has no {', '.join(missing)}"
-                )
 
     @property
     def statistics(self) -> frozenset[str]:
@@ -204,13 +206,8 @@ class SearchDecoder:
         if not requests:
             return []
         state = self.start(engine, requests, block_length, verifier, plan)
-        for _ in range(state.max_rounds):
-            if state.finished:
-                break
+        while not state.finished:  # bounded: a sample past its rounds fails the step (DecodeState.check_rounds)
             state = step(engine, state, verifier, deadline_s, on_round, on_lookahead)
-        else:
-            if not state.finished:
-                raise RuntimeError(f"decoder {self.name!r} did not finish within {state.max_rounds} rounds")
         return self.finish(engine, state, verifier)
 
     def start(
@@ -293,10 +290,11 @@ class SearchDecoder:
                 f"(confidence={plan.sampling.confidence!r}): one decode reads it one way"
             )
         _check_options(plan, requests)
-        if plan.commit.redecides and any(s.temperature is not None for _, s in own):
+        tempered = [uid for uid, s in own if s.temperature is not None]
+        if tempered and not plan.temperature.takes_settings:  # the plan's rule 13, for a request's own temperature
             raise ValueError(
-                f"a sample's own temperature would be ignored: decoder {plan.name!r} samples at its schedule's "
-                "temperature (decoder.commit.t_min to t_max)"
+                f"the own temperature of sample uid(s) {tempered} would be ignored: {plan.temperature.source} "
+                f"decides the temperature here; {plan.temperature.instead}"
             )
         bad = [r.uid for r in requests if bool(((r.prompt < 0) | (r.prompt >= plan.vocab_size)).any())]
         if bad:
@@ -414,6 +412,8 @@ def step(
         on_lookahead: sees every level of every lookahead.
     """
     _check_current(state)
+    # The stores move on as the step starts: the state handed in is stale from here on, also when this step fails midway
+    state = attrs.evolve(state, memory_version=state.memory.advance())
     state, round_ = _evaluate_roots(engine, state)
     if round_ is None:
         return attrs.evolve(state, finished=True)
@@ -434,10 +434,11 @@ def _check_current(state: DecodeState) -> None:
 
 def _evaluate_roots(engine: RolloutEngine, state: DecodeState) -> tuple[DecodeState, Round | None]:
     """The slots decoding this round, each root evaluated unless the last round left it fresh."""
-    plan, canvas, latest = state.plan, state.canvas, state.evaluation
-    active = canvas.decoding & plan.population.running(state.population, state.slots)
+    canvas, latest = state.canvas, state.evaluation
+    active = state.decoding
     if not bool(active.any()):
         return state, None
+    state.check_rounds(active)  # before any forward: a sample past the bound gets no more rounds
     need = (active & ~state.fresh).nonzero().squeeze(1)
     fresh, usage = state.fresh.clone(), state.usage
     if need.numel():
@@ -463,8 +464,10 @@ def _explore(
     rows, late = round_.rows, state.late
     if deadline_s is not None:
         over = time.monotonic() - state.started[state.slots.owner] > deadline_s
+        over = engine.decisions.any(over)  # a tensor-parallel group goes late as one: each rank reads its own clock
         late = late | (over & _scattered(rows, len(late)))
     explore = state.plan.trigger.fires(round_.root, round_.evaluation, state.layout) & ~late[rows]
+    explore = explore & ~_finishing(state, round_.root, round_.evaluation)
     state = attrs.evolve(state, late=late)
     explored = rows[explore]
     if not explored.numel():
@@ -474,9 +477,12 @@ def _explore(
     )
     if state.plan.commit.redecides:  # the adopted branch's self-conditioning input and stopping history
         state.memory.canvas.adopt(explored, state.slots.particle[explored] * BRANCH_KEYS + 1 + best)
+    adopted, ended = _leave_finished(state, adopted)
     at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
     exploit = round_.exploit.clone()
-    exploit[at] = ~restart
+    exploit[at] = ~restart & ~ended
+    fresh = state.fresh.clone()
+    fresh[explored[ended]] = False  # its root evaluates the next canvas (after encoding the finished one)
     round_ = attrs.evolve(
         round_,
         root=round_.root.put(at, adopted),
@@ -484,7 +490,31 @@ def _explore(
         exploit=exploit,
     )
     canvas, evaluation = state.canvas.put(explored, adopted), state.evaluation.put(explored, adopted_eval)
-    return attrs.evolve(state, canvas=canvas, evaluation=evaluation, usage=usage), round_
+    return attrs.evolve(state, canvas=canvas, evaluation=evaluation, usage=usage, fresh=fresh), round_
+
+
+def _finishing(state: DecodeState, root: Canvas, evaluation: Evaluation) -> torch.Tensor:
+    """``[n]`` uniform noise: roots whose next step finishes their canvas. They do not look ahead:
+    every branch would be the same canvas (the draft), finished."""
+    if not state.plan.commit.redecides:
+        return torch.zeros(root.rows, dtype=torch.bool)
+    return state.plan.commit.finishes(root, evaluation, state.layout)
+
+
+def _finished(state: DecodeState, branches: Canvas) -> torch.Tensor:
+    """``[rows]`` branches with nothing left to decide: no mask left; on uniform noise, a finished
+    canvas (a branch stops at the canvas it finished: only its slot's root encodes a canvas)."""
+    if state.plan.commit.redecides:
+        return branches.canvas_finished(state.layout)
+    return ~branches.masked.any(dim=1)
+
+
+def _leave_finished(state: DecodeState, adopted: Canvas) -> tuple[Canvas, torch.Tensor]:
+    """Uniform noise: the adopted branches moved on from the canvas they finished (as the base
+    rule moves a root), and ``[S]`` which they were (the base rule does not step them this round)."""
+    if not state.plan.commit.redecides:
+        return adopted, torch.zeros(adopted.rows, dtype=torch.bool)
+    return adopted.advance_blocks(state.layout, state.plan.commit), adopted.canvas_finished(state.layout)
 
 
 def _scattered(rows: torch.Tensor, size: int) -> torch.Tensor:
@@ -586,7 +616,7 @@ def _advance(
         population=population,
         rounds=state.rounds + 1,
         round_index=state.round_index + 1,
-        memory_version=state.memory.advance(),
+        memory_version=state.memory.version,  # advanced as the step started, and by a reorder here
     )
 
 
@@ -612,10 +642,14 @@ def _evaluate(
     row_key = slots.particle[slot] * BRANCH_KEYS + branch_key
     owner = slots.owner[slot]
     sampling = slots.sampling.take(slot)
+    # The plan's one owner of the temperature (the rows' own settings where it takes them)
+    decides = plan.temperature.kind
     temperature = (
         plan.commit.temperature(canvas)
-        if plan.commit.redecides
+        if decides == COMMIT_RULE
         else plan.population.token_temperature(state.population, slots, slot)
+        if decides == DIVERSITY
+        else None
     )
     rows = CallRows(
         canvas.tokens,
@@ -630,6 +664,7 @@ def _evaluate(
         top_k=sampling.top_k,
         seed=slots.seed[slot],
         group=None if slots.size == 1 else slots.owner[slot] * BRANCH_KEYS + branch_key,
+        uid=slots.uid[slot],
     )
     settings = CallSettings(state.memory, plan.sampling, plan.statistics, state.layout.gen_start, plan.guidance)
     evaluation, cost = engine.evaluate(rows, settings)
@@ -685,7 +720,15 @@ def _open(state: DecodeState, usage: Usage, root: Canvas, evaluation: Evaluation
     repeated = evaluation.take(torch.arange(roots).repeat_interleave(width))
     if plan.commit.redecides:  # uniform noise: the step with the candidate kept beside the keep-set
         branches = plan.commit.redecide(
-            root.repeat(width), repeated, layout, calls.repeat_interleave(width), plan.mask_id, first
+            root.repeat(width),
+            repeated,
+            layout,
+            calls.repeat_interleave(width),
+            plan.mask_id,
+            first,
+            depth=1,
+            branch=branch_id,
+            advance=False,
         )
     else:
         branches = root.repeat(width).commit(
@@ -743,7 +786,7 @@ def _prune(state: DecodeState, look: Lookahead, rows: torch.Tensor, sub: Canvas,
     plan = state.plan
     samples, width = look.live.shape
     grid = look.scores.view(samples, width)
-    finished = (~look.branches.masked.any(dim=1)).view(samples, width)
+    finished = _finished(state, look.branches).view(samples, width)
     go = look.rolling & look.expansion.should_continue(grid, look.live, look.depth) & ~(look.live & finished).any(1)
     live, restarted = look.live, look.restarted
     assert plan.selector is not None
@@ -770,8 +813,10 @@ def _deepen(state: DecodeState, usage: Usage, look: Lookahead) -> Lookahead:
     step_log_conf[rows] = logs / chosen.sum(dim=1).clamp(min=1)
     depth = look.depth + 1
     calls = usage.steps[state.slots.owner[look.slot_row[rows]]]
-    if commit.redecides:  # uniform noise: the branch's next step of the reference loop
-        rolled = commit.redecide(sub, sub_eval, layout, calls, state.plan.mask_id)
+    if commit.redecides:  # uniform noise: the branch's next step of the reference loop, stopping at its canvas's end
+        rolled = commit.redecide(
+            sub, sub_eval, layout, calls, state.plan.mask_id, depth=depth, branch=look.branch_id[rows], advance=False
+        )
     else:
         rolled = sub.commit(
             chosen, sub_eval.token, sub_eval.confidence, calls, depth, look.branch_id[rows], layout, commit

@@ -4,10 +4,13 @@ the frozen record a decode runs from.
 A decoder (trigger, commit rule, revision, population, guidance) meets a model (its
 :class:`~dlmsearch.core.capabilities.ModelCapabilities`), an engine (its cache policy), a
 generation layout (length and block length) and a task's verifier. Combinations that cannot
-work are refused here, each with one line naming the setting to change; what the layout fixes
-(a rule's steps per block, a revision's schedule) is bound into copies of the components, so
-the configured decoder is never written. A run builds its plan once and decodes every batch
-from it, so a refused combination fails once at the start, not once per item.
+work are refused here, each with one line naming the setting to change (:data:`RULES`, numbered;
+nothing in the engine, the adapter, the model or the driver refuses a combination); what the
+layout fixes (a rule's steps per block, a revision's schedule) is bound into copies of the
+components, so the configured decoder is never written. The plan also names the one owner of
+the token temperature (:class:`~dlmsearch.core.temperature.TemperatureOwner`). A run builds its
+plan once and decodes every batch from it, so a refused combination fails once at the start,
+not once per item.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import attrs
 
 from dlmsearch.core.capabilities import ModelCapabilities
 from dlmsearch.core.sampling import Sampling
+from dlmsearch.core.temperature import SETTINGS, TemperatureOwner
 from dlmsearch.search.components.candidates import CandidateGenerator
 from dlmsearch.search.components.commit import CommitRule
 from dlmsearch.search.components.expansion import ExpansionPolicy
@@ -83,6 +87,7 @@ class DecodePlan:
     mask_id: int
     max_length: int | None  # the model's longest canvas (None: unbounded)
     media_ids: tuple[int, ...]  # ids of image or audio inputs, refused in prompts (text only)
+    temperature: TemperatureOwner  # who decides the token temperature, and at what (a run's summary records it)
     # a block-diffusion model's block size: canvases are block-aligned (``block_aligned``)
     attention_block: int | None = None
 
@@ -100,18 +105,11 @@ class DecodePlan:
         )
 
     def check_canvas(self, prompt_length: int, what: str, setting: str = "") -> None:
-        """The one canvas-length rule (every entry point asks it before decoding): the prompt and the
-        generation, on a block-aligned canvas up to the end of the last block, fit the model.
-        ``setting`` names the generation length's setting where the caller has one, for the hint."""
-        length = prompt_length + self.gen_length
-        if self.attention_block is not None:  # the reference canvas runs to the end of the last block
-            length = -(-length // self.attention_block) * self.attention_block
-        if self.max_length is not None and length > self.max_length:
-            raise ValueError(
-                f"{what} (prompt {prompt_length} + generation {self.gen_length}) is {length} tokens, "
-                f"longer than the model's maximum length of {self.max_length}"
-                + self._canvas_hint(prompt_length, setting)
-            )
+        """Rule 19 (:func:`canvas_overflow`) on a prompt: every entry point asks it of its longest prompt
+        before decoding. ``setting`` names the generation length's setting where the caller has one, for the hint."""
+        message = canvas_overflow(prompt_length, self.gen_length, self.attention_block, self.max_length)
+        if message is not None:
+            raise ValueError(f"{what} {message}" + self._canvas_hint(prompt_length, setting))
 
     def _canvas_hint(self, prompt_length: int, setting: str) -> str:
         """What to change, where the caller names its generation length's setting."""
@@ -138,18 +136,16 @@ def make_plan(
 ) -> DecodePlan:
     """Check the decoder against the engine, the model, the layout and the verifier; bind what the layout fixes."""
     able = engine.capabilities
-    validate(decoder, engine)
     if able.attention_block is not None:  # a block-diffusion model decodes its own attention blocks
         block_length = able.attention_block
     elif able.canvas_length is not None:  # a uniform-noise model denoises its own canvas, whole
         block_length = able.canvas_length
-        if gen_length % block_length:
-            raise ValueError(
-                f"the generation length ({gen_length}) must be a whole number of this model's canvases of {block_length} "
-                f"(it denoises a canvas whole): set task.gen_length to {-(-gen_length // block_length) * block_length}"
-            )
     else:
         block_length = decoder.block_length or block_length
+    temperature = temperature_owner(decoder, engine)
+    validate(
+        Meeting(decoder, engine.cache, engine.compile, able, engine.temperature, gen_length, block_length, temperature)
+    )
     # Rules that split a number of steps over the blocks split it over the generation's gen_length / block
     # blocks (a block-aligned canvas has one more, partly the prompt's: every block gets the same budget)
     layout = Layout(gen_start=0, gen_length=gen_length, block_length=block_length)
@@ -174,31 +170,75 @@ def make_plan(
         mask_id=able.mask_id,
         max_length=able.max_length,
         media_ids=able.media_ids,
+        temperature=temperature,
         attention_block=able.attention_block,
+    )
+
+
+def temperature_owner(decoder: DecoderSettings, engine: RolloutEngine) -> TemperatureOwner:
+    """The one owner of a decode's token temperature: a commit rule that samples at its own
+    (uniform noise's schedule), else a population that samples its particles at its own
+    (``TokenTemperature``), else the settings layered as :meth:`RolloutEngine.sampling_over` layers
+    them (``engine.temperature``, the checkpoint's, the decoder's; a request's own over them).
+    Rule 13 refuses a temperature set for another owner; the driver samples at this owner's."""
+    if decoder.commit.redecides:
+        return decoder.commit.temperature_owner
+    if decoder.population.temperature_owner is not None:
+        return decoder.population.temperature_owner
+    layered = (
+        ("engine.temperature", engine.temperature),
+        ("the checkpoint's generation_config.json", engine.adapter.generation_defaults.temperature),
+        (f"decoder {decoder.name!r}'s sampling.temperature", decoder.sampling.temperature),
+    )
+    for source, value in layered:
+        if value is not None:
+            return TemperatureOwner(SETTINGS, source, float(value))
+    return TemperatureOwner(SETTINGS, "no setting (argmax)", 0.0)
+
+
+def canvas_overflow(
+    prompt_length: int, gen_length: int, attention_block: int | None, max_length: int | None
+) -> str | None:
+    """Rule 19's check: the prompt and the generation, on a block-aligned canvas up to the end of
+    the last block, fit the model (None), else what does not (the tail of a one-line message)."""
+    length = prompt_length + gen_length
+    if attention_block is not None:  # the reference canvas runs to the end of the last block
+        length = -(-length // attention_block) * attention_block
+    if max_length is None or length <= max_length:
+        return None
+    return (
+        f"(prompt {prompt_length} + generation {gen_length}) is {length} tokens, "
+        f"longer than the model's maximum length of {max_length}"
     )
 
 
 @attrs.frozen
 class Meeting:
-    """What the cross-object rules read: a decoder, the engine's cache policy and compile flag, the model."""
+    """What the cross-object rules read: a decoder, the engine's cache policy and compile flag, the
+    model, the generation layout, the temperature's owner (and, for rule 19 only, a prompt's length)."""
 
     decoder: DecoderSettings
     cache: CachePolicy
     compile: bool
     able: ModelCapabilities
-    temperature: float | None = None  # the engine's own (engine.temperature, a request's), None: not set
+    temperature: float | None  # the engine's own (engine.temperature, a request's), None: not set
+    gen_length: int
+    block_length: (
+        int  # the decoding blocks: the model's (attention blocks, a uniform-noise canvas), else the decoder's or task's
+    )
+    owner: TemperatureOwner
+    prompt_length: int | None = None  # known with requests only (:meth:`DecodePlan.check_canvas`)
 
     @property
     def block_model(self) -> str:
         return f"this block-diffusion model (blocks of {self.able.attention_block})"
 
 
-def validate(decoder: DecoderSettings, engine: RolloutEngine) -> None:
+def validate(meeting: Meeting) -> None:
     """Refuse a combination that cannot work, with the first rule it breaks (one line naming the
     setting to change), as transformers' ``GenerationConfig.validate`` lists its checks: the rules
-    are :data:`RULES`, in order, and nothing else in the engine, adapter or driver refuses a
-    combination of objects."""
-    meeting = Meeting(decoder, engine.cache, engine.compile, engine.capabilities, engine.temperature)
+    are :data:`RULES`, in order (a later rule may assume the earlier ones hold), and nothing else
+    in the engine, adapter, model or driver refuses a combination of objects."""
     for rule in RULES:
         message = rule(meeting)
         if message is not None:
@@ -339,7 +379,7 @@ def _noise(m: Meeting) -> str | None:
 
 
 def _uniform_noise_parts(m: Meeting) -> str | None:
-    """12. On uniform noise, re-masking revisions, guidance's masked prompt, an ignored temperature and the re-mask re-check have no meaning."""
+    """12. On uniform noise, re-masking revisions, guidance's masked prompt and the re-mask re-check have no meaning."""
     if m.able.noise != "uniform":
         return None
     if m.decoder.revision.revises:
@@ -349,17 +389,110 @@ def _uniform_noise_parts(m: Meeting) -> str | None:
         )
     if m.decoder.guidance.active:
         return f"decoder.guidance masks the prompt with the mask token; {m.able.name} has none: use decoder.guidance.scale=0"
-    if m.temperature is not None and m.decoder.commit.redecides:
-        return (
-            f"engine.temperature={m.temperature} would be ignored: decoder {m.decoder.name!r} samples at its schedule's "
-            "temperature (decoder.commit.t_min to t_max); set those instead"
-        )
     if m.decoder.population.rechecks:
         return (
             f"decoder {m.decoder.name!r} scores its particles by re-masking groups of committed tokens for the model to "
             f"re-check; {m.able.name} has no mask: use decoder/population/score=log_probability"
         )
     return None
+
+
+def _temperature(m: Meeting) -> str | None:
+    """13. One owner decides the token temperature (:func:`temperature_owner`): a temperature set for another is refused."""
+    owner = m.owner
+    if owner.takes_settings:
+        return None
+    population = m.decoder.population.temperature_owner
+    if population is not None and population != owner:
+        return (
+            f"{population.source} would be ignored: {owner.source} decides the temperature here; use another "
+            "diversity (decoder/population/diversity=order_temperature)"
+        )
+    settings = (("engine.temperature", m.temperature), ("decoder.sampling.temperature", m.decoder.sampling.temperature))
+    for setting, value in settings:
+        if value is not None and value != owner.value:
+            return f"{setting}={value} would be ignored: {owner.source} decides the temperature here; {owner.instead}"
+    return None
+
+
+def _sharded_layerwise(m: Meeting) -> str | None:
+    """14. A layerwise cache's per-layer choices need every head: not a tensor-parallel model's shard."""
+    if m.cache.layerwise and m.able.tensor_parallel > 1:
+        return (
+            f"cache={m.cache.name} chooses what to recompute per layer from every attention head; with "
+            f"model.tensor_parallel={m.able.tensor_parallel} a rank holds some heads only: use cache=none, prefix, dual "
+            "or block (or model.tensor_parallel=1)"
+        )
+    return None
+
+
+def _sharded_compile(m: Meeting) -> str | None:
+    """15. engine.compile's per-token graphs cannot hold a tensor-parallel model's all-reduce."""
+    if m.compile and m.able.tensor_parallel > 1:
+        return (
+            f"engine.compile=true with model.tensor_parallel={m.able.tensor_parallel}: the all-reduce would sit inside "
+            "the compiled per-token graphs, which dlmsearch does not support; use engine.compile=false"
+        )
+    return None
+
+
+def _lookahead_parts(m: Meeting) -> str | None:
+    """17. A trigger that explores needs the whole lookahead: candidates, scorer, expansion and selector."""
+    if not m.decoder.trigger.explores:
+        return None
+    missing = [n for n in ("candidates", "scorer", "expansion", "selector") if getattr(m.decoder, n) is None]
+    if not missing:
+        return None
+    return (
+        f"decoder {m.decoder.name!r} explores (trigger {type(m.decoder.trigger).__name__}) but has no "
+        f"{', '.join(missing)}: set decoder/{missing[0]}=..., or use decoder/trigger=never"
+    )
+
+
+def _lookahead_over_revision(m: Meeting) -> str | None:
+    """16. Lookahead branches roll with the base rule alone: a revision would not see them."""
+    if m.decoder.trigger.explores and m.decoder.revision.revises:
+        return (
+            f"decoder {m.decoder.name!r} revises commits ({type(m.decoder.revision).__name__}) and explores (trigger "
+            f"{type(m.decoder.trigger).__name__}): lookahead branches roll with the base rule alone, so the two are refused "
+            "together; use decoder/trigger=never (populations do combine with a revision)"
+        )
+    return None
+
+
+def _whole_blocks(m: Meeting) -> str | None:
+    """18. The generation is a whole number of blocks (a uniform-noise model's canvases, a block model's blocks)."""
+    if m.gen_length % m.block_length == 0:
+        return None
+    whole = -(-m.gen_length // m.block_length) * m.block_length
+    if m.able.canvas_length is not None:
+        what = f"this model's canvases of {m.block_length} (it denoises a canvas whole)"
+    elif m.able.attention_block is not None:
+        what = f"the blocks of {m.block_model}"
+    else:
+        what = f"decoding blocks of {m.block_length} (task.block_length, or the decoder's)"
+    return f"the generation length ({m.gen_length}) must be a whole number of {what}: set task.gen_length to {whole}"
+
+
+def _canvas_fits(m: Meeting) -> str | None:
+    """19. The prompt and the generation fit the model's longest canvas: asked with each batch's longest
+    prompt (:meth:`DecodePlan.check_canvas`, by every entry point before any forward); without one, nothing."""
+    if m.prompt_length is None:
+        return None
+    message = canvas_overflow(m.prompt_length, m.gen_length, m.able.attention_block, m.able.max_length)
+    return None if message is None else f"the canvas {message}"
+
+
+def _shadow_blocks(m: Meeting) -> str | None:
+    """20. A shadow block (WINO's verify) is one block long for every row: no rule that leaves a block unfinished."""
+    names = from_source(m.decoder.statistics, "shadow")
+    if not names or m.decoder.commit.block_budget is None:
+        return None
+    return (
+        f"the {', '.join(sorted(names))} statistic (WINO's shadow block) needs every row to decode one block, but "
+        f"decoder {m.decoder.name!r}'s commit rule moves on after {m.decoder.commit.block_budget} rounds and may "
+        "leave masks behind (rows would decode windows of different lengths): use decoder/commit=wide_in"
+    )
 
 
 RULES: tuple[Callable[[Meeting], str | None], ...] = (
@@ -375,4 +508,12 @@ RULES: tuple[Callable[[Meeting], str | None], ...] = (
     _shadow,
     _noise,
     _uniform_noise_parts,
+    _temperature,
+    _sharded_layerwise,
+    _sharded_compile,
+    _lookahead_over_revision,
+    _lookahead_parts,
+    _whole_blocks,
+    _canvas_fits,
+    _shadow_blocks,
 )

@@ -223,7 +223,9 @@ class DecodeSession:
         self.state = None if len(stay) == 0 else keep(self.state, stay)
 
     def step(self) -> list[DecodeResult]:
-        """One round for every sample admitted; the results of those it finished (they leave the decode)."""
+        """One round for every sample admitted; the results of those it finished (they leave the decode).
+        A sample past the rounds any sample can need fails the step, naming its uid
+        (:meth:`~dlmsearch.search.driver.DecodeState.check_rounds`): a server's or a run's session ends too."""
         if self.state is None:
             return []
         before, hook = self.state, self.on_lookahead
@@ -235,17 +237,10 @@ class DecodeSession:
         """Drop every sample at once, after a failed step has left the decode's state in doubt."""
         self.state = None
 
-    def check_progress(self) -> None:
-        """Raise when a sample has run past the rounds any sample can need (a decoder that never finishes)."""
-        limit = self.plan.max_rounds() + 1  # a sample's own rounds, wherever it joined
-        if self.state is not None and int(self.state.rounds.max()) > limit:
-            raise RuntimeError(f"decoder {self.plan.name!r} did not finish within {limit} rounds")
-
     def _take_finished(self) -> list[DecodeResult]:
         assert self.state is not None
         state = self.state
-        decoding = state.canvas.decoding & state.plan.population.running(state.population, state.slots)
-        done = ~decoding.view(state.slots.samples, state.slots.size).any(dim=1)
+        done = ~state.decoding.view(state.slots.samples, state.slots.size).any(dim=1)
         if not bool(done.any()):
             return []
         finished = keep(state, done.nonzero().squeeze(1), copy_stores=True)
@@ -259,5 +254,4 @@ class DecodeSession:
         results: list[DecodeResult] = []
         while self.state is not None:
             results += self.step()
-            self.check_progress()
         return results

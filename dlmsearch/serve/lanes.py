@@ -220,7 +220,9 @@ class Lanes:
         commit = lane.plan.commit  # at the host's values of the row options, to compare the rest
         if own:
             commit = attrs.evolve(commit, **{name: getattr(host.plan.commit, name) for name in own})
-        same = _same(attrs.evolve(lane.plan, sampling=host.plan.sampling, commit=commit), host.plan)
+        # the rows carry their own sampling settings: the host's plan may name another of them as the temperature's source
+        shared = attrs.evolve(lane.plan, sampling=host.plan.sampling, commit=commit, temperature=host.plan.temperature)
+        same = _same(shared, host.plan)
         confidence = lane.plan.sampling.confidence == host.plan.sampling.confidence
         return attrs.evolve(lane, shares=host) if same and confidence else lane
 

@@ -54,6 +54,7 @@ class Choice:
     index: int
     request: DecodeRequest
     sent: str = ""  # text already streamed
+    answered: bool = False  # its result was posted: a recovery never decodes it again
 
 
 @attrs.define(eq=False)
@@ -76,8 +77,13 @@ class Job:
     request_id: str = ""  # the response's id (cmpl-..., chatcmpl-...), for the log
 
     @property
+    def pending(self) -> list[Choice]:
+        """The choices not yet answered: what decodes (again, after a failed shared step)."""
+        return [c for c in self.choices if not c.answered]
+
+    @property
     def rows(self) -> int:
-        return len(self.choices) * self.lane.rows_per_sample
+        return len(self.pending) * self.lane.rows_per_sample
 
 
 class Scheduler:
@@ -221,16 +227,16 @@ class Scheduler:
         for job in [j for j in self.running if j.cancelled]:
             self._drop(job)
         self.waiting = collections.deque(j for j in self.waiting if not j.cancelled)
-        samples = sum(len(j.choices) for j in self.running)
+        samples = sum(len(j.pending) for j in self.running)
         rows = sum(j.rows for j in self.running)
         taken = []
         while self.waiting:
             job = self.waiting[0]
             busy = samples > 0
-            if busy and (samples + len(job.choices) > self.max_batch or rows + job.rows > self.max_rows):
+            if busy and (samples + len(job.pending) > self.max_batch or rows + job.rows > self.max_rows):
                 break
             self.waiting.popleft()
-            samples, rows = samples + len(job.choices), rows + job.rows
+            samples, rows = samples + len(job.pending), rows + job.rows
             job.admitted = time.monotonic()
             self.metrics.queue_wait.observe(job.admitted - job.arrived)
             self.running.append(job)
@@ -251,11 +257,12 @@ class Scheduler:
                 DecodeSession(host.decoder, host.engine, host.plan, host.verifier, host.deadline_s),
             )
         _, session = self.sessions[key]
-        for choice in job.choices:
+        pending = job.pending  # all of its choices, except after a failed shared step: those not yet answered
+        for choice in pending:
             self.owner[choice.uid] = (job, choice)
         own = {"sampling": job.lane.own_sampling, "options": job.lane.own_options}
         try:
-            session.admit([attrs.evolve(c.request, **own) for c in job.choices])
+            session.admit([attrs.evolve(c.request, **own) for c in pending])
         except Exception as error:  # noqa: BLE001  what only the request shows (it was checked on arrival; this is a last guard)
             self._fail(job, APIError(400, f"{type(error).__name__}: {error}", code="decode_refused"))
 
@@ -315,6 +322,7 @@ class Scheduler:
 
     def _finished(self, result: DecodeResult) -> None:
         job, choice = self.owner.pop(result.uid)
+        choice.answered = True
         self.freed += 1
         job.post(("choice", choice.index, self.on_result(job, choice, result)))
         job.finished += 1
@@ -328,11 +336,12 @@ class Scheduler:
                 self.metrics.latency.observe(time.monotonic() - job.arrived)
 
     def _recover(self, key: tuple[LaneKey, int], session: DecodeSession, error: Exception) -> None:
-        """A failed step: a request alone in its session fails; a shared session's requests start again alone."""
+        """A failed step: a request alone in its session fails; a shared session's requests start again
+        alone, each with only its unanswered choices (an answered one is neither decoded nor sent again)."""
         del self.sessions[key]
         jobs = list(dict.fromkeys(self.owner[uid][0] for uid in session.uids if uid in self.owner))
         for job in jobs:
-            for choice in job.choices:
+            for choice in job.pending:
                 self.owner.pop(choice.uid, None)
         if len(jobs) == 1 and (jobs[0].solo or len(session.uids) == 1):
             self._fail(
@@ -343,12 +352,12 @@ class Scheduler:
             for job in jobs:
                 if job in self.running:
                     self.running.remove(job)
-                job.solo, job.finished = True, 0
+                job.solo = True  # ``finished`` still counts its answered choices
             self.waiting.extendleft(reversed(jobs))  # first again, in their order
 
     def _gauges(self) -> None:
         with self.cond:
-            self.metrics.running_samples.set(sum(len(j.choices) - j.finished for j in self.running))
+            self.metrics.running_samples.set(sum(len(j.pending) for j in self.running))
             self.metrics.running_rows.set(sum(s.rows for _, s in self.sessions.values()))
             self.metrics.lanes.set(len(self.sessions))
 
@@ -357,6 +366,6 @@ class Scheduler:
         with self.cond:
             return {
                 "waiting": len(self.waiting),
-                "running": sum(len(j.choices) for j in self.running),
+                "running": sum(len(j.pending) for j in self.running),
                 "sessions": len(self.sessions),
             }

@@ -16,6 +16,7 @@ from typing import ClassVar, Protocol
 import attrs
 import torch
 
+from dlmsearch.core.temperature import COMMIT_RULE, TemperatureOwner
 from dlmsearch.search.components.bound import with_layout
 from dlmsearch.search.records.state import BlockRule, Canvas, Evaluation, Layout
 from dlmsearch.validation import check_choice, check_type, number
@@ -626,7 +627,7 @@ class UniformNoiseSteps:
     stability_threshold: int = number(int, 0, default=1)
     confidence_threshold: float = number(float, 0.0, default=0.005)
     block_budget: int | None = attrs.field(init=False, default=None)
-    statistics: ClassVar[frozenset[str]] = frozenset({"tempered_entropy", "draft", "repeats"})
+    statistics: ClassVar[frozenset[str]] = frozenset({"tempered_entropy", "draft", "draft_confidence", "repeats"})
     holds_block: ClassVar[bool] = False
     whole_prefix: ClassVar[bool] = False
     redecides: ClassVar[bool] = True
@@ -646,6 +647,16 @@ class UniformNoiseSteps:
         """``[R]`` each row's temperature at its step ``n = N - rounds spent on the canvas``."""
         step = (self.max_steps - canvas.block_round).to(torch.int32)
         return self.t_min + (self.t_max - self.t_min) * (step / self.max_steps)
+
+    @property
+    def temperature_owner(self) -> TemperatureOwner:
+        """The rule decides every row's temperature (:meth:`temperature`): the plan refuses one set elsewhere."""
+        return TemperatureOwner(
+            COMMIT_RULE,
+            f"commit rule UniformNoiseSteps (schedule {self.t_max}→{self.t_min} over each canvas's steps)",
+            f"{self.t_max}→{self.t_min}",
+            "set decoder.commit.t_max and decoder.commit.t_min instead (the first and last step's)",
+        )
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         """``[R, T]`` the keep-set: the EB-Sampler's prefix of the current block by ascending entropy
@@ -676,19 +687,26 @@ class UniformNoiseSteps:
         call: torch.Tensor,
         mask_id: int,
         also_keep: torch.Tensor | None = None,
+        depth: int | torch.Tensor = 0,
+        branch: int | torch.Tensor = -1,
+        advance: bool = True,
     ) -> Canvas:
         """One step's update: the keep-set takes its samples and the rest is re-noised, or a
-        finished canvas takes its draft whole (and the row moves to the next canvas).
+        finished canvas takes its draft whole, recorded with the draft's probability (and the row
+        moves to the next canvas, unless ``advance`` is False: a lookahead branch stops there).
 
         Args:
             canvas: the rows.
-            evaluation: their evaluations (samples, drafts, entropies, repeats).
+            evaluation: their evaluations (samples, drafts and their probabilities, entropies, repeats).
             layout: the decode's layout.
             call: ``[R]`` each row's model-call count (recorded as the commits' call).
             mask_id: the open-position marker.
             also_keep: ``[R, T]`` positions kept beside the keep-set (a lookahead branch's candidate).
+            depth: the lookahead depth of the step (0: the base rule on the root).
+            branch: its lookahead branch (``[R]`` or one; -1: the base rule).
+            advance: False keeps a finished canvas's row on it (a branch: only a root encodes a canvas).
         """
-        assert evaluation.draft is not None
+        assert evaluation.draft is not None and evaluation.draft_confidence is not None
         done = self.finishes(canvas, evaluation, layout)
         block = canvas.in_current_block(layout) & canvas.attention
         chosen = self.select(canvas, evaluation, layout)
@@ -696,7 +714,8 @@ class UniformNoiseSteps:
             chosen = chosen | (also_keep & block)
         keep = torch.where(done[:, None], block, chosen)
         token = torch.where(done[:, None], evaluation.draft.long(), evaluation.token)
-        return canvas.redecide(keep, done, token, evaluation.confidence, call, layout, self, mask_id)
+        confidence = torch.where(done[:, None], evaluation.draft_confidence, evaluation.confidence)
+        return canvas.redecide(keep, done, token, confidence, call, layout, self, mask_id, depth, branch, advance)
 
 
 def _block_columns(canvas: Canvas, layout: Layout) -> torch.Tensor:

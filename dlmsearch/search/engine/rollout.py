@@ -26,6 +26,7 @@ import torch
 from dlmsearch.core.capabilities import ModelCapabilities
 from dlmsearch.core.sampling import CONFIDENCE_SOURCES, Sampling
 from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.models.group_decisions import GroupDecisions
 from dlmsearch.models.kv_storage import CachedRows
 from dlmsearch.search.engine import statistics as statistics_registry
 from dlmsearch.search.engine import uniform_noise
@@ -68,12 +69,11 @@ class Forward:
 
 @attrs.frozen
 class LayerwiseForward:
-    """What a layerwise forward needs beyond its rows' tokens: the slots' stores, which rows write
-    theirs back (a slot's own canvas), the policy and the generation's first column."""
+    """What a layerwise forward needs beyond its rows' tokens: the slots' stores, each row's slot
+    and the generation's first column (which rows write their stores back: :meth:`RolloutEngine._store`)."""
 
     memory: SlotMemory
     slot: torch.Tensor
-    root: torch.Tensor
     gen_start: int
 
 
@@ -84,7 +84,7 @@ class CallRows:
     tokens: torch.Tensor  # [rows, width]
     attention: torch.Tensor  # [rows, width] real (non-padding) columns
     slot: torch.Tensor  # [rows] each row's slot: its stores in the memory
-    uid: torch.Tensor  # [rows] the sample's dataset-wide id (a draws key)
+    draw_key: torch.Tensor  # [rows] the sample's draws key (its ``DecodeRequest.key``, by default its uid)
     row_key: torch.Tensor  # [rows] the branch within its sample, 0: the slot's root (a draws key)
     call: torch.Tensor  # [rows] model calls the row's sample made before this one (a draws key)
     window: tuple[torch.Tensor, torch.Tensor] | None  # [rows] first and end column each row decodes
@@ -93,6 +93,13 @@ class CallRows:
     top_k: torch.Tensor | None = None  # [rows] top-k (0: none), over the decode's
     seed: torch.Tensor | None = None  # [rows] the draws' first key (None: the engine's)
     group: torch.Tensor | None = None  # [rows] rows of one group with the same tokens share a forward
+    uid: torch.Tensor | None = None  # [rows] the sample's uid, which messages name (None: the draws key)
+
+    @property
+    def named(self) -> torch.Tensor:
+        """``[rows]`` the id an error message names each row's sample by: its uid (the draws key
+        where none was given), never a key many samples share (a server's requests are all key 0)."""
+        return self.draw_key if self.uid is None else self.uid
 
     @property
     def root(self) -> torch.Tensor:
@@ -103,9 +110,11 @@ class CallRows:
         window = None if self.window is None else (self.window[0][at], self.window[1][at])
         optional = {
             name: None if getattr(self, name) is None else getattr(self, name)[at]
-            for name in ("temperature", "top_p", "top_k", "seed", "group")
+            for name in ("temperature", "top_p", "top_k", "seed", "group", "uid")
         }
-        picked = {name: getattr(self, name)[at] for name in ("tokens", "attention", "slot", "uid", "row_key", "call")}
+        picked = {
+            name: getattr(self, name)[at] for name in ("tokens", "attention", "slot", "draw_key", "row_key", "call")
+        }
         return CallRows(**picked, window=window, **optional)
 
 
@@ -144,14 +153,16 @@ class PreparedCall:
 @attrs.frozen
 class ForwardOutput:
     """What one forward returns: its summaries per summarised column, its keys and values (a full
-    forward's, for a refresh; a layerwise one's columns read and recomputed), which rows it computed
-    (not copied), the canvas columns summarised and which of them are real."""
+    forward's, for a refresh; a layerwise one's columns read and recomputed, and its rows' updated
+    stores), which rows it computed (not copied), the canvas columns summarised and which of them
+    are real, and the slot-store writes it computed, pending until it succeeded (:meth:`RolloutEngine._store`)."""
 
     summaries: dict[str, torch.Tensor]
     kv: list | tuple | None
     computed: torch.Tensor  # [rows]
     span: torch.Tensor  # [rows, columns]
     real: torch.Tensor  # [rows, columns]
+    writes: tuple[Callable[[], None], ...] = ()  # in order: a layerwise store, a canvas memory, KLASS's history
 
 
 @attrs.define(eq=False)
@@ -299,13 +310,18 @@ class RolloutEngine:
             self.layer_forwards = torch.zeros(self.adapter.module.config.num_layers, dtype=torch.long)
         if not str(self.adapter.device).startswith("cuda"):
             keep_freed_memory()  # vocabulary-sized tensors are reused instead of page-faulted in every forward
-        if self.compile and able.compiles:
+        if self.compile and able.compiles and able.tensor_parallel == 1:  # sharded: the plan refuses it (its rule 15)
             self.adapter.compile()
 
     @property
     def capabilities(self) -> ModelCapabilities:
         """What the model can do (cache policies, shadow block, logit shift, stop ids, vocabulary, compile)."""
         return self.adapter.capabilities
+
+    @property
+    def decisions(self) -> GroupDecisions:
+        """The agreement of the model's tensor-parallel group (one process: agrees with itself, no collective)."""
+        return GroupDecisions.of(self.adapter.module)
 
     @property
     def device(self) -> str:
@@ -374,9 +390,10 @@ class RolloutEngine:
         if rows.window is None:
             return rows, None
         if self.uniform_noise:  # the encoder's call: what is finished before each root's canvas
-            encoded = uniform_noise.encode_pending(
-                self.adapter, rows.tokens, rows.attention, rows.window[0], rows.slot, rows.root, settings.memory
-            )
+            with self.decisions.paired(_out_of_memory):  # no back-off here: a sharded encoder's rank fails alone
+                encoded = uniform_noise.encode_pending(
+                    self.adapter, rows.tokens, rows.attention, rows.window[0], rows.slot, rows.root, settings.memory
+                )
             if encoded is None:
                 return rows, None
             at, cost = encoded
@@ -401,7 +418,7 @@ class RolloutEngine:
         outputs = CallOutputs.empty(rows.tokens.shape, settings.statistics, self.mask_id)
         run = functools.partial(self._run, prepared)
         for planned in self._forwards(rows, settings, prepared.copy_of):
-            for forward, output in self._forward(planned, run, rows.uid):
+            for forward, output in self._forward(planned, run, rows.named):
                 outputs.write(forward, output)
                 self._charge(prepared, forward, output, outputs)
                 self._store(prepared, forward, output)
@@ -415,8 +432,7 @@ class RolloutEngine:
             return 0
         assert window is not None, "the verify statistic needs the rows' windows"
         lengths = torch.unique(window[1] - window[0])
-        if len(lengths) != 1:
-            raise ValueError("the verify statistic needs every row to decode one block of the same length")
+        assert len(lengths) == 1, "the verify statistic needs every row in one block of one length (the plan's rule 20)"
         return int(lengths[0])
 
     def _prepare(self, rows: CallRows, settings: CallSettings) -> PreparedCall:
@@ -434,13 +450,13 @@ class RolloutEngine:
         ordering = statistics_registry.from_source(settings.statistics, "draws")
         seed = torch.tensor(self.seed) if rows.seed is None else rows.seed[:, None]
         if self.uniform_noise:  # open positions hold the ids drawn after the sample's previous call
-            keys = [seed, rows.uid[:, None], rows.call[:, None] - 1, rows.row_key[:, None]]
+            keys = [seed, rows.draw_key[:, None], rows.call[:, None] - 1, rows.row_key[:, None]]
             tokens = uniform_noise.noised(rows.tokens, rows.attention, keys, self.mask_id, self.adapter.vocab_size)
             rows = attrs.evolve(rows, tokens=tokens)
         uniform = draw = None
         if sampled or ordering:
             position = rows.attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
-            keys = [seed, rows.uid[:, None], rows.call[:, None], rows.row_key[:, None], position]
+            keys = [seed, rows.draw_key[:, None], rows.call[:, None], rows.row_key[:, None], position]
             uniform = hashed_uniform(keys) if ordering else None
             draw = hashed_uniform(keys + [torch.tensor(Stream.TOKEN_SAMPLE)]) if sampled else None
         self._estimate_budget(rows.attention, settings.from_column)
@@ -458,7 +474,9 @@ class RolloutEngine:
         if self.auto_key != key:
             self.auto_key = key
             dtype = getattr(torch, self.adapter.dtype)
-            self.auto_budget = auto_row_budget(self.adapter.module, self.adapter.device, dtype, *key, self.cache.stores)
+            fits = auto_row_budget(self.adapter.module, self.adapter.device, dtype, *key, self.cache.stores)
+            # a tensor-parallel group: what fits every rank's device, so every rank runs the same forwards
+            self.auto_budget = self.decisions.least(fits)
 
     def _run(self, prepared: PreparedCall, forward: Forward) -> ForwardOutput:
         """One forward's rows through the model and the summaries."""
@@ -468,10 +486,13 @@ class RolloutEngine:
         merged = None if forward.cached or prepared.shadow_length else prepared.copy_of  # shadow rows: all computed
         source = _within(index, merged)
         computed = source == torch.arange(len(index))
-        summaries, kv = self._summarise(prepared, forward, span, real, None if bool(computed.all()) else source)
+        summaries, kv, writes = self._summarise(prepared, forward, span, real, None if bool(computed.all()) else source)
         if forward.layerwise:  # columns the policy did not bring up to date read as the mask
             real = real & kv[0]
-        return ForwardOutput(summaries, kv, computed, span, real)
+            # a slot's own canvas puts its copy of the slot's store back (a branch never does)
+            put = functools.partial(prepared.settings.memory.layers.put, rows.slot[index], kv[2], rows.root[index])
+            writes = (put, *writes)
+        return ForwardOutput(summaries, kv, computed, span, real, writes)
 
     def _charge(self, prepared: PreparedCall, forward: Forward, output: ForwardOutput, outputs: CallOutputs) -> None:
         """A forward's cost per row it computed: rows (a guided row twice), and token-forwards (a
@@ -497,8 +518,14 @@ class RolloutEngine:
             outputs.token_cost[counted] += copies * rows.attention[counted].sum(dim=1) + prepared.shadow_length
 
     def _store(self, prepared: PreparedCall, forward: Forward, output: ForwardOutput) -> None:
-        """Refreshing rows' keys and values into their slots' storage (a layerwise policy's forward
-        and an exact store's cached forward wrote theirs in place: the latter marks how far)."""
+        """The forward's writes to its slots' stores, applied only once it succeeded, summaries
+        included (a tensor-parallel group: on every rank), so a forward retried after running out of
+        memory reads every store as it was: the pending writes it computed (a layerwise forward's
+        roots' copies of their slots' stores, a uniform-noise canvas memory, KLASS's history), and
+        refreshing rows' keys and values (an exact store's cached forward wrote theirs in place,
+        into columns none of its rows reads, so a retry writes the same: it marks how far)."""
+        for write in output.writes:
+            write()
         if forward.layerwise:
             return
         storage, refresh = prepared.settings.memory.kv, forward.refresh
@@ -530,27 +557,32 @@ class RolloutEngine:
         the configured ``row_budget`` (a budget that is still too large fails once more and halves
         again). Results do not change: a row's logits do not depend on its batch, and the
         counters count the logical step and its rows once, not the retries.
+
+        A tensor-parallel group backs off as one: after every attempt the ranks agree whether any
+        ran out of memory (:class:`~dlmsearch.models.group_decisions.GroupDecisions`), and all
+        halve and retry together, so their next forwards (and all-reduces) pair.
         """
         rows, budget = len(forward.rows), self.current_budget
         if (forward.distinct or rows) > budget:  # the budget dropped earlier in this step: no need to fail again first
             for start in range(0, rows, budget):
                 yield from self._forward(self._piece(forward, slice(start, start + budget)), run, sample_uid)
             return
+        cause, decisions = None, self.decisions
         try:
             result = run(forward)
         except RuntimeError as error:
             if not _out_of_memory(error):
                 raise
-            if rows == 1:
-                uid = sorted(set(sample_uid[forward.rows].tolist()))
-                raise torch.OutOfMemoryError(
-                    f"out of memory forwarding a single row of sample uid(s) {uid} (split from a forward of "
-                    f"{planned_rows or rows} row(s); row_budget={self.row_budget}{f' = {self.max_rows}' if self.row_budget == 'auto' else ''}): {error}"
-                ) from error
-        else:
+            if rows == 1 and decisions.group is None:
+                raise self._row_out_of_memory(forward, sample_uid, planned_rows, str(error)) from error
+            cause = str(error)
+        if not decisions.highest(cause is not None):  # one process: its own outcome; a group: any rank's
             self._succeeded()
             yield forward, result
             return
+        if rows == 1:
+            cause = cause or "another rank of its tensor-parallel group ran out of memory"
+            raise self._row_out_of_memory(forward, sample_uid, planned_rows, cause)
         # Retried outside the except clause, so that the failed attempt's tensors (held by its traceback) are freed.
         half = (rows + 1) // 2
         self.budget, self.successes = min(self.current_budget, half), 0
@@ -558,6 +590,17 @@ class RolloutEngine:
             torch.cuda.empty_cache()
         for part in (slice(0, half), slice(half, rows)):
             yield from self._forward(self._piece(forward, part), run, sample_uid, planned_rows or rows)
+
+    def _row_out_of_memory(
+        self, forward: Forward, sample_uid: torch.Tensor, planned_rows: int | None, cause: str
+    ) -> torch.OutOfMemoryError:
+        """The error of a single row that ran out of memory: its sample, the rows tried, the budget and the cause."""
+        uid = sorted(set(sample_uid[forward.rows].tolist()))
+        auto = f" = {self.max_rows}" if self.row_budget == "auto" else ""
+        return torch.OutOfMemoryError(
+            f"out of memory forwarding a single row of sample uid(s) {uid} (split from a forward of "
+            f"{planned_rows or len(forward.rows)} row(s); row_budget={self.row_budget}{auto}): {cause}"
+        )
 
     @staticmethod
     def _piece(forward: Forward, part: slice) -> Forward:
@@ -688,8 +731,10 @@ class RolloutEngine:
         span: torch.Tensor,
         real: torch.Tensor,
         source: torch.Tensor | None,
-    ) -> tuple[dict[str, torch.Tensor], list | tuple | None]:
-        """A forward's per-position summaries on the host, and its keys and values.
+    ) -> tuple[dict[str, torch.Tensor], list | tuple | None, tuple[Callable[[], None], ...]]:
+        """A forward's per-position summaries on the host, its keys and values, and the writes to
+        its slots' stores that it computed (a uniform-noise canvas memory, KLASS's history), pending:
+        :meth:`_store` applies them once the forward succeeded.
 
         Args:
             prepared: the call (rows, settings, draws).
@@ -699,9 +744,11 @@ class RolloutEngine:
             source: ``[rows]`` the row each one copies (None: every row computed).
         """
         rows, settings = prepared.rows, prepared.settings
-        index = forward.rows
+        index, writes = forward.rows, []
         with self._timed("summary"):
-            logits, kv, verify = self._logits(prepared, forward, source)
+            # the model's all-reduces: a rank that runs out of memory among them alone ends the run (GroupDiverged)
+            with self.decisions.paired(_out_of_memory):
+                logits, kv, verify = self._logits(prepared, forward, source)
             logits[..., self.adapter.never_proposed] = -math.inf  # a committed token can never be the mask
             sampling = RowSampling(rows.temperature[index], rows.top_p[index], rows.top_k[index])
             draw = None if prepared.draw is None else prepared.draw[index[:, None], span]
@@ -713,7 +760,7 @@ class RolloutEngine:
             if self.uniform_noise:
                 processed = summaries.pop("processed")
                 draft = summaries["draft"].long().cpu()  # the uniform-noise rule asks for it (plan rule 11)
-                repeats = uniform_noise.remember(
+                repeats, remember = uniform_noise.remember(
                     settings.memory,
                     rows.slot[index],
                     forward.query[:, 0],
@@ -722,6 +769,7 @@ class RolloutEngine:
                     draft,
                     getattr(torch, self.adapter.dtype),
                 )
+                writes.append(remember)
                 if "repeats" in settings.statistics:
                     summaries["repeats"] = repeats[:, None].float().expand(-1, logits.shape[1]).to(logits.device)
             if verify is not None:
@@ -729,11 +777,12 @@ class RolloutEngine:
             history = statistics_registry.from_source(settings.statistics, "history")
             if history:  # KLASS: against the slot's previous distributions; columns start at the generation region
                 low = forward.query[:, 0] if forward.cached else forward.columns[0]
-                step = settings.memory.history.step(
+                step, keep = settings.memory.history.step(
                     logits, rows.slot[index], low - settings.from_column, rows.root[index]
                 )
+                writes.append(keep)
                 summaries.update(dict.fromkeys(history, step))
-            return self._to_host(summaries, real, rows.uid[index]), kv
+            return self._to_host(summaries, real, rows.named[index]), kv, tuple(writes)
 
     def _logits(
         self, prepared: PreparedCall, forward: Forward, source: torch.Tensor | None
@@ -778,7 +827,7 @@ class RolloutEngine:
         rows, memory = prepared.rows, prepared.settings.memory
         index = forward.rows
         if forward.layerwise:
-            return LayerwiseForward(memory, rows.slot[index], rows.root[index], prepared.settings.from_column)
+            return LayerwiseForward(memory, rows.slot[index], prepared.settings.from_column)
         if forward.cached:
             in_place = forward.refresh if self.cache.exact else None
             return CachedRows(memory.kv, rows.slot[index], in_place, forward.logits_from)
@@ -882,7 +931,9 @@ class RolloutEngine:
         forward: LayerwiseForward,
     ) -> tuple[torch.Tensor, tuple]:
         """The rows' logits under a layerwise policy: each row computes on a copy of its slot's
-        store; a slot's own canvas writes its copy back (a branch never does)."""
+        store, returned beside the columns read and recomputed; :meth:`_store` writes a slot's own
+        canvas's copy back (a branch never does) once the forward's summaries succeeded, so a
+        forward retried after running out of memory reads the store as it was."""
         module, store = self.adapter.module, forward.memory.layers
         call = LayerCall(
             tokens,
@@ -900,5 +951,4 @@ class RolloutEngine:
         logits, read, recomputed = self.adapter.layerwise_logits(tokens, attention, low, high, rule)
         rule.finish(logits, read)
         self.store_peak_bytes = max(self.store_peak_bytes, store.nbytes + rule.extra_bytes)
-        store.put(forward.slot, fields, forward.root)
-        return logits, (read, recomputed)
+        return logits, (read, recomputed, fields)

@@ -9,6 +9,8 @@ methods keep its slots in step with the decode state's rows.
 
 from __future__ import annotations
 
+import copy
+
 import attrs
 import torch
 
@@ -29,8 +31,9 @@ class SlotMemory:
     layers: LayerStore = attrs.field(factory=LayerStore)
     prefixes: EncoderPrefixes = attrs.field(factory=EncoderPrefixes)
     canvas: CanvasMemory = attrs.field(factory=CanvasMemory)
-    # Moves on with every step and every change of the slots (reorder, admit): a decode state made
-    # at another version reads stores written for another one, and is refused (``driver._check_current``)
+    # Moves on as every step starts and with every change of the slots (reorder, admit): a decode state
+    # made at another version reads stores written for another one, and is refused (``driver._check_current``);
+    # a step that failed midway leaves its input state refused too
     version: int = 0
 
     def advance(self) -> int:
@@ -70,7 +73,10 @@ class SlotMemory:
             store.admit(slots)
 
     def split(self, slots: torch.Tensor) -> SlotMemory:
-        """A copy holding only these slots' stores (finished samples taken out of a decode); this one is unchanged."""
+        """A copy holding only these slots' stores (finished samples taken out of a decode); this one
+        is unchanged. It shares nothing with this one, so neither decode can write the other's
+        stores: the tensor stores are indexed (a new tensor), transformers' prefix caches (objects
+        an encoder call extends) are deep-copied."""
         part = SlotMemory(
             attrs.evolve(self.kv),
             attrs.evolve(self.history),
@@ -80,4 +86,5 @@ class SlotMemory:
             self.version,
         )
         part.reorder(slots)
+        part.prefixes.caches = [copy.deepcopy(cache) for cache in part.prefixes.caches]
         return part

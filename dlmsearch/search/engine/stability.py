@@ -11,6 +11,9 @@ divergence is huge, as upstream.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import attrs
 import torch
 
@@ -39,22 +42,37 @@ class DistributionHistory:
             self.probs = torch.cat([self.probs, self.probs.new_zeros(slots, *self.probs.shape[1:])])
             self.last = torch.cat([self.last, self.last.new_zeros(slots, *self.last.shape[1:])])
 
-    def step(self, logits: torch.Tensor, slots: torch.Tensor, start: int, store: torch.Tensor) -> torch.Tensor:
+    def step(
+        self, logits: torch.Tensor, slots: torch.Tensor, start: int, store: torch.Tensor
+    ) -> tuple[torch.Tensor, Callable[[], None]]:
         """``[R, T]`` the larger of this step's and the previous step's divergence at generation
-        columns ``start : start + T`` of these rows' slots; the rows in ``store`` (roots) become
-        their slots' new previous step."""
+        columns ``start : start + T`` of these rows' slots, and the write that makes the rows in
+        ``store`` (roots) their slots' new previous step. The caller applies it only once the whole
+        forward succeeded: one retried after running out of memory must read the history as it was."""
         probs = torch.softmax(logits.double(), dim=-1)
         width = start + probs.shape[1]
-        if self.probs is None or self.probs.shape[1] < width or self.probs.shape[2] != probs.shape[2]:
+        index = slots.to(probs.device)
+        if self._fits(width, probs.shape[2]):
+            assert self.probs is not None and self.last is not None
+            previous, last = self.probs[index, start:width], self.last[index, start:width]
+        else:  # none yet, or too narrow: the write starts afresh (zeros, as before any slot's first step)
+            previous, last = torch.zeros_like(probs), probs.new_zeros(probs.shape[:2])
+        divergence = (probs * (torch.log(probs + 1e-12) - torch.log(previous + 1e-12))).sum(dim=-1)
+        recent = torch.maximum(divergence, last)
+        keep = store.to(probs.device)
+        return recent.float(), functools.partial(self._keep, index[keep], start, probs[keep], divergence[keep])
+
+    def _fits(self, width: int, vocab: int) -> bool:
+        """The history holds ``width`` generation columns of this vocabulary."""
+        return self.probs is not None and self.probs.shape[1] >= width and self.probs.shape[2] == vocab
+
+    def _keep(self, slots: torch.Tensor, start: int, probs: torch.Tensor, divergence: torch.Tensor) -> None:
+        """These slots' new previous step (a history too narrow for it is first replaced by zeros)."""
+        width = start + probs.shape[1]
+        if not self._fits(width, probs.shape[2]):
             self.probs = torch.zeros(self.slots, width, probs.shape[2], dtype=torch.float64, device=probs.device)
             self.last = torch.zeros(self.slots, width, dtype=torch.float64, device=probs.device)
-        assert self.last is not None
-        index = slots.to(probs.device)
-        previous = self.probs[index, start:width]
-        divergence = (probs * (torch.log(probs + 1e-12) - torch.log(previous + 1e-12))).sum(dim=-1)
-        recent = torch.maximum(divergence, self.last[index, start:width])
-        keep = index[store.to(probs.device)]
-        if keep.numel():
-            self.probs[keep, start:width] = probs[store.to(probs.device)]
-            self.last[keep, start:width] = divergence[store.to(probs.device)]
-        return recent.float()
+        assert self.probs is not None and self.last is not None
+        if slots.numel():
+            self.probs[slots, start:width] = probs
+            self.last[slots, start:width] = divergence

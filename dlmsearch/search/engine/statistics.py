@@ -41,6 +41,12 @@ def draft(read: torch.Tensor) -> torch.Tensor:
     return read.argmax(dim=-1).float()
 
 
+def draft_confidence(read: torch.Tensor) -> torch.Tensor:
+    """The probability of the draft (:func:`draft`, the largest): what a finished uniform-noise
+    canvas records for the tokens it holds, so ``log_probability`` ranks the output's own tokens."""
+    return read.max(dim=-1).values
+
+
 def tempered_entropy(processed: torch.Tensor) -> torch.Tensor:
     """The entropy of ``softmax(processed)`` exactly as ``torch.distributions.Categorical(logits=processed)``
     computes it (DiffusionGemma's EB-Sampler and stopping rule read this one, not Dream's)."""
@@ -69,6 +75,7 @@ REGISTRY: dict[str, Statistic] = {
         Statistic("kl", "history"),
         Statistic("verify", "shadow"),
         Statistic("draft", "distribution", draft),
+        Statistic("draft_confidence", "distribution", draft_confidence),
         Statistic("tempered_entropy", "logits", tempered_entropy),
         Statistic("repeats", "canvas"),
     )

@@ -19,6 +19,9 @@ draw, so a row's canvas never depends on its batch:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 from dlmsearch.core.attention import positions
@@ -105,7 +108,20 @@ def denoise(
         slot: ``[R]`` each row's slot.
         row_key: ``[R]`` each row's key (a lookahead branch reads its own memory where it has one).
         memory: the slots' stores (``memory.prefixes``, ``memory.canvas``).
+
+    Raises:
+        RuntimeError: a row's slot has encoded a prefix that does not end where the row's canvas
+            starts (a row past its slot's canvas: its logits would read a stale prefix).
     """
+    end = memory.prefixes.end[slot]
+    stale = ((end >= 0) & (end != start)).nonzero().squeeze(1).tolist()  # -1: none yet (the adapter refuses it)
+    if stale:
+        r = stale[0]
+        raise RuntimeError(
+            f"a uniform-noise decoder call would denoise the canvas at column {int(start[r])} of slot {int(slot[r])} "
+            f"(row key {int(row_key[r])}) against an encoded prefix that ends at column {int(end[r])}: only a slot's "
+            "own row encodes a finished canvas, so no row may denoise past its slot's canvas"
+        )
     columns = start[:, None] + torch.arange(adapter.canvas_length)[None, :]
     canvas = tokens.gather(1, columns)
     at = positions(attention).gather(1, columns)
@@ -120,10 +136,12 @@ def remember(
     processed: torch.Tensor,
     draft: torch.Tensor,
     dtype: torch.dtype,
-) -> torch.Tensor:
-    """``[R]`` steps in a row each row's draft has repeated; every row keeps its processed logits
-    (the next step's self-conditioning, in the model's ``dtype``) and draft: a slot's own row in the
-    slot's memory, a lookahead branch in its own.
+) -> tuple[torch.Tensor, Callable[[], None]]:
+    """``[R]`` steps in a row each row's draft has repeated, and the write by which every row keeps
+    its processed logits (the next step's self-conditioning, in the model's ``dtype``) and draft: a
+    slot's own row in the slot's memory, a lookahead branch in its own. The caller applies it only
+    once the whole forward succeeded: one retried after running out of memory must read the memory
+    as it was (else it conditions on this step's logits and counts this draft twice).
 
     Args:
         memory: the slots' stores (``memory.canvas``).
@@ -134,7 +152,9 @@ def remember(
         draft: ``[R, L]`` the step's drafts.
         dtype: the model's dtype (the self-conditioning input is kept in it, as the reference keeps it).
     """
-    return memory.canvas.remember(slot, start, row_key, is_root(row_key), processed.to(dtype), draft)
+    repeats = memory.canvas.repeated(slot, start, row_key, draft)
+    kept = processed.to(dtype)
+    return repeats, functools.partial(memory.canvas.remember, slot, start, row_key, is_root(row_key), kept, draft)
 
 
 __all__ = ["denoise", "encode_pending", "noised", "remember"]

@@ -43,6 +43,7 @@ class Evaluation:
         None  # [R, T] added to the commit order's scores (a population's particles diverge)
     )
     draft: torch.Tensor | None = None  # [R, T] the most likely token (a uniform-noise model's output), as a float
+    draft_confidence: torch.Tensor | None = None  # [R, T] the draft's probability, read as ``confidence`` is
     tempered_entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution tokens are drawn from
     repeats: torch.Tensor | None = None  # [R, T] steps in a row the row's whole draft has not changed (per row)
 
@@ -65,6 +66,7 @@ class Evaluation:
             kl=zeros if "kl" in statistics else None,
             verify=zeros if "verify" in statistics else None,
             draft=zeros if "draft" in statistics else None,
+            draft_confidence=zeros if "draft_confidence" in statistics else None,
             tempered_entropy=zeros if "tempered_entropy" in statistics else None,
             repeats=zeros if "repeats" in statistics else None,
         )
@@ -108,7 +110,9 @@ class BlockRule(Protocol):
     block_budget: int | None  # rounds a row may spend in one block (fast block diffusion); None: no budget
     holds_block: bool  # stay for the whole budget even when the block is full (rules paired with a revision)
     whole_prefix: bool  # a block is full only when no mask is left before its end, earlier blocks' too (Saber)
-    redecides: bool  # every step re-decides the whole current block (uniform noise: what is not kept is re-noised)
+    # every step re-decides the whole current block (uniform noise: what is not kept is re-noised), sampling at
+    # the rule's own temperature (its ``temperature(canvas)``, declared as its ``temperature_owner``)
+    redecides: bool
 
 
 @attrs.frozen
@@ -249,13 +253,18 @@ class Canvas:
         layout: Layout,
         rule: BlockRule,
         mask_id: int,
+        depth: int | torch.Tensor = 0,
+        branch: int | torch.Tensor = -1,
+        advance: bool = True,
     ) -> Canvas:
         """Uniform noise: the current block is decided afresh. Positions in ``keep`` take
-        ``proposal`` (committed at ``call``); every other position of the block is open again
+        ``proposal`` (committed at ``call``, recorded at lookahead ``depth`` and ``branch``, as
+        :meth:`commit` records them); every other position of the block is open again
         (``mask_id``; its noise is drawn at the model boundary), a kept one counted as a revision
         (a given first canvas, ``initial_canvas``, is re-decided too: it is only the first step's
         input). A block stays under review (:attr:`review`) until ``finished``: all kept
-        is not finished, the next step re-decides it. Then finished blocks advance by ``rule``.
+        is not finished, the next step re-decides it. Then finished blocks advance by ``rule``
+        (``advance=False``: a lookahead branch, which stops at the canvas it finished).
 
         Args:
             keep: ``[R, T]`` bool, the positions kept this step.
@@ -266,10 +275,15 @@ class Canvas:
             layout: the decode's layout.
             rule: when a row leaves its block.
             mask_id: the id that marks an open position.
+            depth: the lookahead depth of the step (one for all rows, or ``[R]``; 0: the base rule).
+            branch: its lookahead branch (one for all rows, or ``[R]``; -1: the base rule).
+            advance: False leaves finished blocks where they are (a branch never enters the next canvas).
         """
         block = self.in_current_block(layout) & self.attention
         keep = keep & block
         reopen = block & ~keep
+        depth = torch.as_tensor(depth, device=keep.device).expand(self.rows)[:, None]
+        branch = torch.as_tensor(branch, device=keep.device).expand(self.rows)[:, None]
         canvas = attrs.evolve(
             self,
             tokens=torch.where(keep, proposal, torch.where(reopen, mask_id, self.tokens)),
@@ -277,12 +291,17 @@ class Canvas:
             block_round=self.block_round + 1,
             commit_call=torch.where(keep, call[:, None], torch.where(reopen, -1, self.commit_call)),
             commit_confidence=torch.where(keep, confidence, self.commit_confidence),
-            commit_depth=torch.where(keep, 0, torch.where(reopen, -1, self.commit_depth)),
-            commit_branch=torch.where(block, -1, self.commit_branch),
+            commit_depth=torch.where(keep, depth, torch.where(reopen, -1, self.commit_depth)),
+            commit_branch=torch.where(keep, branch, torch.where(block, -1, self.commit_branch)),
             revisions=self.revisions + (reopen & ~self.masked).long(),
             review=~finished,
         )
-        return canvas.advance_blocks(layout, rule)
+        return canvas.advance_blocks(layout, rule) if advance else canvas
+
+    def canvas_finished(self, layout: Layout) -> torch.Tensor:
+        """``[R]`` rows whose current block is final: no open position left in it and not under
+        review (uniform noise: the step that finished it took its draft)."""
+        return (self.masks_left(layout, self.block) == 0) & ~self.review
 
     def remask(self, positions: torch.Tensor, mask_id: int) -> Canvas:
         """Return committed ``positions`` to the mask (a revision), counting it; blocks never move

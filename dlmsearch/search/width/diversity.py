@@ -14,6 +14,7 @@ from typing import Protocol
 import attrs
 import torch
 
+from dlmsearch.core.temperature import DIVERSITY, TemperatureOwner
 from dlmsearch.search.records.randomness import Stream
 from dlmsearch.search.records.slots import SlotRows, Slots
 from dlmsearch.search.records.state import Evaluation
@@ -28,6 +29,10 @@ def varied(slots: Slots, rows: torch.Tensor, keep_greedy: bool) -> torch.Tensor:
 
 
 class Diversity(Protocol):
+    @property
+    def temperature_owner(self) -> TemperatureOwner | None:
+        """What it declares where it decides the particles' token temperature (None: it leaves it to the settings)."""
+
     def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         """``[R]`` token temperature for the rows of slots ``rows``, or None: the engine's own."""
 
@@ -44,6 +49,10 @@ class Diversity(Protocol):
 @attrs.define
 class NoDiversity:
     """Every particle decodes as the plain decoder (a population of one)."""
+
+    @property
+    def temperature_owner(self) -> TemperatureOwner | None:
+        return None
 
     def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         return None
@@ -91,6 +100,17 @@ class TokenTemperature(NoDiversity):
 
     temperature: float = number(float, 0.0, default=0.7)
     keep_greedy: bool = attrs.field(default=True, validator=check_type(bool))
+
+    @property
+    def temperature_owner(self) -> TemperatureOwner:
+        """Every particle's temperature is its own (particle 0's 0 with ``keep_greedy``): the plan refuses one set elsewhere."""
+        greedy = " (particle 0: 0.0)" if self.keep_greedy else ""
+        return TemperatureOwner(
+            DIVERSITY,
+            f"the population's diversity TokenTemperature (particles at {self.temperature}{greedy})",
+            f"{self.temperature}{greedy}" if greedy else self.temperature,
+            "set decoder.population.diversity.temperature instead",
+        )
 
     def token_temperature(self, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         return torch.where(varied(slots, rows, self.keep_greedy), self.temperature, 0.0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from dlmsearch.core.temperature import TemperatureOwner
 from dlmsearch.search.records.randomness import Stream, hashed_uniform
 from dlmsearch.search.records.slots import SlotRows, Slots
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
@@ -99,6 +100,11 @@ class Population:
 
     def running(self, state: ParticleState, slots: Slots) -> torch.Tensor:
         return state.running(slots)
+
+    @property
+    def temperature_owner(self) -> TemperatureOwner | None:
+        """The diversity's, where it decides the particles' temperature (a population of one: the plain decoder's)."""
+        return None if self.size == 1 else self.diversity.temperature_owner
 
     def token_temperature(self, state: ParticleState, slots: Slots, rows: torch.Tensor) -> torch.Tensor | None:
         return None if self.size == 1 else self.diversity.token_temperature(slots, rows)

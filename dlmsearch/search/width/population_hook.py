@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
+from dlmsearch.core.temperature import TemperatureOwner
 from dlmsearch.search.records.slots import SlotRows, Slots
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
 from dlmsearch.search.records.verifier import Verifier
@@ -48,6 +49,7 @@ class SlotCanvases:
 class PopulationHook(Protocol):
     size: int  # particles per sample
     rechecks: bool  # its final choice re-masks committed positions for the model to re-check (RemaskAgreement)
+    temperature_owner: TemperatureOwner | None  # where it decides the token temperature (token_temperature), else None
 
     def for_verifier(self, verifier: Verifier | None) -> PopulationHook:
         """The population as this task's verifier allows (the decode plan's); fails when it needs what the task does not give."""
@@ -110,6 +112,10 @@ class SinglePath:
     @property
     def rechecks(self) -> bool:
         return False
+
+    @property
+    def temperature_owner(self) -> None:
+        return None
 
     def for_verifier(self, verifier: Verifier | None) -> SinglePath:
         return self
