@@ -38,7 +38,7 @@ QUICK = {"prompt": "Make 15 from 3 5 7.", "chat": False, "max_tokens": 8, "seed"
 MATE = {"prompt": "Make 999 from 8 6 2 3.", "chat": False, "max_tokens": 8}  # 7 steps; its rows fail once armed
 STALLED = {"prompt": "Make 777 from 7 7.", "chat": False, "max_tokens": 8}  # its rows never commit a token
 COUNTERS = ("steps", "row_forwards", "token_forwards", "tokens_committed")
-ANSWER_S = 120.0  # a request unanswered by then hangs (a bound for the test, not a timing check)
+ANSWER_S = 30.0  # a request unanswered by then hangs (a bound for the test, not a timing check: it takes ~1 s)
 MAX_STEPS = 200  # far more than any test's requests need, failed steps and all: more is a session stepping forever
 
 
