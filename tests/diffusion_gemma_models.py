@@ -206,3 +206,20 @@ def load_tiny(directory: Path):
     from transformers import DiffusionGemmaForBlockDiffusion
 
     return DiffusionGemmaForBlockDiffusion.from_pretrained(directory, attn_implementation="sdpa").eval()
+
+
+def tiny_adapter(model, **kwargs):
+    """The adapter over a tiny model as the tests decode it: the mask id one past the vocabulary, EOS
+    the stop id, PAD the padding (``kwargs``: e.g. ``dtype``)."""
+    from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter
+
+    vocab = model.config.get_text_config().vocab_size
+    return DiffusionGemmaAdapter(
+        module=model,
+        mask_id=vocab,
+        vocab_size=vocab,
+        stop_ids=[EOS],
+        canvas_length=model.config.canvas_length,
+        pad_id=PAD,
+        **kwargs,
+    )

@@ -9,12 +9,11 @@ from __future__ import annotations
 import functools
 
 import torch
-from diffusion_gemma_models import EOS, PAD, tiny_diffusion_gemma
+from diffusion_gemma_models import tiny_adapter, tiny_diffusion_gemma
 from family_models import adapter_for
 
 from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.search.driver import DecodeRequest, SearchDecoder
 from dlmsearch.search.engine.adaptive import DLLMCache
@@ -59,16 +58,7 @@ def _sdar_like() -> ModelAdapter:
 
 
 def _diffusion_gemma() -> ModelAdapter:
-    model = tiny_diffusion_gemma(seed=3, moe=True)
-    vocab = model.config.get_text_config().vocab_size
-    return DiffusionGemmaAdapter(
-        module=model,
-        mask_id=vocab,
-        vocab_size=vocab,
-        stop_ids=[EOS],
-        canvas_length=model.config.canvas_length,
-        pad_id=PAD,
-    )
+    return tiny_adapter(tiny_diffusion_gemma(seed=3, moe=True))
 
 
 @functools.cache

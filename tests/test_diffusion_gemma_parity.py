@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusion_gemma_models import EOS, PAD, tiny_diffusion_gemma
+from diffusion_gemma_models import EOS, PAD, tiny_adapter, tiny_diffusion_gemma
 from diffusion_gemma_reference import ReferenceOutput, reference_generate
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -40,15 +40,7 @@ def models() -> dict[str, torch.nn.Module]:
 
 
 def _adapter(model: torch.nn.Module) -> DiffusionGemmaAdapter:
-    vocab = model.config.get_text_config().vocab_size
-    return DiffusionGemmaAdapter(
-        module=model,
-        mask_id=vocab,
-        vocab_size=vocab,
-        stop_ids=[EOS],
-        canvas_length=model.config.canvas_length,
-        pad_id=PAD,
-    )
+    return tiny_adapter(model)
 
 
 def _decode(model: torch.nn.Module, rule: UniformNoiseSteps, gen_length: int, seeds: list[int]) -> list[DecodeResult]:
@@ -280,9 +272,7 @@ def test_bfloat16_decodes(models: dict) -> None:
 
     model = copy.deepcopy(models["dense"])
     vocab = model.config.get_text_config().vocab_size
-    adapter = DiffusionGemmaAdapter(
-        module=model, mask_id=vocab, vocab_size=vocab, stop_ids=[EOS], canvas_length=8, pad_id=PAD, dtype="bfloat16"
-    )
+    adapter = tiny_adapter(model, dtype="bfloat16")
     decoder = SearchDecoder(commit=UniformNoiseSteps(max_steps=3), sampling=Sampling(confidence="sampling"))
     request = DecodeRequest(uid=0, prompt=torch.tensor(PROMPTS[0]), generation=torch.full((16,), vocab))
     result = decoder.decode(RolloutEngine(adapter), [request], adapter.canvas_length)[0]

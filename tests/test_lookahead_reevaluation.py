@@ -20,13 +20,12 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import text_decoder
-from diffusion_gemma_models import EOS, PAD, tiny_diffusion_gemma
+from diffusion_gemma_models import tiny_adapter, tiny_diffusion_gemma
 from family_models import GEN, MASK_ID, adapter_for, requests_for
 from test_block_diffusion import BLOCK, tiny_sdar
 
 from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter
 from dlmsearch.search import driver
 from dlmsearch.search.driver import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
@@ -89,10 +88,7 @@ def test_uniform_noise_lookahead_branches_are_evaluated_as_their_roots_would(mon
     key), and a canvas may finish at its second step: a root whose step finishes its canvas once
     sent every branch into the next one."""
     pairs = _reevaluated(monkeypatch)
-    model = tiny_diffusion_gemma(seed=3, moe=True)
-    adapter = DiffusionGemmaAdapter(
-        module=model, mask_id=96, vocab_size=96, stop_ids=[EOS], canvas_length=8, pad_id=PAD
-    )
+    adapter = tiny_adapter(tiny_diffusion_gemma(seed=3, moe=True))
     overrides = ["+decoder=ete", "decoder/commit=uniform_noise", "decoder.sampling.confidence=sampling", ALWAYS]
     overrides += ["decoder.scorer.threshold=0.9"]
     decoder = build(compose([*overrides, "decoder.commit.max_steps=3"]), "decoder")

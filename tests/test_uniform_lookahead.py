@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusion_gemma_models import EOS, PAD, tiny_diffusion_gemma
+from diffusion_gemma_models import tiny_adapter, tiny_diffusion_gemma
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,11 +43,7 @@ DEEP_LOOKAHEAD = (
 
 @pytest.fixture(scope="module")
 def adapter() -> DiffusionGemmaAdapter:
-    model = tiny_diffusion_gemma(seed=3, moe=True)
-    vocab = model.config.get_text_config().vocab_size
-    return DiffusionGemmaAdapter(
-        module=model, mask_id=vocab, vocab_size=vocab, stop_ids=[EOS], canvas_length=8, pad_id=PAD
-    )
+    return tiny_adapter(tiny_diffusion_gemma(seed=3, moe=True))
 
 
 def _requests(adapter: DiffusionGemmaAdapter, gen_length: int, uids: list[int]) -> list[DecodeRequest]:

@@ -257,6 +257,7 @@ class CanvasMemory:
         root: torch.Tensor,
         logits: torch.Tensor,
         draft: torch.Tensor,
+        repeats: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Keep the rows' processed logits and drafts for their next step (a slot's own row in the
         slot's memory, a branch in its own); ``[rows]`` how many steps in a row each draft has now
@@ -269,8 +270,10 @@ class CanvasMemory:
             root: ``[rows]`` rows that are their slot's own canvas.
             logits: ``[rows, L, V]`` the step's processed logits (in the dtype to keep).
             draft: ``[rows, L]`` the step's drafts.
+            repeats: ``[rows]`` :meth:`repeated` of these rows, where the caller counted it before
+                the write (None: counted here).
         """
-        repeats = self.repeated(slot, start, row_key, draft)
+        repeats = self.repeated(slot, start, row_key, draft) if repeats is None else repeats
         if self.logits is None:
             self.logits = logits.new_zeros(len(self.start), *logits.shape[1:])
             self.draft = torch.full((len(self.start), draft.shape[1]), -1, dtype=torch.long)

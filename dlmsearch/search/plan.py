@@ -223,9 +223,8 @@ class Meeting:
     able: ModelCapabilities
     temperature: float | None  # the engine's own (engine.temperature, a request's), None: not set
     gen_length: int
-    block_length: (
-        int  # the decoding blocks: the model's (attention blocks, a uniform-noise canvas), else the decoder's or task's
-    )
+    # the decoding blocks: the model's (attention blocks, a uniform-noise canvas), else the decoder's or task's
+    block_length: int
     owner: TemperatureOwner
     prompt_length: int | None = None  # known with requests only (:meth:`DecodePlan.check_canvas`)
 

@@ -274,6 +274,8 @@ class RolloutEngine:
     # A layerwise policy's cost beyond the counters: columns recomputed per layer, and the most its store held (bytes)
     layer_forwards: torch.Tensor | None = attrs.field(init=False, default=None, eq=False)
     store_peak_bytes: int = attrs.field(init=False, default=0)
+    # the agreement of the model's tensor-parallel group (one process: agrees with itself, no collective)
+    decisions: GroupDecisions = attrs.field(init=False, factory=GroupDecisions, eq=False)
     layer_columns: int = attrs.field(
         init=False, default=0
     )  # real columns of the canvases the layerwise forwards carried (a full forward's work per layer)
@@ -304,6 +306,7 @@ class RolloutEngine:
         """Set up what the cache policy and compile flag need; whether the model can run them is the
         plan's question (:func:`~dlmsearch.search.plan.validate`), asked before any forward."""
         able = self.capabilities
+        self.decisions = GroupDecisions.of(self.adapter.module)  # sharded before the engine is built (loading)
         if isinstance(self.cache, ModelsExact):
             self.cache = self.cache.for_model(able.attention_block)
         if self.layerwise and able.layerwise:
@@ -317,11 +320,6 @@ class RolloutEngine:
     def capabilities(self) -> ModelCapabilities:
         """What the model can do (cache policies, shadow block, logit shift, stop ids, vocabulary, compile)."""
         return self.adapter.capabilities
-
-    @property
-    def decisions(self) -> GroupDecisions:
-        """The agreement of the model's tensor-parallel group (one process: agrees with itself, no collective)."""
-        return GroupDecisions.of(self.adapter.module)
 
     @property
     def device(self) -> str:

@@ -154,7 +154,9 @@ def remember(
     """
     repeats = memory.canvas.repeated(slot, start, row_key, draft)
     kept = processed.to(dtype)
-    return repeats, functools.partial(memory.canvas.remember, slot, start, row_key, is_root(row_key), kept, draft)
+    return repeats, functools.partial(
+        memory.canvas.remember, slot, start, row_key, is_root(row_key), kept, draft, repeats
+    )
 
 
 __all__ = ["denoise", "encode_pending", "noised", "remember"]
