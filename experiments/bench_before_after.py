@@ -8,7 +8,9 @@ shared machine hits all of them alike) and the table reports each metric's media
 * fast_dllm tokens/s at batch 1 and 32, and their ratio (batched vs one at a time);
 * one engine call of 1 + K = 4 rows / a plain call of 1 row, without a cache and with the dual cache;
 * dual-cache / no-cache tokens/s;
-* host overhead (the share of wall time outside the model forward) at batch 1 and 32.
+* host overhead (the share of wall time outside the model forward) at batch 1 and 32;
+* the uniform-noise (DiffusionGemma) path: ``+decoder=diffusion_gemma`` on the shipped
+  ``model=countdown_uniform`` through each tree's own CLI, tokens/s at batch 1 and 32 (eager runs only).
 
     python experiments/bench_before_after.py --before fe8c0e7 --size tiny --rounds 2
     python experiments/bench_before_after.py --before fe8c0e7 --size tiny --rounds 3 --repeats 3 --write-committed
@@ -108,6 +110,37 @@ def run_bench(tree: Path, out: Path, args: argparse.Namespace, compile_: bool) -
     return json.loads(out.read_text())
 
 
+UNIFORM_BATCHES = (1, 32)  # the uniform-noise (DiffusionGemma) path: tokens/s of the CLI's own decode
+
+
+def run_uniform(tree: Path, out: Path, args: argparse.Namespace) -> dict[str, float | None]:
+    """Tokens/s of ``+decoder=diffusion_gemma model=countdown_uniform task=countdown`` through the CLI of
+    ``tree`` at each batch size of :data:`UNIFORM_BATCHES` (``summary.json``'s ``tokens_per_s``: answer
+    tokens over the decode's wall time, model loading left out)."""
+    found: dict[str, float | None] = {}
+    for batch in UNIFORM_BATCHES:
+        run_dir = out / f"uniform_batch{batch}"
+        command = [
+            sys.executable,
+            "-m",
+            "dlmsearch",
+            "+decoder=diffusion_gemma",
+            "model=countdown_uniform",
+            "task=countdown",
+            f"task.limit={args.uniform_items}",
+            f"batch_size={batch}",
+            "examples=0",
+            f"hydra.run.dir={run_dir}",
+        ]
+        env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(args.threads)}
+        done = subprocess.run(command, cwd=tree, env=env, text=True, capture_output=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"uniform-noise decode in {tree} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        summary = json.loads((run_dir / "summary.json").read_text())
+        found[f"DiffusionGemma path (countdown_uniform) tokens/s, batch {batch}"] = summary.get("tokens_per_s")
+    return found
+
+
 def fmt(value: float | None) -> str:
     return "—" if value is None else f"{value:g}"
 
@@ -121,6 +154,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="bench_engine.py --repeats")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sections", default="1,2,3,4", help="bench_engine.py --sections (1b on CPU: 2)")
+    parser.add_argument(
+        "--uniform-items", type=int, default=32, help="Countdown items of the uniform-noise (DiffusionGemma) runs"
+    )
     parser.add_argument(
         "--no-compile", action="store_true", help="leave out the engine.compile run (eager before and after only)"
     )
@@ -168,11 +204,12 @@ def main(argv: list[str] | None = None) -> int:
             for index, (name, compile_) in enumerate(variants.items()):
                 tree = before_tree if compile_ is None else ROOT
                 doc = run_bench(tree, runs_dir / f"{args.size}_{index}_round{round_}.json", args, bool(compile_))
-                found[name].append(metrics(doc))
+                uniform = {} if compile_ else run_uniform(tree, runs_dir / f"{args.size}_{index}_round{round_}", args)
+                found[name].append({**metrics(doc), **uniform})
                 print(f"  {name}, round {round_ + 1}: {json.dumps(found[name][-1])}", flush=True)
-    keys = list(next(iter(found.values()))[0])
+    keys = list(dict.fromkeys(k for ms in found.values() for m in ms for k in m))
     medians = {
-        name: {k: (statistics.median(v) if (v := [m[k] for m in ms if m[k] is not None]) else None) for k in keys}
+        name: {k: (statistics.median(v) if (v := [m[k] for m in ms if m.get(k) is not None]) else None) for k in keys}
         for name, ms in found.items()
     }
     names = list(variants)
