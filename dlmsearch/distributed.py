@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import attrs
 import torch
 
-from dlmsearch.models.tensor_parallel import Layout, environment_layout, join_process_group
+from dlmsearch.models.tensor_parallel import RankLayout, join_process_group, rank_layout_from_environment
 from dlmsearch.run_records import read_records, write_records
 
 Item = TypeVar("Item")
@@ -38,13 +38,13 @@ class Ranks:
     tensor_parallel: int = 1
 
     def __attrs_post_init__(self) -> None:
-        self.layout  # noqa: B018  fails in one line where tensor_parallel does not divide world
+        self.rank_layout  # noqa: B018  fails in one line where tensor_parallel does not divide world
 
     @staticmethod
     def from_environment(tensor_parallel: int = 1) -> Ranks:
         """Read torchrun's environment and join its process group (gloo on CPU, nccl on CUDA);
         ``tensor_parallel`` > 1 needs torchrun and a world it divides."""
-        layout = environment_layout(tensor_parallel)
+        layout = rank_layout_from_environment(tensor_parallel)
         world = layout.world
         if world <= 1:
             return Ranks()
@@ -52,23 +52,23 @@ class Ranks:
         return Ranks(layout.rank, world, int(os.environ.get("LOCAL_RANK", "0")), tensor_parallel)
 
     @property
-    def layout(self) -> Layout:
-        return Layout(self.rank, self.world, self.tensor_parallel)
+    def rank_layout(self) -> RankLayout:
+        return RankLayout(self.rank, self.world, self.tensor_parallel)
 
     @property
     def dp_rank(self) -> int:
         """The data-parallel shard this rank decodes (its tensor-parallel group's)."""
-        return self.layout.dp_rank
+        return self.rank_layout.dp_rank
 
     @property
     def dp_world(self) -> int:
         """How many data-parallel shards there are (tensor-parallel groups)."""
-        return self.layout.dp_world
+        return self.rank_layout.dp_world
 
     @property
     def writes(self) -> bool:
         """Whether this rank writes its group's results (its tensor-parallel rank 0)."""
-        return self.layout.tp_rank == 0
+        return self.rank_layout.tp_rank == 0
 
     @property
     def results_name(self) -> str:

@@ -13,17 +13,16 @@ import pytest
 import torch
 
 from dlmsearch.estimate import (
-    GIB,
     PRESETS,
     EstimateError,
     architecture,
-    fits,
     memory_table,
     native_config,
     preset,
     rank_memory,
 )
 from dlmsearch.estimate.__main__ import main
+from dlmsearch.estimate.table import GIB, fits
 from dlmsearch.models.transformer import BidirectionalTransformer
 
 # tiny config.json dicts in each family's own keys

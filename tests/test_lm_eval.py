@@ -352,7 +352,7 @@ def test_without_lm_eval_the_message_says_how_to_install(
 ) -> None:
     """dlmsearch is not on PyPI: the hint installs the extra from a clone or the wheel."""
     monkeypatch.setitem(sys.modules, "lm_eval", None)
-    monkeypatch.delitem(sys.modules, "dlmsearch.lm_eval")
+    monkeypatch.delitem(sys.modules, "dlmsearch.lm_eval.backend")
     code, _out, err = run_main(["--model_args", "family=countdown", "--tasks", "dlmsearch_countdown"], capsys)
     assert (
         code == 2

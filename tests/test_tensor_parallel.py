@@ -17,7 +17,13 @@ import torch
 from tp_worker import write_checkpoint
 
 from dlmsearch.distributed import Ranks
-from dlmsearch.models.tensor_parallel import Layout, TensorParallel, check_shardable, environment_layout, shard_model
+from dlmsearch.models.tensor_parallel import (
+    RankLayout,
+    TensorParallel,
+    check_shardable,
+    rank_layout_from_environment,
+    shard_model,
+)
 from dlmsearch.models.transformer import BidirectionalTransformer, MixtureOfExperts, TransformerConfig
 
 WORKER = Path(__file__).with_name("tp_worker.py")
@@ -102,7 +108,7 @@ def test_tensor_and_data_parallel_ranks() -> None:
     assert [r.shard(items) for r in ranks] == [[0, 2, 4, 6], [0, 2, 4, 6], [1, 3, 5], [1, 3, 5]]
     assert [r.writes for r in ranks] == [True, False, True, False]
     assert [r.results_name for r in ranks] == ["results.rank0.jsonl"] * 2 + ["results.rank1.jsonl"] * 2
-    assert [Layout(r, 4, 2).group_ranks(g) for g in range(2) for r in (0,)] == [[0, 1], [2, 3]]
+    assert [RankLayout(r, 4, 2).group_ranks(g) for g in range(2) for r in (0,)] == [[0, 1], [2, 3]]
     only_tp = Ranks(1, 2, 1, 2)
     assert (only_tp.results_name, only_tp.shard(items), only_tp.writes) == ("results.jsonl", items, False)
     assert Ranks(3, 4).shard(items) == [3]  # without tensor parallelism: as before
@@ -150,11 +156,11 @@ def test_key_value_heads_are_split_or_held_whole() -> None:
 def test_launch_errors_are_one_line(monkeypatch) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(ValueError, match="needs torchrun"):
-        environment_layout(2)
+        rank_layout_from_environment(2)
     with pytest.raises(ValueError, match="does not divide the 3 torchrun processes"):
-        Layout(0, 3, 2)
+        RankLayout(0, 3, 2)
     with pytest.raises(ValueError, match="positive integer"):
-        Layout(0, 2, 0)
+        RankLayout(0, 2, 0)
 
 
 def test_remote_compile_and_layerwise_are_refused(monkeypatch, tmp_path: Path) -> None:

@@ -16,7 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dlmsearch.estimate import DTYPE_BYTES, PRESETS, Architecture, EstimateError, architecture, memory_table, preset
+from dlmsearch.estimate.architecture import Architecture, EstimateError, architecture
+from dlmsearch.estimate.known_models import PRESETS, preset
+from dlmsearch.estimate.rank_memory import DTYPE_BYTES
+from dlmsearch.estimate.table import memory_table
 
 
 def _parser() -> argparse.ArgumentParser:

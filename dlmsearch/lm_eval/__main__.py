@@ -1,6 +1,6 @@
 """``python -m dlmsearch.lm_eval [lm-eval arguments]``: lm-eval's command line with ``--model dlmsearch``.
 
-Registers the model (importing :mod:`dlmsearch.lm_eval`), adds ``--model dlmsearch`` and, where
+Registers the model (importing :mod:`dlmsearch.lm_eval.backend`), adds ``--model dlmsearch`` and, where
 not given, ``--device auto`` (lm-eval's default is cuda:0) and ``--batch_size 8``; everything else
 goes to lm-eval as typed, e.g. ``--model_args path=DIR,family=llada,decoder=fast_dllm --tasks dlmsearch_gsm8k``.
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     forwarded = lm_eval_argv(args)
     try:
-        import dlmsearch.lm_eval  # noqa: F401  (registers --model dlmsearch)
+        import dlmsearch.lm_eval.backend  # noqa: F401  (registers --model dlmsearch)
     except ImportError as error:
         if "needs lm-evaluation-harness" not in str(error):
             raise
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     import lm_eval.tasks
     from lm_eval.__main__ import cli_evaluate
 
-    from dlmsearch.lm_eval import ModelArgsError
+    from dlmsearch.lm_eval.model_args import ModelArgsError
     from dlmsearch.lm_eval.shipped import TASK_NAMES
 
     base = lm_eval.tasks.TaskManager

@@ -30,7 +30,7 @@ class Family:
 
     name: str
     model_types: tuple[str, ...]
-    read_config: Callable[[dict[str, Any]], TransformerConfig]
+    read_config: ConfigReader  # config.json -> TransformerConfig, and back (its ``written``)
     renames: tuple[tuple[str, str], ...]  # (regex on the checkpoint name, native replacement)
     shift_logits: bool  # AR-initialised: position i's logits predict token i + 1
     mask_tokens: tuple[str, ...] = ()  # the mask token's name in the family's tokenizers
@@ -105,6 +105,14 @@ class ConfigReader:
         table = {field: key for field, key in self.keys.items() if field not in special}
         read = {field: key.read(config) if isinstance(key, Key) else key for field, key in table.items()}
         return TransformerConfig(**read, **special)
+
+    def written(self, config: TransformerConfig) -> dict[str, Any]:
+        """The reader turned around, for a checkpoint writer: each required key at its supported
+        value, each :class:`Key`'s field of ``config`` under the Key's first name. What the family
+        computes (``special``) or fixes (a constant) is the writer's own to say."""
+        required = {key: allowed[0] for key, allowed in self.requires.items()}
+        fields = {key.names[0]: getattr(config, field) for field, key in self.keys.items() if isinstance(key, Key)}
+        return {**required, **fields}
 
 
 def _llada_special(config: dict[str, Any]) -> dict[str, Any]:
@@ -200,41 +208,55 @@ _sdar_config = ConfigReader(
 )
 
 
-_LLADA_BLOCK = r"model\.transformer\.blocks\.(\d+)\."
+def _renames(model: dict[str, str], layer: str, per_layer: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """A family's renames (checkpoint pattern -> native replacement): the model-wide names, then each
+    layer's, under the checkpoint's ``layer`` prefix (whose group, the layer's number, is ``\\1``; a
+    per-layer rule's own groups count from ``\\2``) and the native ``blocks.\\1.``."""
+    return (*model.items(), *((layer + pattern, r"blocks.\1." + native) for pattern, native in per_layer.items()))
+
+
 LLADA = Family(
     name="llada",
     model_types=("llada",),
     read_config=_llada_config,
-    renames=(
-        (r"model\.transformer\.wte\.weight", "embed.weight"),
-        (r"model\.transformer\.ln_f\.weight", "norm.weight"),
-        (r"model\.transformer\.ff_out\.weight", "head.weight"),
-        (_LLADA_BLOCK + r"(q_proj|k_proj|v_proj|up_proj)\.(weight|bias)", r"blocks.\1.\2.\3"),
-        (_LLADA_BLOCK + r"attn_norm\.weight", r"blocks.\1.attn_norm.weight"),
-        (_LLADA_BLOCK + r"attn_out\.weight", r"blocks.\1.o_proj.weight"),
-        (_LLADA_BLOCK + r"ff_norm\.weight", r"blocks.\1.mlp_norm.weight"),
-        (_LLADA_BLOCK + r"ff_proj\.weight", r"blocks.\1.gate_proj.weight"),
-        (_LLADA_BLOCK + r"ff_out\.weight", r"blocks.\1.down_proj.weight"),
+    renames=_renames(
+        {
+            r"model\.transformer\.wte\.weight": "embed.weight",
+            r"model\.transformer\.ln_f\.weight": "norm.weight",
+            r"model\.transformer\.ff_out\.weight": "head.weight",
+        },
+        r"model\.transformer\.blocks\.(\d+)\.",
+        {
+            r"(q_proj|k_proj|v_proj|up_proj)\.(weight|bias)": r"\2.\3",
+            r"attn_norm\.weight": "attn_norm.weight",
+            r"attn_out\.weight": "o_proj.weight",
+            r"ff_norm\.weight": "mlp_norm.weight",
+            r"ff_proj\.weight": "gate_proj.weight",
+            r"ff_out\.weight": "down_proj.weight",
+        },
     ),
     shift_logits=False,
     mask_tokens=("<|mdm_mask|>",),
     stop_tokens=("<|endoftext|>", "<|eot_id|>"),  # EOS (fills the tail), EOT (ends an Instruct turn)
 )
 
-_DREAM_LAYER = r"model\.layers\.(\d+)\."
+_QWEN_MODEL = {
+    r"model\.embed_tokens\.weight": "embed.weight",
+    r"model\.norm\.weight": "norm.weight",
+    r"lm_head\.weight": "head.weight",
+}
+_QWEN_LAYER = r"model\.layers\.(\d+)\."  # Qwen's, Ling's: Dream, SDAR and LLaDA2 name their layers so
+_QWEN_PER_LAYER = {
+    r"self_attn\.(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)": r"\2.\3",
+    r"mlp\.(gate_proj|up_proj|down_proj)\.weight": r"\2.weight",
+    r"input_layernorm\.weight": "attn_norm.weight",
+    r"post_attention_layernorm\.weight": "mlp_norm.weight",
+}
 DREAM = Family(
     name="dream",
     model_types=("Dream", "dream"),
     read_config=_dream_config,
-    renames=(
-        (r"model\.embed_tokens\.weight", "embed.weight"),
-        (r"model\.norm\.weight", "norm.weight"),
-        (r"lm_head\.weight", "head.weight"),
-        (_DREAM_LAYER + r"self_attn\.(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)", r"blocks.\1.\2.\3"),
-        (_DREAM_LAYER + r"mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.\2.weight"),
-        (_DREAM_LAYER + r"input_layernorm\.weight", r"blocks.\1.attn_norm.weight"),
-        (_DREAM_LAYER + r"post_attention_layernorm\.weight", r"blocks.\1.mlp_norm.weight"),
-    ),
+    renames=_renames(_QWEN_MODEL, _QWEN_LAYER, _QWEN_PER_LAYER),
     shift_logits=True,
     mask_tokens=("<|mask|>",),
     stop_tokens=("<|endoftext|>", "<|im_end|>"),  # EOS (and pad), end of an Instruct turn
@@ -244,7 +266,9 @@ SDAR = Family(
     name="sdar",
     model_types=("sdar",),
     read_config=_sdar_config,
-    renames=DREAM.renames + ((_DREAM_LAYER + r"self_attn\.(q_norm|k_norm)\.weight", r"blocks.\1.\2.weight"),),
+    renames=_renames(
+        _QWEN_MODEL, _QWEN_LAYER, {**_QWEN_PER_LAYER, r"self_attn\.(q_norm|k_norm)\.weight": r"\2.weight"}
+    ),
     shift_logits=False,
     mask_tokens=("<|MASK|>",),
     stop_tokens=("<|endoftext|>", "<|im_end|>"),  # EOS, end of an Instruct turn
@@ -332,26 +356,30 @@ def _llada2_regroup(state: dict[str, torch.Tensor], config: TransformerConfig) -
     return out
 
 
-_LLADA2_LAYER = r"model\.layers\.(\d+)\."
 LLADA2 = Family(
     name="llada2",
     model_types=("llada2_moe",),
     read_config=_llada2_config,
-    renames=(
-        (r"model\.word_embeddings\.weight", "embed.weight"),
-        (r"model\.norm\.weight", "norm.weight"),
-        (r"lm_head\.weight", "head.weight"),
-        (_LLADA2_LAYER + r"attention\.query_key_value\.weight", r"blocks.\1.qkv.weight"),
-        (_LLADA2_LAYER + r"attention\.dense\.weight", r"blocks.\1.o_proj.weight"),
-        (_LLADA2_LAYER + r"attention\.query_layernorm\.weight", r"blocks.\1.q_norm.weight"),
-        (_LLADA2_LAYER + r"attention\.key_layernorm\.weight", r"blocks.\1.k_norm.weight"),
-        (_LLADA2_LAYER + r"input_layernorm\.weight", r"blocks.\1.attn_norm.weight"),
-        (_LLADA2_LAYER + r"post_attention_layernorm\.weight", r"blocks.\1.mlp_norm.weight"),
-        (_LLADA2_LAYER + r"mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.\2.weight"),  # a dense layer
-        (_LLADA2_LAYER + r"mlp\.shared_experts\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.\2.weight"),
-        (_LLADA2_LAYER + r"mlp\.gate\.weight", r"blocks.\1.router"),
-        (_LLADA2_LAYER + r"mlp\.gate\.expert_bias", r"blocks.\1.expert_bias"),
-        (_LLADA2_LAYER + r"mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight", r"blocks.\1.experts.\2.\3"),
+    renames=_renames(
+        {
+            r"model\.word_embeddings\.weight": "embed.weight",
+            r"model\.norm\.weight": "norm.weight",
+            r"lm_head\.weight": "head.weight",
+        },
+        _QWEN_LAYER,
+        {
+            r"attention\.query_key_value\.weight": "qkv.weight",
+            r"attention\.dense\.weight": "o_proj.weight",
+            r"attention\.query_layernorm\.weight": "q_norm.weight",
+            r"attention\.key_layernorm\.weight": "k_norm.weight",
+            r"input_layernorm\.weight": "attn_norm.weight",
+            r"post_attention_layernorm\.weight": "mlp_norm.weight",
+            r"mlp\.(gate_proj|up_proj|down_proj)\.weight": r"\2.weight",  # a dense layer
+            r"mlp\.shared_experts\.(gate_proj|up_proj|down_proj)\.weight": r"\2.weight",
+            r"mlp\.gate\.weight": "router",
+            r"mlp\.gate\.expert_bias": "expert_bias",
+            r"mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight": r"experts.\2.\3",
+        },
     ),
     shift_logits=False,
     mask_tokens=("<|mask|>",),

@@ -120,7 +120,6 @@ def _probe_values(block: Block, config: TransformerConfig, x: torch.Tensor, prob
 
 def _selected_qkv(
     block: Block,
-    config: TransformerConfig,
     xs: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -129,8 +128,7 @@ def _selected_qkv(
     """The selected columns' rotated queries, keys and values ``[rows, heads, n, head_dim]``, per token as dense blocks.
 
     Args:
-        block: the layer's (dense) block, whose norm and projections are used.
-        config: the model's configuration (heads, head size, rotary precision).
+        block: the layer's (dense) block, whose norm, projections and configuration are used.
         xs: ``[rows, n, hidden]`` the selected columns' input stream.
         cos: ``[rows, 1, columns, rotary_dim]`` the rotary cosines of every column.
         sin: ``[rows, 1, columns, rotary_dim]`` the rotary sines of every column.
@@ -141,25 +139,7 @@ def _selected_qkv(
     def angle(t: torch.Tensor) -> torch.Tensor:
         return _gather(t[:, 0], index).reshape(rows * n, 1, -1)
 
-    q, k, v = token_ops.attention_inputs(
-        xs.reshape(rows * n, -1),
-        angle(cos),
-        angle(sin),
-        block.attn_norm.weight,
-        block.attn_norm.eps,
-        block.q_proj.weight,
-        block.q_proj.bias,
-        block.k_proj.weight,
-        block.k_proj.bias,
-        block.v_proj.weight,
-        block.v_proj.bias,
-        config.num_heads,
-        config.num_kv_heads,
-        config.rope_in_float32,
-        None if block.q_norm is None else block.q_norm.weight,
-        None if block.k_norm is None else block.k_norm.weight,
-    )
-    return tuple(t.view(rows, n, -1, config.head_dim).transpose(1, 2) for t in (q, k, v))
+    return block.token_attention_inputs(xs.reshape(rows * n, -1), angle(cos), angle(sin), rows, n, eager=True)
 
 
 def _attend_selected(
@@ -232,7 +212,7 @@ def _layer(
         values.copy_(torch.where(probe[:, None, :, None], probed.transpose(1, 2), values))
     index, valid = gather_columns(chosen)
     xs = _gather(x, index)
-    q, k, v = _selected_qkv(block, module.config, xs, cos, sin, index)
+    q, k, v = _selected_qkv(block, xs, cos, sin, index)
     row, column = cells(index, valid)
     keys[row, :, column] = k.transpose(1, 2)[valid]
     values[row, :, column] = v.transpose(1, 2)[valid]

@@ -81,46 +81,27 @@ def write_checkpoint(directory: Path, state: dict[str, torch.Tensor], files: dic
 
 
 def llada_config(config: TransformerConfig, *, mask_id: int, eos_id: int, pad_id: int) -> dict[str, Any]:
-    """Every field of LLaDA's ``ModelConfig``, with LLaDA-8B's choices where ``config`` is silent."""
+    """Every field of LLaDA's ``ModelConfig``: what the family's reader reads, turned around
+    (:meth:`~dlmsearch.models.families.ConfigReader.written`), then LLaDA-8B's choices for the rest."""
     if config.qkv_bias:
         raise ValueError("LLaDA checkpoints have no q/k/v bias")
     return {
         "model_type": "llada",
         "architectures": ["LLaDAModelLM"],
-        "d_model": config.hidden_size,
-        "n_heads": config.num_heads,
-        "n_kv_heads": config.num_kv_heads,
-        "n_layers": config.num_layers,
+        **LLADA.read_config.written(config),
+        "vocab_size": config.vocab_size,  # the reader takes embedding_size (LLaDA's padded vocabulary) first
         "mlp_ratio": config.intermediate_size // config.hidden_size,
         "mlp_hidden_size": config.intermediate_size,
-        "activation_type": config.activation,
-        "block_type": "llama",
-        "block_group_size": 1,
-        "alibi": False,
+        "multi_query_attention": None,
         "alibi_bias_max": 8.0,
-        "rope": True,
-        "rope_full_precision": config.rope_in_float32,
-        "rope_theta": config.rope_theta,
         "flash_attention": False,
         "attention_dropout": 0.0,
-        "multi_query_attention": None,
-        "attention_layer_norm": False,
         "residual_dropout": 0.0,
         "embedding_dropout": 0.0,
-        "input_emb_norm": False,
-        "layer_norm_type": "rms",
         "layer_norm_with_affine": True,
-        "rms_norm_eps": config.rms_norm_eps,
         "attention_layer_norm_with_affine": True,
-        "max_sequence_length": config.max_length,
         "train_max_sequence_length": config.max_length,
-        "include_qkv_bias": False,
-        "include_bias": False,
         "bias_for_layer_norm": False,
-        "scale_logits": False,
-        "vocab_size": config.vocab_size,
-        "embedding_size": config.vocab_size,
-        "weight_tying": config.tie_embeddings,
         "eos_token_id": eos_id,
         "pad_token_id": pad_id,
         "mask_token_id": mask_id,

@@ -18,29 +18,18 @@ from dlmsearch.models.transformer import BidirectionalTransformer, TransformerCo
 
 
 def sdar_config(config: TransformerConfig, *, mask_id: int, eos_id: int, pad_id: int) -> dict[str, Any]:
-    """``SDARConfig``'s fields for ``config`` (which must be SDAR's architecture: q/k norm, no biases, a block size)."""
+    """``SDARConfig``'s fields for ``config`` (which must be SDAR's architecture: q/k norm, no biases, a block
+    size): what the family's reader reads, turned around (:meth:`~dlmsearch.models.families.ConfigReader.written`),
+    then the rest."""
     if config.qkv_bias or not config.qk_norm or config.block_size is None or config.activation != "silu":
         raise ValueError("an SDAR checkpoint needs q/k norm, no q/k/v bias, SiLU and a block size")
     return {
         "model_type": "sdar",
         "architectures": ["SDARForCausalLM"],
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_hidden_layers": config.num_layers,
-        "num_attention_heads": config.num_heads,
-        "num_key_value_heads": config.num_kv_heads,
+        **SDAR.read_config.written(config),
         "head_dim": config.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": config.max_length,
         "initializer_range": 0.02,
-        "rms_norm_eps": config.rms_norm_eps,
         "use_cache": True,
-        "tie_word_embeddings": config.tie_embeddings,
-        "rope_theta": config.rope_theta,
-        "rope_scaling": None,
-        "attention_bias": False,
-        "use_sliding_window": False,
         "sliding_window": 4096,
         "max_window_layers": config.num_layers,
         "attention_dropout": 0.0,

@@ -2,7 +2,7 @@
 
 Under ``torchrun --nproc-per-node W ... model.tensor_parallel=N`` the W ranks form W/N tensor-parallel
 groups of consecutive ranks ({0..N-1}, {N..2N-1}, ...); each group decodes one data-parallel shard
-of the items (:class:`Layout`; ``dlmsearch.distributed.Ranks`` uses it). The groups are
+of the items (:class:`RankLayout`; ``dlmsearch.distributed.Ranks`` uses it). The groups are
 ``torch.distributed.new_group`` process groups (gloo on CPU, nccl on CUDA); nothing here is a
 communication layer of its own: the one collective is ``all_reduce``.
 
@@ -54,7 +54,7 @@ ONE_EXPERT = re.compile(r"blocks\.\d+\.experts\.(\d+)\.(gate|up|down)")  # LLaDA
 
 
 @attrs.frozen
-class Layout:
+class RankLayout:
     """Where rank ``rank`` of ``world`` sits with tensor-parallel groups of ``size`` consecutive ranks."""
 
     rank: int = 0
@@ -88,15 +88,15 @@ class Layout:
         return list(range(group * self.size, (group + 1) * self.size))
 
 
-def environment_layout(size: int) -> Layout:
-    """The layout torchrun's environment (``WORLD_SIZE``, ``RANK``) gives for groups of ``size``."""
+def rank_layout_from_environment(size: int) -> RankLayout:
+    """The rank layout torchrun's environment (``WORLD_SIZE``, ``RANK``) gives for groups of ``size``."""
     world = os.environ.get("WORLD_SIZE")
     if size != 1 and world is None:
         raise ValueError(
             f"model.tensor_parallel={size} needs torchrun: run `torchrun --nproc-per-node {size} -m dlmsearch ...` "
             "(WORLD_SIZE is not set)"
         )
-    return Layout(int(os.environ.get("RANK", "0")), int(world or 1), size)
+    return RankLayout(int(os.environ.get("RANK", "0")), int(world or 1), size)
 
 
 class AllReduce:
@@ -167,7 +167,7 @@ def join_process_group() -> None:
 def join(size: int) -> TensorParallel | None:
     """This process's tensor-parallel group of ``size`` ranks under torchrun (None for 1): joins the
     process group if nobody has, and creates every group once (all ranks create all groups, in order)."""
-    layout = environment_layout(size)
+    layout = rank_layout_from_environment(size)
     if size == 1:
         return None
     if size in _JOINED:

@@ -186,11 +186,29 @@ class Block(nn.Module):
         self, flat: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: int, length: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rotated queries, keys and values ``[rows, heads, length, head_dim]`` from the per-token ops (eager or compiled)."""
+        angles = (t.transpose(1, 2).reshape(rows * length, 1, -1) for t in (cos, sin))
+        return self.token_attention_inputs(flat, *angles, rows, length)
+
+    def token_attention_inputs(
+        self, flat: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: int, length: int, eager: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries, keys and values ``[rows, heads, length, head_dim]`` of ``rows x length`` tokens.
+
+        Args:
+            flat: ``[rows * length, hidden]`` the tokens' input stream.
+            cos: ``[rows * length, 1, rotary_dim]`` each token's rotary cosines.
+            sin: ``[rows * length, 1, rotary_dim]`` each token's rotary sines.
+            rows: the rows the tokens come from.
+            length: tokens per row.
+            eager: run the per-token ops as written (the layerwise path, any count of tokens), not
+                through ``self.ops`` (eager, or compiled per bucket).
+        """
         c = self.config
-        q, k, v = self.ops.attention_inputs(
+        ops = token_ops if eager else self.ops
+        q, k, v = ops.attention_inputs(
             flat,
-            cos.transpose(1, 2).reshape(rows * length, 1, -1),
-            sin.transpose(1, 2).reshape(rows * length, 1, -1),
+            cos,
+            sin,
             self.attn_norm.weight,
             self.attn_norm.eps,
             self.q_proj.weight,
