@@ -45,13 +45,13 @@ def _diffusion_gemma(key: str, _parent_: DictConfig) -> Any:
 OmegaConf.register_new_resolver("diffusion_gemma", _diffusion_gemma, replace=True)
 
 
-def _generation_config(key: str, default: Any, *, _root_: DictConfig) -> Any:
-    """``${generation_config:KEY,DEFAULT}`` (conf/decoder/commit/uniform_noise.yaml): the setting the
-    checkpoint at ``model.path`` names in its generation_config.json (a dotted KEY reads a nested
-    one), else ``DEFAULT``: DiffusionGemma's decoding defaults travel with its weights."""
-    from dlmsearch.models.diffusion_gemma import generation_setting
+def _generation_config(field: str, *, _root_: DictConfig) -> Any:
+    """``${generation_config:FIELD}`` (conf/decoder/commit/uniform_noise.yaml): UniformNoiseSteps'
+    ``FIELD`` as the checkpoint at ``model.path`` names it in its generation_config.json, else
+    transformers' default (:data:`dlmsearch.models.diffusion_gemma.STEP_SETTINGS`, the one table)."""
+    from dlmsearch.models.diffusion_gemma import checkpoint_step_settings
 
-    return generation_setting(OmegaConf.select(_root_, "model.path", default=None), key, default)
+    return checkpoint_step_settings(OmegaConf.select(_root_, "model.path", default=None))[field]
 
 
 OmegaConf.register_new_resolver("generation_config", _generation_config, replace=True)
@@ -73,15 +73,29 @@ class ConfigError(ValueError):
 
 
 def decoder_presets(noise: str | None = None) -> list[str]:
-    """Names of the files in ``conf/decoder/``; ``noise``: only those for masked (``mask``) or
-    uniform-noise (``uniform``) models (a uniform-noise preset's commit rule is ``uniform_noise``)."""
+    """Names of the files in ``conf/decoder/``; ``noise``: only those that decode masked (``mask``) or
+    uniform-noise (``uniform``) models. A search is the same on both: on a uniform-noise model the
+    model's own step replaces a rule that fills masks (``search.plan.with_model_parts``). A preset
+    built on ``commit: uniform_noise`` runs on uniform noise only; one that revises commits, or sets
+    its own temperature (the uniform step's schedule decides it), on masked models only."""
     names = group_options("decoder")
     if noise is None:
         return names
     if noise not in ("mask", "uniform"):
         raise ValueError(f"noise must be mask or uniform, got {noise!r}")
-    uniform = {name for name in names if "commit: uniform_noise" in (CONF_DIR / "decoder" / f"{name}.yaml").read_text()}
-    return [name for name in names if (name in uniform) == (noise == "uniform")]
+    return [name for name in names if noise in _preset_noise(name)]
+
+
+def _preset_noise(name: str) -> tuple[str, ...]:
+    """The models decoder preset ``name`` decodes: ``mask``, ``uniform``, or both (read from its file
+    and the ``generation`` group file it names)."""
+    text = (CONF_DIR / "decoder" / f"{name}.yaml").read_text()
+    if "commit: uniform_noise" in text:
+        return ("uniform",)
+    generation = re.search(r"generation@_here_: (\w+)", text)
+    layered = text + ((CONF_DIR / "decoder" / "generation" / f"{generation[1]}.yaml").read_text() if generation else "")
+    own_temperature = re.search(r"^\s*temperature: (?!null)", layered, re.MULTILINE)
+    return ("mask",) if "revision:" in text or own_temperature else ("mask", "uniform")
 
 
 def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:

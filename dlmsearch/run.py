@@ -1,9 +1,9 @@
 """Running a decoder over a task: continuous batching, a record per finished sample, resume, summary, traces.
 
-Pending items are decoded by one :class:`~dlmsearch.search.session.DecodeSession` (per generation
-length): up to ``batch_size`` samples decode together, each finished sample's record is written
-at once, and the places it frees are given to the next pending items between steps, as the
-server does. A sample's tokens and counters do not depend on what decodes beside it, so the
+Pending items are decoded by the one continuous batcher the server uses too
+(:class:`~dlmsearch.search.batcher.Batcher`, per generation length): up to ``batch_size`` samples
+decode together, each finished sample's record is written at once, and the places it frees are
+given to the next pending items between steps. A sample's tokens and counters do not depend on what decodes beside it, so the
 records are those of any batch size and any admission order.
 """
 
@@ -16,7 +16,6 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from functools import partial
@@ -32,89 +31,17 @@ from dlmsearch.config import build, compose_checked, to_plain
 from dlmsearch.distributed import Ranks
 from dlmsearch.models.group_decisions import GroupDecisions, GroupDiverged
 from dlmsearch.run_records import RunIdentity, check_same_run, percentile, read_records
-from dlmsearch.search.components.lookahead import Lookahead
-from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
+from dlmsearch.run_trace import LookaheadLog, trace_events
+from dlmsearch.search.batcher import Admission, Batcher, Failures, SessionKey
+from dlmsearch.search.decode.intake import DecodeRequest
+from dlmsearch.search.decode.results import DecodeResult
+from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan
-from dlmsearch.search.records.slots import Slots
 from dlmsearch.search.records.verifier import Verifier
 from dlmsearch.search.session import DecodeSession
 from dlmsearch.search.width.population_hook import SinglePath
 from dlmsearch.tasks.base import Task, TaskItem
-
-# A pending item joins a running decode only while the decode's prompt columns differ from its own
-# prompt's by at most this share of its canvas: a decode's canvas keeps the width of the longest
-# prompt admitted into it, so a much shorter prompt would carry that padding through every forward.
-# One that does not fit waits until the decode has drained (pending items come longest first).
-PADDING_SLACK = 0.25
-
-
-@attrs.define
-class LookaheadLog:
-    """Every level of every lookahead, per sample (by uid), for ``trace.jsonl``: the sample's model
-    call, the particle, the depth reached, the live branches with their scores, and whether the
-    branches roll on (``done``: the level at which a branch is adopted). A particle whose branches
-    stopped rolling is not logged again at the deeper levels others in the decode roll on to, so
-    a sample's log does not depend on what decodes beside it."""
-
-    levels: dict[int, list[dict[str, Any]]] = attrs.field(factory=dict)
-    lookahead: torch.Tensor | None = (
-        None  # the exploring slots of the lookahead being logged: one tensor per lookahead, kept through its levels
-    )
-    stopped: set[tuple[int, int]] = attrs.field(factory=set)  # (uid, particle) whose branches stopped rolling in it
-
-    def begin(self, uid: int) -> None:
-        """A sample starts (again): its levels so far are dropped."""
-        self.levels[uid] = []
-
-    def __call__(self, look: Lookahead, slots: Slots) -> None:
-        if look.slots is not self.lookahead:
-            self.lookahead, self.stopped = look.slots, set()
-        calls = look.calls.tolist()
-        scores = look.scores.view(len(look.slots), look.width).tolist()
-        for s, slot in enumerate(look.slots.tolist()):
-            key = (int(slots.uid[slot]), int(slots.particle[slot]))
-            if key in self.stopped:
-                continue
-            live = look.live[s].tolist()
-            rolling = bool(look.rolling[s]) and not look.done
-            self.levels.setdefault(key[0], []).append(
-                {
-                    "call": calls[s],
-                    "particle": key[1],
-                    "depth": look.depth
-                    if rolling or look.done
-                    else look.depth - 1,  # the level it stopped at, not the one others roll on to
-                    "live": [k for k, alive in enumerate(live) if alive],
-                    "scores": [round(v, 5) for v, alive in zip(scores[s], live) if alive],
-                    "rolling": rolling,
-                    "restarted": bool(look.restarted[s]),
-                }
-            )
-            if not rolling:
-                self.stopped.add(key)
-
-    def take(self, uid: int) -> list[dict[str, Any]]:
-        return self.levels.pop(uid, [])
-
-
-def trace_events(result: DecodeResult, task: Task) -> list[dict[str, Any]]:
-    """Per model call that led to commits: positions, tokens (ids and strings), confidences, depth and branch."""
-    events = []
-    for call in torch.unique(result.commit_call[result.commit_call >= 0]).tolist():
-        at = (result.commit_call == call).nonzero().squeeze(1)
-        events.append(
-            {
-                "call": call,
-                "positions": at.tolist(),
-                "tokens": result.tokens[at].tolist(),
-                "strings": task.token_strings(result.tokens[at].tolist()),
-                "confidences": [round(c, 5) for c in result.commit_confidence[at].tolist()],
-                "depth": result.commit_depth[at].tolist(),
-                "branch": result.commit_branch[at].tolist(),
-            }
-        )
-    return events
 
 
 def read_done(path: Path, keep_errors: bool = False) -> dict[str, dict[str, Any]]:
@@ -197,14 +124,35 @@ def graceful_signals() -> Iterator[dict[str, int | None]]:
             signal.signal(s, handler)
 
 
-@attrs.define
-class Admission:
-    """A sample decoding now: its item, when it was admitted (``perf_counter``), and its share of
-    the wall time of the steps it has decoded in so far."""
+@attrs.define(eq=False)
+class Sample:
+    """A run's item as the batcher decodes it (a :class:`~dlmsearch.search.batcher.Unit`): its
+    decoder (the fallback once it failed alone), when it was first admitted (``perf_counter``),
+    and its share of the wall time of the steps it has decoded in so far."""
 
+    uid: int
     item: TaskItem
-    since: float
+    decoder: SearchDecoder
+    since: float | None = None
     share: float = 0.0
+    solo: bool = False
+    session: SessionKey | None = None
+    failure: Exception | None = None  # the error that sent it to the fallback decoder
+
+    @property
+    def lane_key(self) -> int:
+        return id(self.decoder)
+
+    @property
+    def samples(self) -> int:
+        return 1
+
+    @property
+    def rows(self) -> int:
+        return 1
+
+    def requests(self) -> list[DecodeRequest]:
+        return [request(self.uid, self.item)]
 
 
 @attrs.frozen
@@ -226,20 +174,6 @@ def by_generation_length(pending: list[tuple[int, TaskItem]]) -> list[list[tuple
     for uid, item in pending:
         groups.setdefault(len(item.generation), []).append((uid, item))
     return list(groups.values())
-
-
-def fits(session: DecodeSession, item: TaskItem, joining: list[tuple[int, TaskItem]]) -> bool:
-    """Whether ``item`` may join the decode (and the items joining with it) without padding its
-    canvas, or theirs, by more than :data:`PADDING_SLACK` of its own canvas."""
-    widths = [len(i.prompt) for _, i in joining] + (
-        [session.state.layout.gen_start] if session.state is not None else []
-    )
-    if not widths:
-        return True
-    width = max(widths)
-    return max(width - len(item.prompt), len(item.prompt) - width) <= PADDING_SLACK * (
-        len(item.prompt) + len(item.generation)
-    )
 
 
 @attrs.define
@@ -312,112 +246,84 @@ class Decoding:
     ) -> Iterator[Finished]:
         """Decode ``(uid, item)`` pairs, at most ``batch_size`` samples at a time, yielding each
         sample as it finishes: between steps the places of finished samples go to the next pending
-        items (continuous batching), one session per generation length. Returns between steps
-        once ``stopping()``; samples then unfinished have no record (a resumed run decodes them)."""
+        items (continuous batching, :class:`~dlmsearch.search.batcher.Batcher`), one generation
+        length at a time. Returns between steps once ``stopping()``; samples then unfinished have
+        no record (a resumed run decodes them)."""
         for group in by_generation_length(pending):
-            queue = deque(group)
-            session = self.session(self.decoder, len(group[0][1].generation))
-            running: dict[int, Admission] = {}
-            while queue or running:
+            finished: list[Finished] = []
+            batcher = self.batcher(batch_size, len(group[0][1].generation), finished)
+            batcher.waiting.extend(Sample(uid, item, self.decoder) for uid, item in group)
+            while batcher.busy:
                 if stopping():
                     return
-                yield from self._round(session, queue, running, batch_size)
+                yield from self._round(batcher, finished)
 
-    def _round(
-        self, session: DecodeSession, queue: deque[tuple[int, TaskItem]], running: dict[int, Admission], batch_size: int
-    ) -> list[Finished]:
-        """Admit what fits, step once, and the samples that finished. A failed step leaves its
-        samples to be decoded again alone (:meth:`_rescue`), as do items the decode refused."""
-        tick = time.perf_counter()
-        refused = self._admit(session, queue, running, batch_size)
-        try:
-            results = session.step()  # a sample past its rounds' bound fails the step (DecodeState.check_rounds)
-        except GroupDiverged:  # a tensor-parallel group's collectives no longer pair: nothing can decode on
-            raise
-        except Exception as error:  # noqa: BLE001  one bad sample must not end the run
-            session.clear()
-            alone = len(running) == 1
-            failed = [self._rescue(uid, running.pop(uid), error, alone) for uid in list(running)]
-            return [*self._rescue_refused(refused), *failed]
-        share = self._elapsed(tick) / max(len(running), 1)
-        for admission in running.values():
-            admission.share += share
-        finished = [self._finished(result.uid, running.pop(result.uid), result) for result in results]
-        return [*self._rescue_refused(refused), *finished]
-
-    def _rescue_refused(self, refused: list[tuple[int, Admission, Exception]]) -> list[Finished]:
-        """Items the decode refused to admit: each alone, unless it was refused alone."""
-        return [self._rescue(uid, admission, error, len(refused) == 1) for uid, admission, error in refused]
-
-    def _admit(
-        self, session: DecodeSession, queue: deque[tuple[int, TaskItem]], running: dict[int, Admission], batch_size: int
-    ) -> list[tuple[int, Admission, Exception]]:
-        """Move the next pending items that fit into the free places; those the decode refuses
-        (what only a request shows) come back with the error."""
-        joining: list[tuple[int, TaskItem]] = []
-        while queue and len(running) + len(joining) < batch_size and fits(session, queue[0][1], joining):
-            joining.append(queue.popleft())
-        if not joining:
-            return []
-        now = time.perf_counter()
-        try:
-            session.admit([request(uid, item) for uid, item in joining])
-        except Exception as error:  # noqa: BLE001  (the session is unchanged: its samples decode on)
-            return [(uid, Admission(item, now), error) for uid, item in joining]
-        for uid, item in joining:
-            running[uid] = Admission(item, now)
-            if self.lookahead_log is not None:
-                self.lookahead_log.begin(uid)
-        return []
-
-    def _rescue(self, uid: int, admission: Admission, error: Exception, alone: bool) -> Finished:
-        """A sample whose decode failed: decoded again alone (unless it already was), then by the
-        fallback decoder (marked); a sample that still fails is recorded with its error."""
-        tick = time.perf_counter()
-        attempts = ([] if alone else [(self.decoder, None)]) + (
-            [(self.fallback, self.fallback.name)] if self.fallback is not None else []
+    def batcher(self, batch_size: int, gen_length: int, finished: list[Finished]) -> Batcher[Sample]:
+        """The run's batcher: at most ``batch_size`` samples; a sample whose decode failed is
+        decoded again alone, then by the fallback decoder (marked), else recorded with its error
+        (appended to ``finished``)."""
+        failures = Failures(
+            give_up=lambda sample, error, refused: finished.append(self._give_up(sample, error)),
+            fallback=self._fall_back,
+            fatal=(GroupDiverged,),  # a tensor-parallel group's collectives no longer pair: nothing can decode on
         )
-        for decoder, fallback in attempts:
-            try:
-                result = self._alone(decoder, uid, admission.item)
-            except GroupDiverged:
-                raise
-            except Exception as failed:  # noqa: BLE001
-                if fallback is not None:  # the fallback failed too: record both
-                    error = RuntimeError(
-                        f"{type(error).__name__}: {error}; fallback {fallback}: {type(failed).__name__}: {failed}"
-                    )
-                else:
-                    error = failed
-                continue
-            admission.share += self._elapsed(tick)
-            return self._finished(uid, admission, result, fallback)
-        admission.share += self._elapsed(tick)
-        record = {
-            "id": admission.item.id,
-            "error": f"{type(error).__name__}: {error}",
-            "correct": None,
-            **self._timing(admission),
-        }
-        return Finished(uid, record, None)
+        return Batcher(
+            Admission(batch_size=batch_size),
+            failures,
+            open=lambda sample: self.session(sample.decoder, gen_length),
+            on_admitted=self._admitted,
+        )
 
-    def _alone(self, decoder: SearchDecoder, uid: int, item: TaskItem) -> DecodeResult:
+    def _round(self, batcher: Batcher[Sample], finished: list[Finished]) -> list[Finished]:
+        """Admit what fits, step once; the samples that finished (or were given up) in it."""
+        tick = time.perf_counter()
+        for sample in batcher.take():
+            batcher.admit(sample)
+        running = list(batcher.running)
+        results = batcher.step_all()
+        share = self._elapsed(tick) / max(len(running), 1)
+        for sample in running:
+            sample.share += share
+        for sample, result in results:
+            batcher.retire(sample)
+            finished.append(self._finished(sample, result))
+        done = list(finished)
+        finished.clear()
+        return done
+
+    def _admitted(self, sample: Sample) -> None:
+        if sample.since is None:
+            sample.since = time.perf_counter()
         if self.lookahead_log is not None:
-            self.lookahead_log.begin(uid)
-        session = self.session(decoder, len(item.generation))
-        session.admit([request(uid, item)])
-        [result] = session.run()
-        return result
+            self.lookahead_log.begin(sample.uid)
 
-    def _finished(self, uid: int, admission: Admission, result: DecodeResult, fallback: str | None = None) -> Finished:
-        return Finished(uid, self.record(admission.item, result, self._timing(admission), fallback), result)
+    def _fall_back(self, sample: Sample, error: Exception) -> bool:
+        """A sample that failed alone moves to the fallback decoder, once."""
+        if self.fallback is None or sample.decoder is self.fallback:
+            return False
+        sample.decoder, sample.failure = self.fallback, error
+        return True
+
+    def _give_up(self, sample: Sample, error: Exception) -> Finished:
+        """A sample that failed alone (and by the fallback): recorded with its error (both)."""
+        if sample.failure is not None:
+            error = RuntimeError(
+                f"{type(sample.failure).__name__}: {sample.failure}; fallback {sample.decoder.name}: {type(error).__name__}: {error}"
+            )
+        record = {"id": sample.item.id, "error": f"{type(error).__name__}: {error}", "correct": None}
+        return Finished(sample.uid, {**record, **self._timing(sample)}, None)
+
+    def _finished(self, sample: Sample, result: DecodeResult) -> Finished:
+        fallback = sample.decoder.name if sample.decoder is not self.decoder else None
+        return Finished(sample.uid, self.record(sample.item, result, self._timing(sample), fallback), result)
 
     @staticmethod
-    def _timing(admission: Admission) -> dict[str, float]:
+    def _timing(sample: Sample) -> dict[str, float]:
         """The sample's share of the decode's wall time, and its latency from admission to now."""
+        now = time.perf_counter()
         return {
-            "wall_seconds": round(admission.share, 4),
-            "latency_seconds": round(time.perf_counter() - admission.since, 4),
+            "wall_seconds": round(sample.share, 4),
+            "latency_seconds": round(now - (sample.since if sample.since is not None else now), 4),
         }
 
     def record(
@@ -535,6 +441,7 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     records = [done[item.id] for item in items if item.id in done]
     summary = {
         "decoder": decoding.decoder.name,
+        "commit": type(plan.commit).__name__,  # the rule that ran: on a model without a mask token, its own step
         "task": decoding.task.name,
         "cache": decoding.engine.cache.name,
         "population": population_name(decoding.decoder),

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.denoiser import BidirectionalDenoiser
-from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.decode.intake import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.tasks.base import Task, TaskItem
 from dlmsearch.tasks.sudoku import SUDOKU_MASK_ID, SUDOKU_VOCAB, SudokuTask, puzzle_item

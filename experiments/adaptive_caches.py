@@ -39,7 +39,7 @@ from outputs import RUNS, add_flag, check
 from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer
-from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.decode.intake import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 ROOT = Path(__file__).resolve().parents[1]

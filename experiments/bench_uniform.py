@@ -19,7 +19,7 @@ import time
 import torch
 
 from dlmsearch.config import build, compose
-from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.decode.intake import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 

@@ -24,7 +24,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.engine.rollout import CallRows, CallSettings, RolloutEngine
+from dlmsearch.search.engine.call_records import CallRows, CallSettings
+from dlmsearch.search.engine.rollout import RolloutEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 METADATA = {

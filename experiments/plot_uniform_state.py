@@ -26,7 +26,7 @@ from matplotlib.colors import ListedColormap
 from outputs import RUNS, add_flag, check
 
 from dlmsearch.config import build, compose_settings
-from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.decode.intake import DecodeRequest
 from dlmsearch.tasks.text import load_tokenizer
 
 STATES = ("open (noised)", "kept this step", "final (draft)", "filled after the end")
@@ -67,7 +67,7 @@ def trace(model: Path, item_index: int) -> tuple[list[np.ndarray], list[list[str
     def on_round(canvas, source) -> None:
         gen = slice(canvas.tokens.shape[1] - gen_length, None)
         masked, call = canvas.masked[0, gen], canvas.commit_call[0, gen]
-        held = bool(canvas.review[0])
+        held = bool(canvas.held[0])
         state = torch.where(masked, 0, torch.where(call < 0, 3, 2))
         if held:  # the block being denoised: what is not open was kept this step
             current = torch.zeros(gen_length, dtype=torch.bool)

@@ -19,7 +19,7 @@ import torch
 from bench.random_model import MASK_ID, VOCAB, build_model
 
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.engine.memory import model_shape, row_bytes
+from dlmsearch.search.engine.row_budget import model_shape, row_bytes
 
 
 def peak_bytes() -> int:

@@ -28,7 +28,7 @@ from family_models import GEN, MASK_ID, adapter_for
 
 from dlmsearch.config import build, compose, decoder_presets
 from dlmsearch.models.loading import load_denoiser
-from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.decode.intake import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.tasks.sudoku import SudokuTask
 

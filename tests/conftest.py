@@ -16,7 +16,9 @@ import torch
 from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.denoiser import BidirectionalDenoiser, DenoiserConfig
-from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
+from dlmsearch.search.decode.intake import DecodeRequest
+from dlmsearch.search.decode.results import DecodeResult
+from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 torch.set_num_threads(1)

@@ -209,14 +209,14 @@ def load_tiny(directory: Path):
 
 
 def tiny_adapter(model, **kwargs):
-    """The adapter over a tiny model as the tests decode it: the mask id one past the vocabulary, EOS
+    """The adapter over a tiny model as the tests decode it: no mask token, EOS
     the stop id, PAD the padding (``kwargs``: e.g. ``dtype``)."""
     from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter
 
     vocab = model.config.get_text_config().vocab_size
     return DiffusionGemmaAdapter(
         module=model,
-        mask_id=vocab,
+        mask_id=None,
         vocab_size=vocab,
         stop_ids=[EOS],
         canvas_length=model.config.canvas_length,

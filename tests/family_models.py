@@ -11,7 +11,7 @@ from torch import nn
 
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
-from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.decode.intake import DecodeRequest
 
 VOCAB, MASK_ID, GEN, BLOCK = 64, 63, 16, 8
 

@@ -15,7 +15,8 @@ from family_models import adapter_for
 from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
-from dlmsearch.search.driver import DecodeRequest, SearchDecoder
+from dlmsearch.search.decode.intake import DecodeRequest
+from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.adaptive import DLLMCache
 from dlmsearch.search.engine.rollout import RolloutEngine
 
@@ -92,7 +93,7 @@ def decoder(case: str, preset: str, *overrides: str) -> SearchDecoder:
 
 def requests(case: str, seed: int) -> list[DecodeRequest]:
     """Two samples of different prompt lengths, sampled with their own seeds."""
-    mask_id = adapter(case.split("/")[0]).mask_id
+    mask_id = adapter(case.split("/")[0]).capabilities.open_id
     generator = torch.Generator().manual_seed(seed)
     made = []
     for uid, length in enumerate((3, 6)):

@@ -19,7 +19,7 @@ from dlmsearch.models.families import UnsupportedCheckpoint
 from dlmsearch.models.loading import load_text_model
 from dlmsearch.models.sdar_checkpoint import save_sdar
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
-from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.decode.intake import DecodeRequest
 from dlmsearch.search.engine.cache_policy import BlockCache
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.state import aligned_generation_length, block_aligned

@@ -27,9 +27,10 @@ from conftest import TINY_LLADA2
 
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.loading import load_text_model
-from dlmsearch.search.components.commit import BlockDiffusionSchedule
 from dlmsearch.search.components.revision import TokenEditing
-from dlmsearch.search.driver import DecodeRequest, SearchDecoder
+from dlmsearch.search.components.sdar_rules import BlockDiffusionSchedule
+from dlmsearch.search.decode.intake import DecodeRequest
+from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.cache_policy import BlockCache
 from dlmsearch.search.engine.rollout import RolloutEngine
 

@@ -21,21 +21,20 @@ import pytest
 import torch
 
 from dlmsearch.search.components.commit import (
-    BlockDiffusionSchedule,
     DreamSchedule,
-    EntropyBoundedRule,
     EntropyBudget,
     FactorRule,
     FastBlockRule,
     FillBlock,
     LowConfidenceSchedule,
     MeanConfidenceRule,
-    PositionCalibratedRule,
     ReMDMSchedule,
     StableConfidenceRule,
     ThresholdRule,
     WideInRule,
 )
+from dlmsearch.search.components.position_calibrated import PositionCalibratedRule
+from dlmsearch.search.components.sdar_rules import BlockDiffusionSchedule, EntropyBoundedRule
 from dlmsearch.search.records.state import BlockMoves, Canvas, Evaluation, Layout, initial_canvas
 
 MASK, GIVEN, PROPOSED = 9, 5, 3

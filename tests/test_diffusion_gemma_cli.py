@@ -84,7 +84,8 @@ def test_lookahead_over_keep_sets(model_dir: Path, tmp_path: Path, preset: str) 
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["+decoder=llada"], "has no mask token"),
+        # a masked preset decodes (the model's own step replaces its rule), but not one that sets its own temperature
+        (["+decoder=sdar"], "decoder.sampling.temperature=1.0 would be ignored: commit rule UniformNoiseSteps"),
         (["+decoder=best_of_n", *UNIFORM_RULE], "score=log_probability"),
         (["+decoder=diffusion_gemma", "cache=prefix"], "caches a masked canvas"),
         (["+decoder=rcr", *UNIFORM_RULE], "re-noises what it does not keep"),

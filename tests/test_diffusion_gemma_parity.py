@@ -22,8 +22,10 @@ from hypothesis import strategies as st
 from dlmsearch.config import build, compose
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter, load_diffusion_gemma
-from dlmsearch.search.components.commit import UniformNoiseSteps
-from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
+from dlmsearch.search.components.uniform_noise_steps import UniformNoiseSteps
+from dlmsearch.search.decode.intake import DecodeRequest
+from dlmsearch.search.decode.results import DecodeResult
+from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 PROMPTS = ([5, 6, 7, 8, 9], [10, 11, 12], [3, 4], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30], [40])
@@ -47,7 +49,9 @@ def _decode(model: torch.nn.Module, rule: UniformNoiseSteps, gen_length: int, se
     adapter = _adapter(model)
     decoder = SearchDecoder(commit=rule, sampling=Sampling(confidence="sampling"), stop_at_eos=True, name="dg")
     requests = [
-        DecodeRequest(uid=i, prompt=torch.tensor(p), generation=torch.full((gen_length,), adapter.mask_id), seed=s)
+        DecodeRequest(
+            uid=i, prompt=torch.tensor(p), generation=torch.full((gen_length,), adapter.capabilities.open_id), seed=s
+        )
         for i, (p, s) in enumerate(zip(PROMPTS, seeds))
     ]
     return decoder.decode(RolloutEngine(adapter, row_budget=3), requests, block_length=adapter.canvas_length)
@@ -119,7 +123,10 @@ def test_a_samples_result_does_not_depend_on_its_batch(models: dict) -> None:
     decoder = SearchDecoder(commit=rule, sampling=Sampling(confidence="sampling"), stop_at_eos=True, name="dg")
     for uid, (prompt, seed) in enumerate(zip(PROMPTS, seeds)):
         request = DecodeRequest(
-            uid=uid, prompt=torch.tensor(prompt), generation=torch.full((gen_length,), adapter.mask_id), seed=seed
+            uid=uid,
+            prompt=torch.tensor(prompt),
+            generation=torch.full((gen_length,), adapter.capabilities.open_id),
+            seed=seed,
         )
         alone = decoder.decode(RolloutEngine(adapter), [request], block_length=adapter.canvas_length)[0]
         assert alone.tokens.tolist() == batched[uid].tokens.tolist()
@@ -131,7 +138,7 @@ def test_loads_a_local_checkpoint_through_transformers(tmp_path) -> None:
     adapter = load_diffusion_gemma(str(tmp_path), device="cpu", dtype="float32")
     assert adapter.capabilities.noise == "uniform"
     assert adapter.capabilities.canvas_length == 8
-    assert adapter.mask_id == adapter.vocab_size == 96
+    assert adapter.mask_id is None and adapter.vocab_size == 96  # no mask token (issue 48: no fake id)
     assert adapter.stop_ids == [EOS]
 
 
@@ -151,7 +158,7 @@ def _given_first_canvas(
     """One batch whose requests hold their first canvas (the API's ``initial_canvas=``)."""
     adapter = _adapter(model)
     decoder = SearchDecoder(commit=rule, sampling=sampling, stop_at_eos=True, name="dg")
-    open_ = torch.full((gen_length - adapter.canvas_length,), adapter.mask_id)
+    open_ = torch.full((gen_length - adapter.canvas_length,), adapter.capabilities.open_id)
     requests = [
         DecodeRequest(uid=i, prompt=torch.tensor(p), generation=torch.cat([torch.tensor(c), open_]), seed=5)
         for i, (p, c) in enumerate(zip(PROMPTS, canvases))
@@ -234,7 +241,7 @@ def test_every_applicable_preset_is_batch_invariant(models: dict, preset: str, c
     gen_length = 2 * adapter.canvas_length
 
     def request(uid: int) -> DecodeRequest:
-        open_ = torch.full((gen_length,), adapter.mask_id)
+        open_ = torch.full((gen_length,), adapter.capabilities.open_id)
         return DecodeRequest(uid=uid, prompt=torch.tensor(PROMPTS[uid]), generation=open_, seed=seed + uid)
 
     batch = decoder.decode(RolloutEngine(adapter, row_budget=4), [request(u) for u in chosen], adapter.canvas_length)
@@ -259,7 +266,9 @@ def test_image_token_ids_in_a_prompt_are_refused(models: dict) -> None:
         model.config.image_token_id = saved
     assert 50 in adapter.capabilities.media_ids
     decoder = SearchDecoder(commit=UniformNoiseSteps(max_steps=2), sampling=Sampling(confidence="sampling"))
-    request = DecodeRequest(uid=4, prompt=torch.tensor([3, 50, 7]), generation=torch.full((8,), adapter.mask_id))
+    request = DecodeRequest(
+        uid=4, prompt=torch.tensor([3, 50, 7]), generation=torch.full((8,), adapter.capabilities.open_id)
+    )
     with pytest.raises(
         ValueError, match=r"uid\(s\) \[4\] holds image or audio token ids \[50, 93, 94\]: dlmsearch decodes text only"
     ):
@@ -282,10 +291,10 @@ def test_bfloat16_decodes(models: dict) -> None:
 def test_a_branch_keeps_its_own_canvas_memory_until_adopted() -> None:
     """A lookahead branch reads its slot's self-conditioning input and draft until it has its own; the
     adopted branch's become its slot's, the others are dropped."""
-    from dlmsearch.models.diffusion_gemma import CanvasMemory
+    from dlmsearch.search.engine.encoder_prefix import SelfConditioning
     from dlmsearch.search.records.randomness import BRANCH_KEYS
 
-    memory = CanvasMemory()
+    memory = SelfConditioning()
     memory.reset(2)
     slot, start = torch.tensor([0, 1]), torch.tensor([4, 4])
     roots = torch.tensor([0, BRANCH_KEYS])  # particle 0 of slot 0, particle 1 of slot 1: their roots

@@ -361,3 +361,53 @@ class _running:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+
+# ---------------------------------------------------------------- the README as the front door (issue 48, item 6)
+
+PAGES = [*DOCUMENTS, "experiments/RESULTS.md"]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(
+        r"^#+ (.+)$", re.sub(r"^```.*?^```", "", path.read_text(), flags=re.DOTALL | re.MULTILINE), re.MULTILINE
+    )
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """At most 200 lines, at most one table per section, and each table's section names the command that measured it."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200, f"README.md has {len(text.splitlines())} lines (at most 200)"
+    for section in re.split(r"^#+ ", text, flags=re.MULTILINE)[1:]:
+        title = section.splitlines()[0]
+        tables = re.findall(r"^\|---", section, re.MULTILINE)
+        figures = [row for row in re.findall(r"^\|.*$", section, re.MULTILINE) if re.search(r"\d %", row)]
+        assert len(tables) <= 1, f"README.md section {title!r} has {len(tables)} tables (one at most)"
+        if figures:
+            assert re.search(r"`(python|bash) [^`]+`", section), (
+                f"README.md section {title!r}: figures without their command"
+            )
+
+
+def test_no_page_points_outside_the_repository() -> None:
+    offenders = [name for name in PAGES if "../shared" in (ROOT / name).read_text()]
+    assert not offenders, f"these pages point to ../shared, which a reader does not have: {offenders}"
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = []
+    for name in PAGES:
+        page = ROOT / name
+        for target in LINK.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append(f"{name}: {target}")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                broken.append(f"{name}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)

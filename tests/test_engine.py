@@ -147,7 +147,7 @@ def test_text_model_path_must_be_a_local_model_directory(tmp_path) -> None:
 
 
 def test_an_automatic_row_budget_fits_the_device_and_changes_nothing(adapter) -> None:
-    from dlmsearch.search.engine.memory import model_shape, row_bytes
+    from dlmsearch.search.engine.row_budget import model_shape, row_bytes
 
     shape = model_shape(adapter.module)
     assert row_bytes(shape, 64, 32, 4, False) > row_bytes(shape, 32, 16, 4, False) and row_bytes(

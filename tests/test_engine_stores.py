@@ -128,7 +128,7 @@ def _filled_memory(slots: int) -> SlotMemory:
         cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), layer_idx=0)
         memory.prefixes.caches[slot] = cache
         memory.prefixes.end[slot] = 3
-    memory.canvas.remember(
+    memory.conditioning.remember(
         every,
         torch.full((slots,), 2),
         torch.zeros(slots, dtype=torch.long),
@@ -143,7 +143,7 @@ def _snapshot(memory: SlotMemory) -> list[torch.Tensor]:
     """Every tensor the stores hold, copied."""
     prefixes = [t for c in memory.prefixes.caches for layer in c.layers for t in (layer.keys, layer.values)]
     tensors = [t for pair in memory.kv.layers for t in pair] + [memory.history.probs, memory.history.last]
-    tensors += [*memory.layers.fields.values(), *prefixes, memory.canvas.logits, memory.canvas.draft]
+    tensors += [*memory.layers.fields.values(), *prefixes, memory.conditioning.logits, memory.conditioning.draft]
     return [t.clone() for t in tensors]
 
 
@@ -152,9 +152,9 @@ def _write_everything(memory: SlotMemory) -> None:
     for pair in memory.kv.layers:
         for t in pair:
             t.add_(1)
-    for t in (memory.history.probs, memory.history.last, *memory.layers.fields.values(), memory.canvas.logits):
+    for t in (memory.history.probs, memory.history.last, *memory.layers.fields.values(), memory.conditioning.logits):
         t.add_(1)
-    memory.canvas.draft.fill_(-7)
+    memory.conditioning.draft.fill_(-7)
     for cache in memory.prefixes.caches:
         cache.update(torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4), layer_idx=0)
         cache.layers[0].keys.add_(1)

@@ -82,14 +82,15 @@ def test_cuda_diffusion_gemma_decodes_and_float32_agrees_with_cpu(dtype: str) ->
 
     from dlmsearch.core.sampling import Sampling
     from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter
-    from dlmsearch.search.components.commit import UniformNoiseSteps
-    from dlmsearch.search.driver import DecodeRequest, SearchDecoder
+    from dlmsearch.search.components.uniform_noise_steps import UniformNoiseSteps
+    from dlmsearch.search.decode.intake import DecodeRequest
+    from dlmsearch.search.driver import SearchDecoder
 
     def run(device: str, dtype: str) -> list[list[int]]:
         model = tiny_diffusion_gemma(seed=3, moe=True)
         vocab = model.config.get_text_config().vocab_size
         adapter = DiffusionGemmaAdapter(
-            module=model, mask_id=vocab, vocab_size=vocab, stop_ids=[EOS], canvas_length=8, device=device, dtype=dtype
+            module=model, mask_id=None, vocab_size=vocab, stop_ids=[EOS], canvas_length=8, device=device, dtype=dtype
         )
         decoder = SearchDecoder(commit=UniformNoiseSteps(max_steps=6), sampling=Sampling(confidence="sampling"))
         requests = [

@@ -4,7 +4,7 @@ evaluation the lookahead adopted with it (issue 47), on every paradigm and every
 The driver adopts a branch *together with the evaluation it already has* and commits on it; that is
 only right if a branch's evaluation is what its slot's root would compute for the same canvas
 right then (same model state, same stores). Each lookahead here is followed by that evaluation
-from the root (``driver._evaluate`` with the root's key, before the round goes on), and the two
+from the root (``calls.evaluate`` with the root's key, before the round goes on), and the two
 must agree: the tokens proposed and their confidences. Decodes are deterministic (temperature 0;
 top-1 on uniform noise), so neither key's draws matter.
 
@@ -27,7 +27,8 @@ from test_block_diffusion import BLOCK, tiny_sdar
 from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.search import driver
-from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.decode import calls
+from dlmsearch.search.decode.intake import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 MASKED_CACHES = ("none", "prefix", "dual", "d2cache", "dkv", "dllm_cache", "elastic")
@@ -38,19 +39,19 @@ def _reevaluated(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, torch.Tenso
     """Every lookahead from now on: its adopted branches evaluated again from their roots; the
     (field, adopted, again) pairs."""
     pairs: list[tuple[str, torch.Tensor, torch.Tensor]] = []
-    lookahead = driver._lookahead
+    lookahead = driver.lookahead
 
     def checked(engine, state, root, evaluation, exploring, on_lookahead):
         adopted, adopted_eval, restart, usage, best = lookahead(
             engine, state, root, evaluation, exploring, on_lookahead
         )
-        again, _ = driver._evaluate(engine, state, usage, adopted, exploring, torch.zeros_like(exploring))
-        at = adopted.masked | adopted.review[:, None]  # what the base rule decides next
+        again, _ = calls.evaluate(engine, state, usage, adopted, exploring, torch.zeros_like(exploring))
+        at = adopted.masked | adopted.held[:, None]  # what the base rule decides next
         for field in ("token", "confidence"):
             pairs.append((field, getattr(adopted_eval, field)[at], getattr(again, field)[at]))
         return adopted, adopted_eval, restart, usage, best
 
-    monkeypatch.setattr(driver, "_lookahead", checked)
+    monkeypatch.setattr(driver, "lookahead", checked)
     return pairs
 
 

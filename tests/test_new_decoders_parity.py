@@ -9,8 +9,8 @@ from tiny_checkpoints import requires_upstream
 from upstream import UPSTREAM, pc_sampler_module
 
 from dlmsearch.models.loading import load_text_model
-from dlmsearch.search.components.commit import load_token_frequencies
-from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.components.position_calibrated import load_token_frequencies
+from dlmsearch.search.decode.intake import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
 
 pytestmark = requires_upstream

@@ -17,7 +17,8 @@ from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.loading import generation_defaults
 from dlmsearch.search.components.stopping import answer_ended, fill_after_end
-from dlmsearch.search.engine.rollout import CallRows, CallSettings, RolloutEngine
+from dlmsearch.search.engine.call_records import CallRows, CallSettings
+from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.engine.summaries import top_k_filter, top_p_filter
 from dlmsearch.search.records.state import Layout, initial_canvas
 

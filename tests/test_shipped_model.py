@@ -11,7 +11,7 @@ import pytest
 
 from dlmsearch.config import build, compose
 from dlmsearch.models.loading import load_denoiser, shipped_sudoku_model_path
-from dlmsearch.search.driver import DecodeRequest
+from dlmsearch.search.decode.intake import DecodeRequest
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.tasks.sudoku import SudokuTask
 

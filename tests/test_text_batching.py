@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from dlmsearch.config import decoder_presets
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.search.driver import DecodeRequest
-from dlmsearch.search.engine.rollout import CallRows, CallSettings, RolloutEngine
+from dlmsearch.search.decode.intake import DecodeRequest
+from dlmsearch.search.engine.call_records import CallRows, CallSettings
+from dlmsearch.search.engine.rollout import RolloutEngine
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,12 @@ from hypothesis import strategies as st
 from dlmsearch.config import build, compose
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.diffusion_gemma import DiffusionGemmaAdapter
-from dlmsearch.search.components.commit import UniformNoiseSteps
 from dlmsearch.search.components.lookahead import Lookahead
-from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
-from dlmsearch.search.engine import uniform_noise
+from dlmsearch.search.components.uniform_noise_steps import UniformNoiseSteps
+from dlmsearch.search.decode.intake import DecodeRequest
+from dlmsearch.search.decode.results import DecodeResult
+from dlmsearch.search.driver import SearchDecoder
+from dlmsearch.search.engine.encoder_prefix import prefix_read
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.engine.slot_memory import SlotMemory
 
@@ -47,7 +49,7 @@ def adapter() -> DiffusionGemmaAdapter:
 
 
 def _requests(adapter: DiffusionGemmaAdapter, gen_length: int, uids: list[int]) -> list[DecodeRequest]:
-    open_ = torch.full((gen_length,), adapter.mask_id)
+    open_ = torch.full((gen_length,), adapter.capabilities.open_id)
     return [DecodeRequest(uid=u, prompt=torch.tensor(PROMPTS[u]), generation=open_, seed=11 + u) for u in uids]
 
 
@@ -87,10 +89,13 @@ def test_the_decoder_refuses_a_prefix_that_does_not_end_at_its_canvas(adapter: D
     attention = torch.ones_like(tokens, dtype=torch.bool)
     args = (tokens, attention)
     slot, key = torch.tensor([0]), torch.tensor([1])
-    assert uniform_noise.denoise(adapter, *args, torch.tensor([len(prompt)]), slot, key, memory).shape == (1, 8, 96)
+    denoise = lambda start: adapter.cached_logits(  # the encoder-prefix cache's decoder call
+        *args, start, start + adapter.canvas_length, prefix_read(memory.prefixes, memory.conditioning, slot, start, key)
+    )
+    assert denoise(torch.tensor([len(prompt)])).shape == (1, 8, 96)
     past = torch.tensor([len(prompt) + adapter.canvas_length])  # the next canvas: its predecessor is not encoded
     with pytest.raises(RuntimeError, match=r"canvas at column 13 of slot 0 \(row key 1\) against an encoded prefix"):
-        uniform_noise.denoise(adapter, *args, past, slot, key, memory)
+        denoise(past)
 
 
 def test_a_finished_canvas_records_the_probability_of_the_tokens_it_holds(

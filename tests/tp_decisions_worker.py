@@ -42,10 +42,14 @@ def _summary(results: list) -> dict[str, Any]:
 def deadline(adapter, crossing: bool) -> dict[str, Any]:
     """A lookahead decoder under a 35 s deadline that only the crossing rank's clock (10 s a reading) passes."""
     from dlmsearch.search import driver
+    from dlmsearch.search.decode import intake
     from dlmsearch.search.engine.rollout import RolloutEngine
 
     readings = itertools.count(0, 10) if crossing else itertools.repeat(0)
-    with mock.patch.object(driver, "time", SimpleNamespace(monotonic=lambda: float(next(readings)))):
+    clock = SimpleNamespace(
+        monotonic=lambda: float(next(readings))
+    )  # one clock: the samples' start and the loop's checks
+    with mock.patch.object(driver, "time", clock), mock.patch.object(intake, "time", clock):
         results = _decoder("ete").decode(RolloutEngine(adapter=adapter), requests(adapter, GEN), BLOCK, deadline_s=35)
     return _summary(results)
 

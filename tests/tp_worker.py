@@ -181,14 +181,14 @@ def load(family: str, directory: str, tensor_parallel: int):
 
 
 def requests(adapter, gen: int) -> list:
-    from dlmsearch.search.driver import DecodeRequest
+    from dlmsearch.search.decode.intake import DecodeRequest
 
     generator = torch.Generator().manual_seed(3)
     return [
         DecodeRequest(
             uid=uid,
             prompt=torch.randint(3, 60, (n,), generator=generator),
-            generation=torch.full((gen,), adapter.mask_id),
+            generation=torch.full((gen,), adapter.capabilities.open_id),
             seed=11 + uid,
         )
         for uid, n in enumerate((5, 9, 7))
@@ -201,7 +201,7 @@ def forward_logits(adapter, family: str) -> torch.Tensor:
     with torch.no_grad():
         if not family.startswith("diffusion_gemma"):
             return adapter.module(tokens).float()
-        from dlmsearch.models.diffusion_gemma import EncoderPrefixes
+        from dlmsearch.search.engine.encoder_prefix import EncoderPrefixes
 
         prefixes = EncoderPrefixes()
         prefixes.reset(2)

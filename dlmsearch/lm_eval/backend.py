@@ -114,10 +114,11 @@ class DLMSearchLM(LM):
     def _check_settings(self) -> None:
         """Compose a decode of ``gen_length`` with these settings now, so that a wrong value (``cache``,
         ``temperature``, ``seed``, a ``decoder.*`` / ``engine.*`` value) fails before any request."""
+        gen_length = gen_length_for(self.gen_length, self.block_length)
         try:
             cfg = self.decoder.config(
                 self.model,
-                gen_length_for(self.gen_length, self.block_length),
+                gen_length,
                 self.block_length,
                 self.chat,
                 self.batch_size,
@@ -125,10 +126,12 @@ class DLMSearchLM(LM):
                 temperature=self.temperature,
                 seed=self.seed,
             )
-            build(cfg, "decoder")
-            build(cfg, "engine", adapter=self.model.adapter)
+            decoder = build(cfg, "decoder")
+            engine = build(cfg, "engine", adapter=self.model.adapter)
+            owner = decoder.plan(engine, gen_length, self.block_length).temperature
         except (ValueError, TypeError) as error:
             raise ModelArgsError(f"model_args: {error}") from error
+        self._rule_temperature = not owner.takes_settings  # e.g. a uniform-noise step's schedule
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> DLMSearchLM:
@@ -181,14 +184,14 @@ class DLMSearchLM(LM):
         return texts
 
     def _temperature(self, gen_kwargs: dict[str, Any]) -> float | None:
-        """The model arg ``temperature`` if given, else the request's (0 unless it samples). A
-        uniform-noise model (DiffusionGemma) samples at its decoder's schedule: a greedy request
-        (lm-eval's default) leaves it to the schedule (None); one that asks to sample is refused by
-        the plan, naming the schedule's settings."""
+        """The model arg ``temperature`` if given, else the request's (0 unless it samples). Where the
+        decode's commit rule or population owns the temperature (a uniform-noise step samples at its
+        schedule), a greedy request (lm-eval's default) leaves it to that owner (None); one that asks
+        to sample is refused by the plan, naming the owner's settings."""
         if self.temperature is not None:
             return float(self.temperature)
         sampled = gen_kwargs.get("do_sample", float(gen_kwargs.get("temperature") or 0.0) > 0)
-        if not sampled and self.model.adapter.capabilities.noise == "uniform":
+        if not sampled and self._rule_temperature:
             return None
         return float(gen_kwargs.get("temperature") or 0.0) if sampled else 0.0
 

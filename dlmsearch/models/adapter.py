@@ -2,14 +2,16 @@
 
 Only the adapter knows a model family's quirks: its mask id, whether logits must be shifted
 right by one position (AR-initialised models such as Dream predict token ``i`` at ``i - 1``),
-how it takes a padding mask, and its device and dtype. What the model can do is declared once,
+how it takes a padding mask, what it reads at an open position (:meth:`ModelAdapter.materialise`),
+and its device and dtype. What the model can do is declared once,
 as a frozen :class:`~dlmsearch.core.capabilities.ModelCapabilities` (``capabilities``): the
 engine, the decode plan and the driver read that record, never the module. Everything else
-reads ``mask_id`` from here (configs interpolate ``${model.mask_id}``).
+reads ``mask_id`` from here (configs interpolate ``${model.mask_id}``; null: the model has no mask token).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -32,7 +34,7 @@ class ModelAdapter:
     """Wraps any ``module(input_ids, attention_mask=...)`` returning logits or an object with ``.logits``."""
 
     module: nn.Module
-    mask_id: int = attrs.field(validator=check_type(int))
+    mask_id: int | None = attrs.field(validator=check_type(int, optional=True))  # None: no mask token
     vocab_size: int = attrs.field(validator=check_type(int))
     shift_logits: bool = attrs.field(default=False, validator=check_type(bool))
     device: str = attrs.field(default="cpu", validator=check_type(str))
@@ -99,7 +101,11 @@ class ModelAdapter:
         )
 
     def _check_ids(self) -> None:
-        """The mask id is a token of the vocabulary (a uniform-noise model marks open positions otherwise)."""
+        """The mask id is a token of the vocabulary: a masked model reads it at every open position."""
+        if self.mask_id is None:
+            raise ValueError(
+                f"model.mask_id is null, but {type(self.module).__name__} reads the mask token at every open position: give its id"
+            )
         if not 0 <= self.mask_id < self.vocab_size:
             raise ValueError(f"model.mask_id={self.mask_id} is outside the vocabulary [0, {self.vocab_size})")
 
@@ -115,6 +121,14 @@ class ModelAdapter:
     def never_proposed(self) -> list[int]:
         """Token ids whose logits are set to -inf before proposing: the mask, and any suppressed ids."""
         return [self.mask_id, *self.suppressed_ids]
+
+    def materialise(
+        self, tokens: torch.Tensor, open_: torch.Tensor, uniform: Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
+        """``tokens [R, T]`` with every open position (``open_ [R, T]``, the positions a step may still
+        fill) holding what this model reads there: the mask id (``uniform``: the positions' keyed
+        draws, for a model that reads noise there; a masked model draws nothing)."""
+        return torch.where(open_, self.mask_id, tokens)
 
     def compile(self) -> None:
         """The module's per-token work under torch.compile (``engine.compile=true``; checked against ``capabilities``)."""

@@ -21,15 +21,18 @@ what each call sees, so that a row's logits do not depend on its batch:
   decoder logit by up to ~2e-5 beside batch-mates), so a sampled draw near a boundary, or an
   entropy near the keep-set's bound, decided differently batched and alone.
 
-There is no mask token. The engine keeps a position the next step may replace ("open", noised) as
-``mask_id = vocab_size``, one past the vocabulary, and fills it with keyed uniform ids before the
-decoder sees it (``dlmsearch.search.engine.uniform_noise``); the id never reaches the model.
+There is no mask token. A position the next step may replace is *open*: the call carries which
+positions are open, and :meth:`DiffusionGemmaAdapter.materialise` fills each with its keyed uniform
+id (``min(floor(u * V), V - 1)``, ``u`` the position's draw on the re-noising stream, float64), so a
+row's canvas never depends on its batch. The per-slot stores the two modules need (the encoded
+prefixes, the self-conditioning memory) are the engine's
+(:mod:`dlmsearch.search.engine.encoder_prefix`); this adapter reads and extends them.
 """
 
 from __future__ import annotations
 
-import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +40,10 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from dlmsearch.core import attention as pattern
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
+from dlmsearch.models.kv_storage import EncodedPrefixes, PrefixRead
 from dlmsearch.models.loading import _json_object
 
 EXACT_ATTENTION = "dlmsearch_exact"  # the name transformers' AttentionInterface knows dlmsearch's attention by
@@ -133,183 +138,6 @@ class _StackedPrefix:
 
 
 @attrs.define(eq=False)
-class EncoderPrefixes:
-    """Per slot: transformers' ``DynamicCache`` of everything encoded so far (prompt and finished
-    canvases) and the canvas column where that prefix ends (-1: nothing encoded yet)."""
-
-    caches: list[Any] = attrs.field(factory=list)
-    end: torch.Tensor = attrs.field(factory=lambda: torch.zeros(0, dtype=torch.long))
-
-    def reset(self, slots: int) -> None:
-        self.caches = [None] * slots
-        self.end = torch.full((slots,), -1, dtype=torch.long)
-
-    def reorder(self, source: torch.Tensor) -> None:
-        """Slot ``i`` takes slot ``source[i]``'s prefix; a prefix taken twice is copied (its layers
-        are replaced, never written in place, by later encoder calls, so a shallow copy suffices)."""
-        taken: set[int] = set()
-        caches = []
-        for s in source.tolist():
-            cache = self.caches[s]
-            if cache is not None and s in taken:
-                cache = copy.copy(cache)
-                cache.layers = [copy.copy(layer) for layer in cache.layers]
-            taken.add(s)
-            caches.append(cache)
-        self.caches, self.end = caches, self.end[source]
-
-    def admit(self, slots: int) -> None:
-        self.caches = self.caches + [None] * slots
-        self.end = torch.cat([self.end, torch.full((slots,), -1, dtype=torch.long)])
-
-    def widen(self, columns: int) -> None:
-        """Every canvas gained ``columns`` of left padding: the stored prefixes end that much later."""
-        self.end = torch.where(self.end >= 0, self.end + columns, self.end)
-
-
-@attrs.frozen
-class _BranchMemory:
-    """A lookahead branch's own memory of its canvas (what :class:`CanvasMemory` keeps per slot)."""
-
-    start: int
-    logits: torch.Tensor  # [L, V]
-    draft: torch.Tensor  # [L]
-    repeats: int
-
-
-@attrs.define(eq=False)
-class CanvasMemory:
-    """Per slot, of the canvas it is denoising (its first column ``start``, -1: none): the last
-    step's processed logits (the next step's self-conditioning input, in the model's dtype), the
-    last draft (argmax) and how many steps in a row the draft has repeated (the stopping rule's
-    stability). A slot that moves to a new canvas starts afresh, as the reference resets both.
-
-    A lookahead branch (a row whose ``row_key`` is not its slot's root) reads its slot's memory
-    until it has its own: after its first evaluation its memory is kept apart (``branches``, by
-    slot and row key), so a branch rolled deeper continues the reference loop from its own step;
-    the adopted branch's memory becomes its slot's (:meth:`adopt`), and the rest are dropped."""
-
-    start: torch.Tensor = attrs.field(factory=lambda: torch.zeros(0, dtype=torch.long))
-    logits: torch.Tensor | None = None  # [slots, L, V]
-    draft: torch.Tensor | None = None  # [slots, L]
-    repeats: torch.Tensor = attrs.field(factory=lambda: torch.zeros(0, dtype=torch.long))
-    branches: dict[tuple[int, int], _BranchMemory] = attrs.field(factory=dict)
-
-    def reset(self, slots: int) -> None:
-        self.start = torch.full((slots,), -1, dtype=torch.long)
-        self.logits = self.draft = None
-        self.repeats = torch.zeros(slots, dtype=torch.long)
-        self.branches = {}
-
-    def reorder(self, source: torch.Tensor) -> None:
-        self.start, self.repeats, self.branches = self.start[source], self.repeats[source], {}
-        if self.logits is not None:
-            self.logits, self.draft = self.logits[source.to(self.logits.device)], self.draft[source]
-
-    def admit(self, slots: int) -> None:
-        self.start = torch.cat([self.start, torch.full((slots,), -1, dtype=torch.long)])
-        self.repeats = torch.cat([self.repeats, torch.zeros(slots, dtype=torch.long)])
-        self.branches = {}
-        if self.logits is not None:
-            self.logits = torch.cat([self.logits, self.logits.new_zeros(slots, *self.logits.shape[1:])])
-            self.draft = torch.cat([self.draft, self.draft.new_full((slots, self.draft.shape[1]), -1)])
-
-    def widen(self, columns: int) -> None:
-        self.start = torch.where(self.start >= 0, self.start + columns, self.start)
-
-    def _read(
-        self, slot: torch.Tensor, row_key: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-        """Each row's memory: ``start``, logits, draft and repeats (a branch's own where it has one)."""
-        start, repeats = self.start[slot].clone(), self.repeats[slot].clone()
-        logits = None if self.logits is None else self.logits[slot.to(self.logits.device)]
-        draft = None if self.draft is None else self.draft[slot].clone()
-        for row, key in enumerate(zip(slot.tolist(), row_key.tolist()) if self.branches else ()):
-            entry = self.branches.get(key)
-            if entry is not None:
-                start[row], repeats[row] = entry.start, entry.repeats
-                logits[row], draft[row] = entry.logits.to(logits.device), entry.draft
-        return start, logits, draft, repeats
-
-    def conditioning(
-        self, slot: torch.Tensor, start: torch.Tensor, row_key: torch.Tensor
-    ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """The rows' self-conditioning logits (zeros where a row has none) and ``[rows]`` which rows have them."""
-        stored, logits, _, _ = self._read(slot, row_key)
-        has = (stored == start) & (stored >= 0)
-        return (logits if logits is not None and bool(has.any()) else None), has
-
-    def repeated(
-        self, slot: torch.Tensor, start: torch.Tensor, row_key: torch.Tensor, draft: torch.Tensor
-    ) -> torch.Tensor:
-        """``[rows]`` steps in a row the row's draft of this canvas has equalled ``draft`` (without storing it)."""
-        stored, _, last, repeats = self._read(slot, row_key)
-        if last is None:
-            return torch.zeros(len(slot), dtype=torch.long)
-        equal = (stored == start) & (last == draft).all(dim=1)
-        return torch.where(equal, repeats + 1, 0)
-
-    def remember(
-        self,
-        slot: torch.Tensor,
-        start: torch.Tensor,
-        row_key: torch.Tensor,
-        root: torch.Tensor,
-        logits: torch.Tensor,
-        draft: torch.Tensor,
-        repeats: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Keep the rows' processed logits and drafts for their next step (a slot's own row in the
-        slot's memory, a branch in its own); ``[rows]`` how many steps in a row each draft has now
-        repeated (0 at a canvas's first step).
-
-        Args:
-            slot: ``[rows]`` each row's slot.
-            start: ``[rows]`` the first column of each row's canvas.
-            row_key: ``[rows]`` each row's key (its slot's root, or a branch).
-            root: ``[rows]`` rows that are their slot's own canvas.
-            logits: ``[rows, L, V]`` the step's processed logits (in the dtype to keep).
-            draft: ``[rows, L]`` the step's drafts.
-            repeats: ``[rows]`` :meth:`repeated` of these rows, where the caller counted it before
-                the write (None: counted here).
-        """
-        repeats = self.repeated(slot, start, row_key, draft) if repeats is None else repeats
-        if self.logits is None:
-            self.logits = logits.new_zeros(len(self.start), *logits.shape[1:])
-            self.draft = torch.full((len(self.start), draft.shape[1]), -1, dtype=torch.long)
-        at = root.nonzero().squeeze(1)
-        self._store(slot[at], start[at], logits[at.to(logits.device)], draft[at], repeats[at])
-        for row in (~root).nonzero().squeeze(1).tolist():
-            key = (int(slot[row]), int(row_key[row]))
-            self.branches[key] = _BranchMemory(
-                int(start[row]), logits[row].clone(), draft[row].clone(), int(repeats[row])
-            )
-        return repeats
-
-    def _store(
-        self, slot: torch.Tensor, start: torch.Tensor, logits: torch.Tensor, draft: torch.Tensor, repeats: torch.Tensor
-    ) -> None:
-        self.logits[slot.to(self.logits.device)] = logits.to(self.logits.device)
-        self.draft[slot], self.start[slot], self.repeats[slot] = draft, start, repeats
-
-    def adopt(self, slot: torch.Tensor, row_key: torch.Tensor) -> None:
-        """Each slot takes the memory of the branch it adopted (where that branch has its own), and
-        every branch's memory is dropped: the lookahead is over."""
-        for s, key in zip(slot.tolist(), row_key.tolist()):
-            entry = self.branches.get((s, key))
-            if entry is not None:
-                at = torch.tensor([s])
-                self._store(
-                    at,
-                    torch.tensor([entry.start]),
-                    entry.logits[None],
-                    entry.draft[None],
-                    torch.tensor([entry.repeats]),
-                )
-        self.branches = {}
-
-
-@attrs.define(eq=False)
 class DiffusionGemmaAdapter(ModelAdapter):
     """A ``DiffusionGemmaForBlockDiffusion`` behind dlmsearch's model boundary (see the module docstring)."""
 
@@ -328,17 +156,17 @@ class DiffusionGemmaAdapter(ModelAdapter):
             noise="uniform",
             canvas_length=self.canvas_length,
             media_ids=self._media_ids(),
-            cache_policies=("none",),
+            cache_policies=("encoder",),
+            encoder=True,
             shadow=False,
             layerwise=False,
+            step_settings=tuple(step_settings(self.module.generation_config.to_dict()).items()),
         )
 
     def _check_ids(self) -> None:
-        """The open-position marker is one past the vocabulary (the model never sees it)."""
-        if self.mask_id != self.vocab_size:
-            raise ValueError(
-                f"a uniform-noise model's open positions are marked vocab_size ({self.vocab_size}); got mask_id={self.mask_id}"
-            )
+        """No mask token: nothing may claim one (open positions hold keyed noise: :meth:`materialise`)."""
+        if self.mask_id is not None:
+            raise ValueError(f"DiffusionGemma has no mask token: model.mask_id must be null, got {self.mask_id}")
 
     def _media_ids(self) -> tuple[int, ...]:
         """The ids that stand for image or audio inputs in this vocabulary (Gemma's image, begin- and end-of-image tokens)."""
@@ -359,9 +187,34 @@ class DiffusionGemmaAdapter(ModelAdapter):
     def _layer_types(self) -> list[str]:
         return list(self.module.config.get_text_config().layer_types)
 
+    def materialise(
+        self, tokens: torch.Tensor, open_: torch.Tensor, uniform: Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
+        """Uniform noise: each open position holds its keyed random id ``min(floor(u * V), V - 1)``
+        (``uniform()``: the positions' float64 draws, made only where some position is open)."""
+        if not bool(open_.any()):
+            return tokens
+        ids = torch.floor(uniform() * self.vocab_size).long().clamp(max=self.vocab_size - 1)
+        return torch.where(open_, ids, tokens)
+
+    @torch.no_grad()
+    def cached_logits(
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor,
+        low: torch.Tensor,
+        high: torch.Tensor,
+        cached: PrefixRead,  # type: ignore[override]  (the encoder-prefix cache's read, not key/value storage)
+    ) -> torch.Tensor:
+        """The decoder's float32 logits ``[rows, L, V]`` of each row's canvas (columns ``low[r]`` on,
+        ``L`` the canvas length), against what ``cached`` holds: its slot's encoded prefix and its self-conditioning input."""
+        columns = low[:, None] + torch.arange(self.canvas_length)[None, :]
+        at = pattern.positions(attention_mask).gather(1, columns)
+        return self.denoise(tokens.gather(1, columns), at, cached.prefixes, cached.slot, cached.conditioning)
+
     @torch.no_grad()
     def encode(
-        self, prefixes: EncoderPrefixes, slot: int, tokens: torch.Tensor, positions: torch.Tensor, end: int
+        self, prefixes: EncodedPrefixes, slot: int, tokens: torch.Tensor, positions: torch.Tensor, end: int
     ) -> None:
         """One encoder call for one slot: ``tokens`` (``[n]``, at ``positions``) appended to its cached prefix, which then ends at column ``end``."""
         from transformers import DynamicCache
@@ -380,7 +233,7 @@ class DiffusionGemmaAdapter(ModelAdapter):
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        prefixes: EncoderPrefixes,
+        prefixes: EncodedPrefixes,
         slot: torch.Tensor,
         conditioning: tuple[torch.Tensor | None, torch.Tensor],
     ) -> torch.Tensor:
@@ -440,7 +293,7 @@ def _checkpoint_directory(path: str | None) -> Path:
 
 def checkpoint_fields(path: str | None) -> dict[str, Any]:
     """What a DiffusionGemma directory declares, for its config (``${diffusion_gemma:KEY}``):
-    ``vocab_size``, ``mask_id`` (open positions: one past the vocabulary), ``canvas_length``,
+    ``vocab_size``, ``canvas_length``,
     ``stop_ids`` (generation_config.json's ``eos_token_id``, else config.json's) and ``pad_id``."""
     directory = _checkpoint_directory(path)
     config = _json_object(directory / "config.json")
@@ -456,7 +309,6 @@ def checkpoint_fields(path: str | None) -> dict[str, Any]:
     pad = generation.get("pad_token_id", text.get("pad_token_id", config.get("pad_token_id")))
     return {
         "vocab_size": vocab,
-        "mask_id": vocab,
         "canvas_length": config.get("canvas_length"),
         "stop_ids": [eos] if isinstance(eos, int) else list(eos or []),
         "pad_id": 0 if pad is None else pad,
@@ -482,7 +334,7 @@ def load_diffusion_gemma(
         device: ``cpu``, ``cuda``, ... or ``auto``.
         dtype: ``float32``, ``bfloat16`` or ``auto`` (bfloat16 on CUDA).
         vocab_size: the vocabulary (the checkpoint's).
-        mask_id: the open-position marker (``vocab_size``).
+        mask_id: None: DiffusionGemma has no mask token (a given id is refused).
         stop_ids: the ids that end an answer (the checkpoint's EOS).
         block_length: the canvas (the checkpoint's ``canvas_length``).
         tensor_parallel: processes (of torchrun's) the text layers are sharded over
@@ -495,8 +347,10 @@ def load_diffusion_gemma(
     from dlmsearch.models.loading import _plain, resolve_device
     from dlmsearch.models.tensor_parallel import join, parallelize_diffusion_gemma
 
+    if mask_id is not None:
+        raise ValueError(f"model.mask_id={mask_id}: DiffusionGemma has no mask token (leave model.mask_id null)")
     fields = checkpoint_fields(path)
-    given = {"vocab_size": vocab_size, "mask_id": mask_id, "stop_ids": stop_ids, "canvas_length": block_length}
+    given = {"vocab_size": vocab_size, "stop_ids": stop_ids, "canvas_length": block_length}
     for key, value in given.items():
         if value is not None and _plain(value) != fields[key]:
             raise ValueError(f"model.{key}={_plain(value)} but the checkpoint in {path} has {fields[key]}")
@@ -513,7 +367,7 @@ def load_diffusion_gemma(
         module.tensor_parallel = group  # as shard_model marks a native model: the adapter's capabilities read it
     return DiffusionGemmaAdapter(
         module=module,
-        mask_id=fields["mask_id"],
+        mask_id=None,
         vocab_size=fields["vocab_size"],
         device=device,
         dtype=dtype,
@@ -525,15 +379,33 @@ def load_diffusion_gemma(
     )
 
 
-def generation_setting(path: str | None, key: str, default: Any) -> Any:
-    """``generation_config.json``'s ``key`` (dotted: nested) in the directory ``path``, else ``default``
-    (no directory, no file, no such key, or null: transformers' "unset")."""
+# The model's own step (UniformNoiseSteps' fields): where generation_config.json names each, and transformers'
+# default where it does not. ``decoder/commit=uniform_noise`` and a preset whose rule fills masks (the plan's
+# ``with_model_parts``) both read these, so a checkpoint's decoding settings travel with its weights.
+STEP_SETTINGS: dict[str, tuple[str, Any]] = {
+    "entropy_bound": ("sampler_config.entropy_bound", 0.1),
+    "max_steps": ("max_denoising_steps", 48),
+    "t_min": ("t_min", 0.4),
+    "t_max": ("t_max", 0.8),
+    "stability_threshold": ("stability_threshold", 1),
+    "confidence_threshold": ("confidence_threshold", 0.005),
+}
+
+
+def step_settings(generation_config: dict[str, Any]) -> dict[str, Any]:
+    """UniformNoiseSteps' settings from a generation config (a dotted key reads a nested one, a dict as
+    the JSON file holds it or a dataclass as transformers loads it; a missing or null key takes
+    transformers' default, as transformers' "unset")."""
+    found: dict[str, Any] = {}
+    for field, (key, default) in STEP_SETTINGS.items():
+        value: Any = generation_config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
+        found[field] = default if value is None else value
+    return found
+
+
+def checkpoint_step_settings(path: str | None) -> dict[str, Any]:
+    """:func:`step_settings` of the ``generation_config.json`` in the directory ``path`` (none: the defaults)."""
     file = Path(str(path)).expanduser() / "generation_config.json" if path not in (None, "", "???") else None
-    if file is None or not file.is_file():
-        return default
-    value: Any = _json_object(file)
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return default
-        value = value[part]
-    return default if value is None else value
+    return step_settings(_json_object(file) if file is not None and file.is_file() else {})

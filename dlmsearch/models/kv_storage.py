@@ -24,6 +24,8 @@ along the query axis by lane, so the cache is read, never gathered.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import attrs
 import torch
 import torch.nn.functional as F
@@ -91,6 +93,24 @@ class CachedRows:
     logits_from: torch.Tensor | None = None  # [rows]
 
 
+class EncodedPrefixes(Protocol):
+    """Per slot, an encoder's cache of everything before the canvas a decoder reads (the engine's
+    slot store of it: :class:`~dlmsearch.search.engine.encoder_prefix.EncoderPrefixes`)."""
+
+    caches: list[Any]  # [slots] the model's own prefix cache object (None: nothing encoded yet)
+    end: torch.Tensor  # [slots] the canvas column where each prefix ends (-1: none)
+
+
+@attrs.frozen
+class PrefixRead:
+    """Rows whose decoder reads their slots' encoded prefixes: the prefixes, each row's slot, and
+    its self-conditioning input (the logits, or None where no row has any; ``[rows]`` which rows have them)."""
+
+    prefixes: EncodedPrefixes
+    slot: torch.Tensor  # [rows]
+    conditioning: tuple[torch.Tensor | None, torch.Tensor]
+
+
 @attrs.define(eq=False)
 class KVStorage:
     """Keys and values ``[slots, kv_heads, width + tail, head_dim]`` per layer, and the columns
@@ -128,6 +148,12 @@ class KVStorage:
         if self.layers:
             self.width += columns
             self.layers = [tuple(F.pad(t, (0, 0, columns, 0)) for t in pair) for pair in self.layers]
+
+    def split(self, slots: torch.Tensor) -> KVStorage:
+        """A copy holding only these slots' entries (indexed: new tensors, nothing shared that a write changes)."""
+        part = attrs.evolve(self)
+        part.reorder(slots)
+        return part
 
     def mark_settled(self, slot: torch.Tensor, end: torch.Tensor) -> None:
         """An exact store written in place by a forward: each slot's stored columns now end at ``end``."""

@@ -81,6 +81,12 @@ class LayerStore:
             field = self.fields[name]
             self.fields[name] = F.pad(field, (0, 0) * (field.dim() - 1 - axis) + (columns, 0))
 
+    def split(self, slots: torch.Tensor) -> LayerStore:
+        """A copy holding only these slots' entries (indexed: new tensors, nothing shared that a write changes)."""
+        part = attrs.evolve(self)
+        part.reorder(slots)
+        return part
+
     @property
     def nbytes(self) -> int:
         """What the store holds now, in bytes (the extra memory a policy keeps)."""

@@ -30,11 +30,13 @@ from dlmsearch.search.components.revision import Revision
 from dlmsearch.search.components.scorers import Scorer
 from dlmsearch.search.components.selectors import Selector
 from dlmsearch.search.components.triggers import Trigger
+from dlmsearch.search.components.uniform_noise_steps import UniformNoiseSteps
 from dlmsearch.search.engine.cache_policy import CachePolicy
 from dlmsearch.search.engine.guidance import Guidance
 from dlmsearch.search.engine.statistics import from_source
 from dlmsearch.search.records.state import Layout, aligned_generation_length
 from dlmsearch.search.records.verifier import Verifier
+from dlmsearch.search.width.particle_scores import WeightedSum
 from dlmsearch.search.width.population_hook import PopulationHook
 
 if TYPE_CHECKING:
@@ -96,6 +98,11 @@ class DecodePlan:
         return self.commit.block_budget
 
     @property
+    def answer_ends_with_block(self) -> bool:
+        """An answer ends with the block that holds its end: a block-diffusion model's, or a rule's that decides blocks whole."""
+        return self.attention_block is not None or self.commit.decides_whole_block
+
+    @property
     def canvas_gen_length(self) -> int:
         """Generation columns of the canvas: the generation, or a block-aligned canvas's longest region."""
         return (
@@ -136,6 +143,7 @@ def make_plan(
 ) -> DecodePlan:
     """Check the decoder against the engine, the model, the layout and the verifier; bind what the layout fixes."""
     able = engine.capabilities
+    decoder = with_model_parts(decoder, able)
     if able.attention_block is not None:  # a block-diffusion model decodes its own attention blocks
         block_length = able.attention_block
     elif able.canvas_length is not None:  # a uniform-noise model denoises its own canvas, whole
@@ -167,12 +175,32 @@ def make_plan(
         guidance=decoder.guidance.scale,
         stop_ids=able.stop_ids if decoder.stop_at_eos else (),
         vocab_size=able.vocab_size,
-        mask_id=able.mask_id,
+        mask_id=able.open_id,
         max_length=able.max_length,
         media_ids=able.media_ids,
         temperature=temperature,
         attention_block=able.attention_block,
     )
+
+
+def has_mask_token(able: ModelCapabilities) -> bool:
+    """Whether the model's open positions hold a mask token (else uniform noise that each step draws afresh)."""
+    return able.noise == "mask"
+
+
+def with_model_parts(decoder: DecoderSettings, able: ModelCapabilities) -> DecoderSettings:
+    """The decoder as it runs on this model: a search (lookahead, population) is the same on every model,
+    but on a model without a mask token a rule that fills masks cannot step, so the model's own step
+    runs in its place (:class:`UniformNoiseSteps` at its defaults, transformers' and the shipped
+    checkpoints'; ``decoder/commit=uniform_noise`` reads a checkpoint's own), and a population scores
+    its particles without re-masking them (``score=log_probability``). The one place a decoder's parts
+    are chosen by the model; the plan's ``commit`` names the rule that ran (a run's summary records it)."""
+    if has_mask_token(able) or decoder.commit.decides_whole_block:
+        return decoder
+    population = decoder.population
+    if population.rechecks:
+        population = attrs.evolve(population, score=WeightedSum())
+    return attrs.evolve(decoder, commit=UniformNoiseSteps(**dict(able.step_settings)), population=population)
 
 
 def temperature_owner(decoder: DecoderSettings, engine: RolloutEngine) -> TemperatureOwner:
@@ -181,7 +209,7 @@ def temperature_owner(decoder: DecoderSettings, engine: RolloutEngine) -> Temper
     (``TokenTemperature``), else the settings layered as :meth:`RolloutEngine.sampling_over` layers
     them (``engine.temperature``, the checkpoint's, the decoder's; a request's own over them).
     Rule 13 refuses a temperature set for another owner; the driver samples at this owner's."""
-    if decoder.commit.redecides:
+    if decoder.commit.temperature_owner is not None:
         return decoder.commit.temperature_owner
     if decoder.population.temperature_owner is not None:
         return decoder.population.temperature_owner
@@ -246,7 +274,7 @@ def validate(meeting: Meeting) -> None:
 
 def _layerwise_cache(m: Meeting) -> str | None:
     """1. A layerwise cache (dllm_cache, d2cache, elastic, dkv) needs the native full-attention forward."""
-    if m.cache.layerwise and m.able.noise == "uniform":
+    if m.cache.layerwise and not has_mask_token(m.able):
         return f"cache={m.cache.name} recomputes stale keys and values of a masked canvas; {m.able.name} denoises uniform noise: use cache=none"
     if not m.cache.layerwise or m.able.layerwise:
         return None
@@ -262,11 +290,13 @@ def _cache_the_model_runs(m: Meeting) -> str | None:
     """2. Any other cache must be one the model can store keys and values for."""
     if m.cache.layerwise or m.cache.name in m.able.cache_policies:
         return None
-    if m.able.noise == "uniform":
+    if not has_mask_token(m.able):
         return (
             f"cache={m.cache.name} caches a masked canvas; {m.able.name} denoises uniform noise and its decoder already "
             "reads the encoder's exact cache of everything before the canvas: use cache=none (or cache=auto)"
         )
+    if m.cache.name == "encoder":
+        return f"cache=encoder is the prefix cache of an encoder-decoder model (model=diffusion_gemma); {m.able.name} has no encoder: use cache=auto"
     if m.able.attention_block is not None:
         return f"cache={m.cache.name} is a full-attention model's cache; {m.block_model} has an exact one: use cache=block (or cache=none)"
     if m.cache.name == "block":
@@ -361,15 +391,10 @@ def _shadow(m: Meeting) -> str | None:
     return None
 
 
-def _noise(m: Meeting) -> str | None:
-    """11. A uniform-noise model re-decides its whole canvas every step; a rule that fills masks cannot run it, nor the reverse."""
-    uniform, redecides = m.able.noise == "uniform", m.decoder.commit.redecides
-    if uniform and not redecides:
-        return (
-            f"decoder {m.decoder.name!r} commits masked positions, but {m.able.name} has no mask token (its canvas starts "
-            "as uniform noise and every step re-decides it): use +decoder=diffusion_gemma, or a decoder built on decoder/commit=uniform_noise"
-        )
-    if redecides and not uniform:
+def _whole_block_steps(m: Meeting) -> str | None:
+    """11. A rule that decides blocks whole opens what it does not keep to fresh noise: a model with a mask token cannot
+    (a rule that fills masks on a model without one is replaced by the model's own step: :func:`with_model_parts`)."""
+    if m.decoder.commit.decides_whole_block and has_mask_token(m.able):
         return (
             f"decoder {m.decoder.name!r} re-decides a canvas of uniform noise every step; {m.able.name} fills a masked "
             "canvas: use a decoder for masked diffusion (e.g. +decoder=llada)"
@@ -377,9 +402,9 @@ def _noise(m: Meeting) -> str | None:
     return None
 
 
-def _uniform_noise_parts(m: Meeting) -> str | None:
-    """12. On uniform noise, re-masking revisions, guidance's masked prompt and the re-mask re-check have no meaning."""
-    if m.able.noise != "uniform":
+def _parts_without_mask_token(m: Meeting) -> str | None:
+    """12. Without a mask token, re-masking revisions, guidance's masked prompt and the re-mask re-check have no meaning."""
+    if has_mask_token(m.able):
         return None
     if m.decoder.revision.revises:
         return (
@@ -505,8 +530,8 @@ RULES: tuple[Callable[[Meeting], str | None], ...] = (
     _revision_over_layerwise,
     _history,
     _shadow,
-    _noise,
-    _uniform_noise_parts,
+    _whole_block_steps,
+    _parts_without_mask_token,
     _temperature,
     _sharded_layerwise,
     _sharded_compile,

@@ -19,7 +19,10 @@ import attrs
 import torch
 
 from dlmsearch.search.components.lookahead import Lookahead
-from dlmsearch.search.driver import DecodeRequest, DecodeResult, DecodeState, SearchDecoder, step
+from dlmsearch.search.decode.intake import DecodeRequest
+from dlmsearch.search.decode.results import DecodeResult
+from dlmsearch.search.decode.state import DecodeState
+from dlmsearch.search.driver import SearchDecoder, step
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan
 from dlmsearch.search.records.rows import cat_rows, pad_columns
@@ -64,7 +67,7 @@ def join(state: DecodeState, other: DecodeState) -> DecodeState:
         layout=state.plan.layout(gen_start),
         canvas=cat_rows(pad(state.canvas, wider), pad(other.canvas, narrower)),
         evaluation=_evaluations(pad_evaluation(state.evaluation, wider), pad_evaluation(other.evaluation, narrower)),
-        fresh=torch.cat([state.fresh, other.fresh]),
+        evaluated=torch.cat([state.evaluated, other.evaluated]),
         late=torch.cat([state.late, other.late]),
         slots=state.slots.joined(other.slots),
         population=population.join(state.population, other.population),
@@ -88,7 +91,7 @@ def keep(state: DecodeState, samples: torch.Tensor, copy_stores: bool = False) -
         state,
         canvas=state.canvas.take(slot),
         evaluation=state.evaluation.take(slot),
-        fresh=state.fresh[slot],
+        evaluated=state.evaluated[slot],
         late=state.late[slot],
         slots=slots,
         population=state.plan.population.keep(state.population, slot, samples),
@@ -183,7 +186,7 @@ class DecodeSession:
     def settled(self) -> dict[int, tuple[torch.Tensor, int]]:
         """Per running sample: its first particle's output columns and how many of them lead
         without a mask (committed, so final where the decoder never revises and keeps one path);
-        a block under review (a uniform-noise canvas still denoising, however much of it is kept) is not settled."""
+        a held block (one a whole-block step still decides, however much of it is kept) is not settled."""
         if self.state is None:
             return {}
         state = self.state
@@ -191,7 +194,7 @@ class DecodeSession:
         first, end = (state.layout.gen_start + state.slots.region[rows]).unbind(1)
         columns = torch.arange(state.canvas.tokens.shape[1])
         canvas = state.canvas.take(rows)
-        held = canvas.review[:, None] & canvas.in_current_block(state.layout)
+        held = canvas.held[:, None] & canvas.in_current_block(state.layout)
         open_ = (canvas.masked | held) & (columns >= first[:, None]) & (columns < end[:, None])
         leading = torch.where(open_, columns, end[:, None]).min(dim=1).values - first
         return {
@@ -225,7 +228,7 @@ class DecodeSession:
     def step(self) -> list[DecodeResult]:
         """One round for every sample admitted; the results of those it finished (they leave the decode).
         A sample past the rounds any sample can need fails the step, naming its uid
-        (:meth:`~dlmsearch.search.driver.DecodeState.check_rounds`): a server's or a run's session ends too."""
+        (:meth:`~dlmsearch.search.decode.state.DecodeState.check_rounds`): a server's or a run's session ends too."""
         if self.state is None:
             return []
         before, hook = self.state, self.on_lookahead
@@ -250,7 +253,9 @@ class DecodeSession:
         return results
 
     def run(self) -> list[DecodeResult]:
-        """Step until every admitted sample has finished; their results in the order they finished."""
+        """Step until every admitted sample has finished; their results in the order they finished.
+        One batch, admitted up front, whose errors propagate (the Python API's call); admission
+        between steps and failure policies are :class:`~dlmsearch.search.batcher.Batcher`'s."""
         results: list[DecodeResult] = []
         while self.state is not None:
             results += self.step()

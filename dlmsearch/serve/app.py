@@ -312,6 +312,7 @@ class Front:
                     "unsent": text.removeprefix(call.sent.get(result["index"], "")),
                     "finish_reason": reason,
                     "completion_tokens": count,
+                    "fallback": result.get("fallback"),
                     **counters,
                 },
             )
@@ -325,6 +326,9 @@ class Front:
             "gen_length": call.gen_length,
             "preset": call.preset,
         }
+        fallback = next((c["fallback"] for c in done if c.get("fallback")), None)
+        if fallback:  # a choice failed alone and was decoded by the server's fallback preset
+            counters["fallback"] = fallback
         return usage(call.prompt_tokens, sum(c["completion_tokens"] for c in done), counters)
 
 

@@ -36,8 +36,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from dlmsearch.api import prompt_list
 from dlmsearch.config import build, decoder_presets
-from dlmsearch.search.driver import DecodeRequest, DecodeResult
-from dlmsearch.serve.lanes import Lanes
+from dlmsearch.search.decode.intake import DecodeRequest
+from dlmsearch.search.decode.results import DecodeResult
+from dlmsearch.serve.lanes import Lane, LaneKey, Lanes
 from dlmsearch.serve.metrics import ServerMetrics
 from dlmsearch.serve.protocol import APIError
 from dlmsearch.serve.scheduler import Choice, Job, Scheduler
@@ -191,9 +192,9 @@ class Engine:
         )
         self.lane_lock = threading.Lock()  # Hydra's composition is not thread-safe: one lane is built at a time
         default_tokens = int(cfg.task.gen_length)
-        own = self.lanes.get(
-            self.lanes.key(None, default_tokens, None, None, None, {}, None)
-        )  # the server's own settings are checked before it listens
+        own_key = self.lanes.key(None, default_tokens, None, None, None, {}, None)
+        own = self.lanes.get(own_key)  # the server's own settings (and its fallback's) are checked before it listens
+        self._fallback(own_key)
         self.settings = FrontSettings(
             task=OmegaConf.to_container(cfg.task, resolve=True),  # type: ignore[arg-type]
             model_name=str(serve.model_name or model_name),
@@ -281,11 +282,12 @@ class Engine:
         key = self.lanes.key(s.preset, s.gen_length, s.temperature, s.top_p, s.top_k, dict(s.options), s.deadline_s)
         with self.lane_lock:
             lane = self.lanes.get(key)
+            fallback = self._fallback(key)
         try:
             lane.plan.check_canvas(max(len(p) for p in s.prompts), f"the prompt with max_tokens={s.max_tokens}")
         except ValueError as error:
             raise APIError(400, str(error), param="max_tokens", code="context_length_exceeded") from None
-        mask = torch.full((s.gen_length,), self.adapter.mask_id, dtype=torch.long)
+        mask = torch.full((s.gen_length,), self.adapter.capabilities.open_id, dtype=torch.long)
         prompts = [torch.tensor(p, dtype=torch.long) for p in s.prompts]
         choices = [
             # Item ``p * n + i`` of an offline task holding each prompt n times, with this seed.
@@ -307,7 +309,20 @@ class Engine:
             stream=s.stream,
             prompt_tokens=sum(len(p) for p in prompts),
             request_id=rid,
+            fallback=fallback,
         )
+
+    def _fallback(self, key: LaneKey) -> Lane | None:
+        """The lane a request of lane ``key`` decodes in after failing alone: the ``fallback`` preset
+        at its length, sampling and deadline, as the CLI composes its fallback (without the request's
+        decoder options); None without a ``fallback``. Built with the lanes (hold ``lane_lock``)."""
+        preset = self.cfg.get("fallback")
+        if not preset:
+            return None
+        try:
+            return self.lanes.get(attrs.evolve(key, preset=str(preset), options=()))
+        except APIError as error:
+            raise ValueError(f"fallback={preset} cannot serve: {error.message}") from None
 
     # ------------------------------------------------------------------ results out (on the loop's thread)
 
@@ -331,7 +346,10 @@ class Engine:
     def _result(self, job: Job, choice: Choice, result: DecodeResult) -> dict[str, Any]:
         count = min(len(self.task.generated_ids(result.tokens)), job.max_tokens)
         self.metrics.tokens.inc(count)
-        counters = {name: getattr(result, name) for name in COUNTERS} | {"deadline_hit": result.deadline_hit}
+        counters = {name: getattr(result, name) for name in COUNTERS} | {
+            "deadline_hit": result.deadline_hit,
+            "fallback": job.fell_back,
+        }
         return {"index": choice.index, "ids": result.tokens.reshape(-1).tolist(), **counters}
 
     def _progress(self, job: Job, choice: Choice, tokens: torch.Tensor, settled: int) -> None:

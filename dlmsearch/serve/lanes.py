@@ -88,12 +88,12 @@ class Lane:
 
     @property
     def own_sampling(self) -> Sampling | None:
-        """What a request of this lane sets in its :class:`~dlmsearch.search.driver.DecodeRequest` (``sampling``)."""
+        """What a request of this lane sets in its :class:`~dlmsearch.search.decode.intake.DecodeRequest` (``sampling``)."""
         return None if self.shares is None else self.key.sampling
 
     @property
     def own_options(self) -> dict[str, float] | None:
-        """What a request of this lane sets in its :class:`~dlmsearch.search.driver.DecodeRequest` (``options``)."""
+        """What a request of this lane sets in its :class:`~dlmsearch.search.decode.intake.DecodeRequest` (``options``)."""
         if self.shares is None:
             return None
         return self.key.own_options(row_options(self.plan.commit)) or None

@@ -1,10 +1,12 @@
-"""The decode loop that owns the model: continuous batching over decode sessions.
+"""The decode loop that owns the model: the one continuous batcher, fed by HTTP requests.
 
 One thread runs it. Between steps it evicts the samples whose clients went away, admits
-waiting requests (first come, first served) while the running samples and rows stay within
-``max_batch`` and ``max_rows`` (a request that alone exceeds them is admitted when nothing else
-runs), then gives every lane's :class:`~dlmsearch.search.session.DecodeSession` one step and
-hands each finished sample's result to its request. A request never waits for a batch to
+waiting requests (first come, first served) through the batcher the CLI uses too
+(:class:`~dlmsearch.search.batcher.Batcher`): while the running samples and rows stay within
+``max_batch`` and ``max_rows`` and a request's canvas would carry little padding (a request
+that alone exceeds them is admitted when nothing else runs), then gives every lane's
+:class:`~dlmsearch.search.session.DecodeSession` one step and hands each finished sample's
+result to its request. A request never waits for a batch to
 finish, and because each sample decodes exactly as it would alone (the session's guarantee),
 what it returns does not depend on what else is served.
 
@@ -14,10 +16,12 @@ row short. So when samples finished and nobody waits, the loop waits up to ``bat
 as many arrivals as slots were freed (Triton's dynamic-batching queue delay; 0 steps at once).
 It bounds the latency this adds to every running request by ``batch_wait_s`` per such step.
 
-A step that fails (out of memory even after the engine's own row splitting, NaN logits, a bug)
-fails nobody at once: a session of several samples is dissolved and its requests start again
-each in a session of its own (decoding is deterministic, so they return what they would have;
-only time is lost); a request that fails alone gets the error, and nothing else is touched.
+A step that fails (out of memory even after the engine's own row splitting, NaN logits, a
+sample past the rounds' bound, a bug) fails nobody at once: a session of several samples is
+dissolved and its requests start again each in a session of its own, with only their unanswered
+choices (decoding is deterministic, so they return what they would have; only time is lost); a
+request that fails alone decodes again with the server's ``fallback`` preset where it has one,
+and otherwise gets the error; nothing else is touched.
 
 Shutting down has two stages: :meth:`Scheduler.drain` stops admissions (what is queued or
 running goes on), and :meth:`Scheduler.expire`, when the grace is over, ends the loop and hands
@@ -37,7 +41,9 @@ from typing import Any
 import attrs
 import torch
 
-from dlmsearch.search.driver import DecodeRequest, DecodeResult
+from dlmsearch.search.batcher import Admission, Batcher, Failures, SessionKey
+from dlmsearch.search.decode.intake import DecodeRequest
+from dlmsearch.search.decode.results import DecodeResult
 from dlmsearch.search.session import DecodeSession
 from dlmsearch.serve.lanes import Lane, LaneKey
 from dlmsearch.serve.metrics import ServerMetrics
@@ -75,6 +81,31 @@ class Job:
     solo: bool = False  # decodes in a session of its own (after its shared session failed)
     finished: int = 0
     request_id: str = ""  # the response's id (cmpl-..., chatcmpl-...), for the log
+    fallback: Lane | None = None  # the lane of the server's ``fallback`` preset at this request's settings
+    failure: Exception | None = None  # the error that sent it to the fallback lane
+    session: SessionKey | None = None  # where the batcher placed it last
+
+    @property
+    def lane_key(self) -> LaneKey:
+        """The lane whose session it joins (the host's, where only sampling and thresholds differ)."""
+        return self.lane.host.key
+
+    @property
+    def samples(self) -> int:
+        return len(self.pending)
+
+    @property
+    def fell_back(self) -> str | None:
+        """The fallback preset it decodes with now (None: its own)."""
+        return self.lane.key.preset if self.failure is not None else None
+
+    def requests(self) -> list[DecodeRequest]:
+        """Its unanswered choices' requests, each sampling and committing as its lane says."""
+        own = {"sampling": self.lane.own_sampling, "options": self.lane.own_options}
+        return [attrs.evolve(c.request, **own) for c in self.pending]
+
+    def choice(self, uid: int) -> Choice:
+        return next(c for c in self.choices if c.uid == uid)
 
     @property
     def pending(self) -> list[Choice]:
@@ -117,13 +148,12 @@ class Scheduler:
         self.batch_wait_s = batch_wait_s
         self.freed = 0  # samples the last steps finished, not yet refilled
         self.on_result, self.on_progress = on_result, on_progress
-        self.waiting: collections.deque[Job] = collections.deque()
-        self.sessions: dict[tuple[LaneKey, int], tuple[Lane, DecodeSession]] = {}
-        self.owner: dict[int, tuple[Job, Choice]] = {}  # uid -> its request and choice
-        self.running: list[Job] = []
         self.uids = itertools.count()
-        self.solo_ids = itertools.count(1)
         self.cond = threading.Condition()
+        failures = Failures(give_up=self._give_up, fallback=self._fall_back, refusal_is_final=True)
+        self.batcher: Batcher[Job] = Batcher(
+            Admission(batch_size=max_batch, max_rows=max_rows), failures, open=self._open, lock=self.cond
+        )
         self.draining = False
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="dlmsearch-decode", daemon=True)
@@ -149,6 +179,28 @@ class Scheduler:
             self.waiting.append(job)
             self.metrics.queue_depth.set(len(self.waiting))
             self.cond.notify()
+
+    @property
+    def waiting(self) -> collections.deque[Job]:
+        """The requests queued, oldest first (the batcher's queue)."""
+        return self.batcher.waiting
+
+    @waiting.setter
+    def waiting(self, jobs: collections.deque[Job]) -> None:
+        self.batcher.waiting = jobs
+
+    @property
+    def running(self) -> list[Job]:
+        """The requests admitted and not yet answered."""
+        return self.batcher.running
+
+    @running.setter
+    def running(self, jobs: list[Job]) -> None:
+        self.batcher.running = jobs
+
+    @property
+    def sessions(self) -> dict[SessionKey, DecodeSession]:
+        return self.batcher.sessions
 
     def new_uid(self) -> int:
         return next(self.uids)
@@ -225,78 +277,56 @@ class Scheduler:
     def _admissions(self) -> list[Job]:
         """Evict cancelled samples, then take waiting requests while they fit (called holding the lock)."""
         for job in [j for j in self.running if j.cancelled]:
-            self._drop(job)
+            self.batcher.evict(job)
         self.waiting = collections.deque(j for j in self.waiting if not j.cancelled)
-        samples = sum(len(j.pending) for j in self.running)
-        rows = sum(j.rows for j in self.running)
-        taken = []
-        while self.waiting:
-            job = self.waiting[0]
-            busy = samples > 0
-            if busy and (samples + len(job.pending) > self.max_batch or rows + job.rows > self.max_rows):
-                break
-            self.waiting.popleft()
-            samples, rows = samples + len(job.pending), rows + job.rows
+        taken = self.batcher.take()
+        for job in taken:
             job.admitted = time.monotonic()
             self.metrics.queue_wait.observe(job.admitted - job.arrived)
-            self.running.append(job)
-            taken.append(job)
         self.metrics.queue_depth.set(len(self.waiting))
         self._gauges()  # also when nothing is left to step (the condition's lock is re-entrant)
         return taken
 
     def _admit(self, job: Job) -> None:
-        """Join a request's samples to its lane's session: the host lane's, where only sampling and the
-        commit threshold differ (each sample then carries its own temperature, top-p, top-k and
-        threshold: one forward for all)."""
+        """Join a request's unanswered choices to its lane's session (a refusal is its 400)."""
+        self.batcher.admit(job)
+
+    def _open(self, job: Job) -> DecodeSession:
+        """The session of a request's host lane, where only sampling and the commit threshold differ
+        (each sample then carries its own temperature, top-p, top-k and threshold: one forward for all)."""
         host = job.lane.host
-        key = (host.key, next(self.solo_ids) if job.solo else 0)
-        if key not in self.sessions:
-            self.sessions[key] = (
-                host,
-                DecodeSession(host.decoder, host.engine, host.plan, host.verifier, host.deadline_s),
-            )
-        _, session = self.sessions[key]
-        pending = job.pending  # all of its choices, except after a failed shared step: those not yet answered
-        for choice in pending:
-            self.owner[choice.uid] = (job, choice)
-        own = {"sampling": job.lane.own_sampling, "options": job.lane.own_options}
-        try:
-            session.admit([attrs.evolve(c.request, **own) for c in pending])
-        except Exception as error:  # noqa: BLE001  what only the request shows (it was checked on arrival; this is a last guard)
-            self._fail(job, APIError(400, f"{type(error).__name__}: {error}", code="decode_refused"))
+        return DecodeSession(host.decoder, host.engine, host.plan, host.verifier, host.deadline_s)
 
-    def _drop(self, job: Job) -> None:
-        """Take a request's samples out of every session (called holding the lock or from the loop)."""
-        uids = {c.uid for c in job.choices}
-        for key, (_, session) in list(self.sessions.items()):
-            leaving = sorted(uids & set(session.uids))
-            if leaving:
-                session.evict(leaving)
-            if session.state is None:
-                del self.sessions[key]
-        for uid in uids:
-            self.owner.pop(uid, None)
-        if job in self.running:
-            self.running.remove(job)
-
-    def _fail(self, job: Job, error: APIError) -> None:
-        with self.cond:
-            self._drop(job)
+    def _give_up(self, job: Job, error: Exception, refused: bool) -> None:
+        """A request refused (a 400: what only the request shows, checked on arrival; this is a last
+        guard) or failed alone, by the fallback too where there is one (a 500 naming both)."""
+        if refused:
+            failed = APIError(400, f"{type(error).__name__}: {error}", code="decode_refused")
+        else:
+            cause = f"{type(error).__name__}: {error}"
+            if job.failure is not None:
+                cause = f"{type(job.failure).__name__}: {job.failure}; fallback {job.fell_back}: {cause}"
+            failed = APIError(500, f"decoding failed: {cause}", code="decode_failed")
         self.metrics.requests.labels(outcome="error").inc()
-        job.post(("error", error))
+        job.post(("error", failed))
 
-    def _step(self, key: tuple[LaneKey, int]) -> None:
-        lane, session = self.sessions[key]
+    @staticmethod
+    def _fall_back(job: Job, error: Exception) -> bool:
+        """A request that failed alone decodes its unanswered choices again with the fallback preset, once."""
+        if job.fallback is None or job.failure is not None:
+            return False
+        job.lane, job.failure = job.fallback, error
+        return True
+
+    def _step(self, key: SessionKey) -> None:
+        session = self.sessions[key]
         if session.state is None:
-            del self.sessions[key]
+            self.batcher.step(key)  # drops the empty session
             return
         before, held = session.state.usage, session.rows
         tick = time.perf_counter()
-        try:
-            results = session.step()
-        except Exception as error:  # noqa: BLE001  (a step's failure must not end the server)
-            self._recover(key, session, error)
+        results = self.batcher.step(key)
+        if results is None:  # failed: the batcher's policy requeued or answered its requests
             return
         after = session.state.usage if session.state is not None else None
         rows = (
@@ -312,16 +342,21 @@ class Scheduler:
         self.metrics.stepped(time.perf_counter() - tick, held, rows, tokens)
         for result in results:
             self._finished(result)
-        if lane.streams_blocks and any(self.owner[uid][0].stream for uid in session.uids):
-            for uid, (tokens_, settled) in session.settled().items():
-                job, choice = self.owner[uid]
+        self._stream(session)
+
+    def _stream(self, session: DecodeSession) -> None:
+        """Each streaming choice's settled columns after a step (where a committed block is final)."""
+        owner = self.batcher.owner
+        jobs = {owner[uid] for uid in session.uids}
+        if any(job.stream and job.lane.host.streams_blocks for job in jobs):
+            for uid, (tokens, settled) in session.settled().items():
+                job = owner[uid]
                 if job.stream:
-                    self.on_progress(job, choice, tokens_, settled)
-        if session.state is None:
-            self.sessions.pop(key, None)
+                    self.on_progress(job, job.choice(uid), tokens, settled)
 
     def _finished(self, result: DecodeResult) -> None:
-        job, choice = self.owner.pop(result.uid)
+        job = self.batcher.owner.pop(result.uid)
+        choice = job.choice(result.uid)
         choice.answered = True
         self.freed += 1
         job.post(("choice", choice.index, self.on_result(job, choice, result)))
@@ -335,30 +370,10 @@ class Scheduler:
                 self.metrics.requests.labels(outcome="ok").inc()
                 self.metrics.latency.observe(time.monotonic() - job.arrived)
 
-    def _recover(self, key: tuple[LaneKey, int], session: DecodeSession, error: Exception) -> None:
-        """A failed step: a request alone in its session fails; a shared session's requests start again
-        alone, each with only its unanswered choices (an answered one is neither decoded nor sent again)."""
-        del self.sessions[key]
-        jobs = list(dict.fromkeys(self.owner[uid][0] for uid in session.uids if uid in self.owner))
-        for job in jobs:
-            for choice in job.pending:
-                self.owner.pop(choice.uid, None)
-        if len(jobs) == 1 and (jobs[0].solo or len(session.uids) == 1):
-            self._fail(
-                jobs[0], APIError(500, f"decoding failed: {type(error).__name__}: {error}", code="decode_failed")
-            )
-            return
-        with self.cond:
-            for job in jobs:
-                if job in self.running:
-                    self.running.remove(job)
-                job.solo = True  # ``finished`` still counts its answered choices
-            self.waiting.extendleft(reversed(jobs))  # first again, in their order
-
     def _gauges(self) -> None:
         with self.cond:
             self.metrics.running_samples.set(sum(len(j.pending) for j in self.running))
-            self.metrics.running_rows.set(sum(s.rows for _, s in self.sessions.values()))
+            self.metrics.running_rows.set(sum(s.rows for s in self.sessions.values()))
             self.metrics.lanes.set(len(self.sessions))
 
     def snapshot(self) -> dict[str, int]:

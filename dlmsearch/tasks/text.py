@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
+from dlmsearch.core.capabilities import open_marker
 from dlmsearch.tasks.answers import extract_answer, normalize_number
 from dlmsearch.tasks.base import TaskItem
 from dlmsearch.validation import check_range, check_type, number
@@ -159,12 +160,12 @@ class TextTask:
     """Fields and behaviour shared by text tasks; subclasses supply :meth:`sources`.
 
     ``tokenizer``, ``mask_id``, ``vocab_size`` and ``stop_ids`` come from the model config, so
-    prompts are encoded for the model being decoded. ``stop_ids: None`` stops at the
+    prompts are encoded for the model being decoded (``mask_id`` null: a model without a mask token). ``stop_ids: None`` stops at the
     tokenizer's EOS.
     """
 
     tokenizer: str | None = attrs.field(default=None, validator=check_type(str, optional=True))
-    mask_id: int = number(int, 0)
+    mask_id: int | None = number(int, 0, optional=True)
     vocab_size: int = number(int, 1)
     stop_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_as_ids)
     chat: bool = attrs.field(default=True, validator=check_type(bool))
@@ -186,7 +187,7 @@ class TextTask:
             raise ValueError(
                 f"task.gen_length={self.gen_length} must be a multiple of task.block_length={self.block_length}"
             )
-        if self.mask_id > self.vocab_size:  # == vocab_size: a uniform-noise model's open positions (no mask token)
+        if self.mask_id is not None and self.mask_id >= self.vocab_size:
             raise ValueError(f"mask_id={self.mask_id} is outside the model's vocabulary of {self.vocab_size}")
         self._tokenizer = tokenizer = load_tokenizer(self.tokenizer, self.trust_remote_code)
         largest = max(tokenizer.get_vocab().values())
@@ -257,7 +258,7 @@ class TextTask:
         sources = self.sources()
         if self.limit is not None:
             sources = sources[: self.limit]
-        generation = torch.full((self.gen_length,), self.mask_id, dtype=torch.long)
+        generation = torch.full((self.gen_length,), open_marker(self.mask_id, self.vocab_size), dtype=torch.long)
         items = [
             TaskItem(
                 id=id_,
@@ -295,7 +296,7 @@ class TextTask:
 
 
 def with_initial_canvas(
-    items: list[TaskItem], given: Any, mask_id: int, vocab_size: int, canvas_length: int
+    items: list[TaskItem], given: Any, mask_id: int | None, vocab_size: int, canvas_length: int
 ) -> list[TaskItem]:
     """The items with their first canvas given (a uniform-noise model's ``decoder_input_ids``: the
     API's ``initial_canvas=``, the CLI's ``task.initial_canvas``), checked.
@@ -303,11 +304,11 @@ def with_initial_canvas(
     Args:
         items: the task's items.
         given: ``[items, canvas_length]`` ids: a LongTensor or lists.
-        mask_id: the model's mask id (a uniform-noise model's is ``vocab_size``: it has no mask token).
+        mask_id: the model's mask id (None: it has no mask token, as a uniform-noise model).
         vocab_size: the ids allowed.
         canvas_length: the model's canvas.
     """
-    if mask_id != vocab_size:
+    if mask_id is not None:
         raise ValueError(
             "an initial canvas is a uniform-noise model's first canvas (DiffusionGemma's decoder_input_ids); "
             "this model fills a masked canvas"

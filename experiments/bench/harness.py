@@ -15,7 +15,9 @@ import torch
 
 from bench.random_model import BLOCK_SIZES, DREAM_SIZES, MASK_ID, PROMPT_ID_LIMIT, SIZES
 from dlmsearch.config import build, compose
-from dlmsearch.search.driver import DecodeRequest, DecodeResult, SearchDecoder
+from dlmsearch.search.decode.intake import DecodeRequest
+from dlmsearch.search.decode.results import DecodeResult
+from dlmsearch.search.driver import SearchDecoder
 
 
 def make_plan(size: str, quick: bool) -> dict[str, dict[str, Any]]:

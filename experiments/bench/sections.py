@@ -16,11 +16,12 @@ from bench.random_model import MASK_ID, THRESHOLD, ReferenceView
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.transformer import BidirectionalTransformer
-from dlmsearch.search.driver import DecodeResult
+from dlmsearch.search.decode.results import DecodeResult
 from dlmsearch.search.engine.adaptive import ADAPTIVE_POLICIES
 from dlmsearch.search.engine.cache_policy import BlockCache
+from dlmsearch.search.engine.call_records import CallRows, CallSettings
 from dlmsearch.search.engine.profile import ForwardProfile
-from dlmsearch.search.engine.rollout import CallRows, CallSettings, RolloutEngine
+from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.state import Layout, initial_canvas
 
 # The reference loops are a test helper (tests/upstream.py), not part of the package.

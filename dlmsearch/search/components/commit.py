@@ -1,25 +1,27 @@
-"""Base commit rules: which masked positions a step writes, given one evaluation.
+"""Commit rules: what one step does to a canvas, given one evaluation.
 
-Every decoder builds on one of these; lookahead only changes which state they act on. A rule
-also says how blocks advance (``block_budget``: rounds per block before moving on, ``None`` =
-stay until the block is full). All rules are vectorised over rows.
+Every decoder builds on one of these; lookahead only changes which state they act on. A rule takes
+the whole step (:class:`CommitRule`: a root's step, a lookahead branch's first and later steps), so
+the decode loop never asks which kind of rule it runs. The rules here fill masks
+(:class:`MaskFilling`: a step commits the masked positions it selects);
+:class:`~dlmsearch.search.components.uniform_noise_steps.UniformNoiseSteps` decides its whole block
+each step. A rule also says how blocks advance (``block_budget``: rounds per block before moving on,
+``None`` = stay until the block is full). All rules are vectorised over rows.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
-from pathlib import Path
 from typing import ClassVar, Protocol
 
 import attrs
 import torch
 
-from dlmsearch.core.temperature import COMMIT_RULE, TemperatureOwner
+from dlmsearch.core.temperature import TemperatureOwner
 from dlmsearch.search.components.bound import with_layout
 from dlmsearch.search.records.state import BlockRule, Canvas, Evaluation, Layout
-from dlmsearch.validation import check_choice, check_type, number
+from dlmsearch.validation import check_choice, number
 
 ORDERINGS = ("confidence", "margin", "neg_entropy", "random")
 
@@ -78,8 +80,8 @@ def at_least_one(chosen: torch.Tensor, scores: torch.Tensor, canvas: Canvas, lay
 
 def row_options(rule: CommitRule) -> tuple[str, ...]:
     """The rule's settings that may differ per row (a request's own threshold beside other requests
-    in one forward): its ``row_options``, none where it declares none."""
-    return getattr(rule, "row_options", ())
+    in one forward): its ``row_options``."""
+    return rule.row_options
 
 
 def per_row(rule: CommitRule, values: dict[str, torch.Tensor], dtype: torch.dtype) -> CommitRule:
@@ -97,20 +99,105 @@ def per_row(rule: CommitRule, values: dict[str, torch.Tensor], dtype: torch.dtyp
     return rowwise
 
 
+@attrs.frozen
+class StepAt:
+    """Where a step acts and how it records its commits: the layout, each row's model-call count, the
+    lookahead depth and branch that produced them."""
+
+    layout: Layout
+    call: torch.Tensor  # [R] each row's model-call count (recorded as the commits' call)
+    mask_id: int  # the open-position marker
+    depth: int = 0  # the lookahead depth of the step (0: a root's)
+    branch: int | torch.Tensor = -1  # its lookahead branch (one, or [R]; -1: a root's step)
+    advance: bool = True  # False leaves the blocks for the caller (a revision acts first)
+
+
 class CommitRule(BlockRule, Protocol):
-    """Which positions to commit, and (its :class:`BlockRule` fields) when a row leaves its block."""
+    """One step of a canvas (a root's, a lookahead branch's), and (its :class:`BlockRule` fields) when a
+    row leaves its block."""
 
     statistics: frozenset[str]
+    row_options: tuple[str, ...]  # settings a row may hold its own value of (a request's threshold)
+    # each step decides the current block whole (what it does not keep opens again), and holds the block until
+    # a step finishes it: the answer then ends with the block that holds its end, drafted ids after it included
+    decides_whole_block: bool
+    temperature_owner: TemperatureOwner | None  # the temperature the rule samples at (None: the settings decide)
 
     def bind(self, layout: Layout) -> CommitRule:
         """The rule for this canvas layout (checked; a bound copy where it counts steps per block): the decode plan's, never written."""
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
-        """``[R, T]`` bool: the positions to commit this step (masked ones only)."""
+        """``[R, T]`` bool: the positions the step decides (the masked ones it commits; the ones a whole-block step keeps)."""
+
+    def prepare(self, canvas: Canvas) -> Canvas:
+        """The canvases as the first step finds them."""
+
+    def step(self, canvas: Canvas, evaluation: Evaluation, at: StepAt) -> tuple[Canvas, torch.Tensor]:
+        """One step of the rows (a root's at depth 0, a lookahead branch's deeper), and ``[R, T]`` the positions it decided."""
+
+    def open_branch(self, canvas: Canvas, evaluation: Evaluation, at: StepAt, candidate: torch.Tensor) -> Canvas:
+        """A lookahead branch's first step, which decides its ``candidate`` position (``[R, T]``)."""
+
+    def forced(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        """``[R]`` rows whose next step is the same whatever a lookahead would commit (no lookahead there)."""
+
+    def settled(self, canvas: Canvas, layout: Layout) -> torch.Tensor:
+        """``[R]`` branches with nothing left to decide (a branch stops there)."""
+
+    def move_on(self, canvas: Canvas, layout: Layout) -> tuple[Canvas, torch.Tensor]:
+        """Adopted branches moved on from a block they finished (as a root's step moves it), and ``[R]`` which."""
+
+
+class MaskFilling:
+    """The step of every rule that fills masks: commit the masked positions :meth:`select` chooses, then
+    advance the blocks; a lookahead branch opens by committing exactly its candidate. The defaults
+    that rules override are here once: no statistics, no row options, no block budget, blocks move
+    when full, nothing in the layout to bind, the settings decide the temperature."""
+
+    statistics: ClassVar[frozenset[str]] = frozenset()
+    row_options: ClassVar[tuple[str, ...]] = ()
+    block_budget: ClassVar[int | None] = None
+    holds_block: ClassVar[bool] = False
+    whole_prefix: ClassVar[bool] = False
+    decides_whole_block: ClassVar[bool] = False
+    temperature_owner: ClassVar[TemperatureOwner | None] = None
+
+    def bind(self, layout: Layout) -> MaskFilling:
+        return self
+
+    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        raise NotImplementedError
+
+    def prepare(self, canvas: Canvas) -> Canvas:
+        return canvas
+
+    def step(self, canvas: Canvas, evaluation: Evaluation, at: StepAt) -> tuple[Canvas, torch.Tensor]:
+        """Commit the selected masked positions."""
+        chosen = self.select(canvas, evaluation, at.layout) & canvas.masked
+        return _committed(canvas, chosen, evaluation, at, self), chosen
+
+    def open_branch(self, canvas: Canvas, evaluation: Evaluation, at: StepAt, candidate: torch.Tensor) -> Canvas:
+        """Commit exactly the candidate."""
+        return _committed(canvas, candidate, evaluation, at, self)
+
+    def forced(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        return torch.zeros(canvas.rows, dtype=torch.bool)
+
+    def settled(self, canvas: Canvas, layout: Layout) -> torch.Tensor:
+        return ~canvas.masked.any(dim=1)
+
+    def move_on(self, canvas: Canvas, layout: Layout) -> tuple[Canvas, torch.Tensor]:
+        return canvas, torch.zeros(canvas.rows, dtype=torch.bool)
+
+
+def _committed(canvas: Canvas, chosen: torch.Tensor, evaluation: Evaluation, at: StepAt, rule: BlockRule) -> Canvas:
+    """``chosen`` committed with the evaluation's proposals, recorded as ``at`` says; blocks advance by ``rule``."""
+    token, confidence = evaluation.token, evaluation.confidence
+    return canvas.commit(chosen, token, confidence, at.call, at.depth, at.branch, at.layout, rule, at.advance)
 
 
 @attrs.define
-class _FixedSteps:
+class _FixedSteps(MaskFilling):
     """Schedules with a fixed number of ``steps``, split evenly over the blocks, ranking by
     ``ordering``; ``alg_temp`` > 0 draws the step's positions ∝ ``softmax(score / alg_temp)``
     instead of taking the best (Dream's ``alg_temp``; seeded by the evaluation's uniforms)."""
@@ -119,9 +206,6 @@ class _FixedSteps:
     ordering: str = attrs.field(default="confidence", validator=check_choice(*ORDERINGS))
     alg_temp: float = number(float, 0.0, default=0.0)
     block_budget: int | None = attrs.field(init=False, default=None)
-    holds_block: ClassVar[bool] = False
-    whole_prefix: ClassVar[bool] = False
-    redecides: ClassVar[bool] = False
 
     @property
     def statistics(self) -> frozenset[str]:
@@ -162,21 +246,8 @@ class LowConfidenceSchedule(_FixedSteps):
         return top_k_mask(self.ranking(canvas, evaluation, eligible, layout), eligible, k.clamp(min=1))
 
 
-class _UntilBlockFull:
-    """Rules that stay in a block until it is full and read only the confidence."""
-
-    statistics: ClassVar[frozenset[str]] = frozenset()
-    block_budget: ClassVar[None] = None
-    holds_block: ClassVar[bool] = False
-    whole_prefix: ClassVar[bool] = False
-    redecides: ClassVar[bool] = False
-
-    def bind(self, layout: Layout) -> _UntilBlockFull:
-        return self
-
-
 @attrs.define
-class ThresholdRule(_UntilBlockFull):
+class ThresholdRule(MaskFilling):
     """Fast-dLLM: commit every masked position of the current block with ``c >= threshold``,
     and always at least the most confident one."""
 
@@ -190,7 +261,7 @@ class ThresholdRule(_UntilBlockFull):
 
 
 @attrs.define
-class FactorRule(_UntilBlockFull):
+class FactorRule(MaskFilling):
     """Fast-dLLM's factor rule: sort confidences descending; the r-th (1-based) is accepted
     while ``c_(r) >= 1 - factor / (r + 1)``; always at least one."""
 
@@ -207,7 +278,7 @@ class FactorRule(_UntilBlockFull):
 
 
 @attrs.define
-class FastBlockRule:
+class FastBlockRule(MaskFilling):
     """Fast block diffusion sampling (the base of ETE and AdaLook): each block gets ``budget``
     steps, then the decoder moves on; every step commits ``c >= threshold`` in all unlocked
     blocks (earlier unfinished blocks included), and at least the current block's best."""
@@ -215,17 +286,10 @@ class FastBlockRule:
     budget: int = number(int, 1, default=8)
     threshold: float = number(float, 0.0, 1.0, default=0.9)
     row_options: ClassVar[tuple[str, ...]] = ("threshold",)
-    statistics: ClassVar[frozenset[str]] = frozenset()
-    holds_block: ClassVar[bool] = False
-    whole_prefix: ClassVar[bool] = False
-    redecides: ClassVar[bool] = False
 
     @property
     def block_budget(self) -> int:
         return self.budget
-
-    def bind(self, layout: Layout) -> FastBlockRule:
-        return self
 
     def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
         chosen = canvas.masked & canvas.unlocked(layout) & (evaluation.confidence >= self.threshold)
@@ -260,7 +324,7 @@ class DreamSchedule(_FixedSteps):
 
 
 @attrs.define
-class EntropyBudget(_UntilBlockFull):
+class EntropyBudget(MaskFilling):
     """EB-Sampler (Ben-Hamu et al., arXiv 2505.24857): order the current block's masked positions
     by an error proxy (``entropy`` ascending, or ``confidence`` / ``margin`` descending) and commit
     the longest prefix whose entropies satisfy ``sum H - max H <= gamma`` (the error bound of
@@ -289,16 +353,13 @@ class EntropyBudget(_UntilBlockFull):
 
 
 @attrs.define
-class FillBlock:
+class FillBlock(MaskFilling):
     """RCR's commit (pairs with :class:`~dlmsearch.search.components.revision.RunningConfidence`): every step
     commits every masked position up to the end of the current block, for exactly
     ``max(1, steps // blocks)`` steps per block; the revision then re-masks back to the schedule."""
 
     steps: int = number(int, 1)
-    statistics: ClassVar[frozenset[str]] = frozenset()
     holds_block: ClassVar[bool] = True
-    whole_prefix: ClassVar[bool] = False
-    redecides: ClassVar[bool] = False
     block_budget: int | None = attrs.field(init=False, default=None)
 
     def bind(self, layout: Layout) -> FillBlock:
@@ -354,7 +415,7 @@ def block_positions(canvas: Canvas, layout: Layout) -> torch.Tensor:
 
 
 @attrs.define
-class ReMDMSchedule:
+class ReMDMSchedule(MaskFilling):
     """ReMDM's schedule for LLaDA (pairs with :class:`~dlmsearch.search.components.revision.LoopRemask`):
     each block gets ``S = steps / blocks`` plain steps (LLaDA's split, top-k by confidence) and,
     once ``floor(loop_start_frac * N)`` of its N positions are committed, ``loop_steps`` loop steps
@@ -367,10 +428,7 @@ class ReMDMSchedule:
     k: int = number(int, 1, default=1)
     loop_steps: int | None = number(int, 1, optional=True, default=None)
     loop_start_frac: float = number(float, 0.0, 1.0, default=0.875)
-    statistics: ClassVar[frozenset[str]] = frozenset()
     holds_block: ClassVar[bool] = True
-    whole_prefix: ClassVar[bool] = False
-    redecides: ClassVar[bool] = False
     block_budget: int | None = attrs.field(init=False, default=None)
     plain: int = attrs.field(init=False, default=1)
 
@@ -396,7 +454,7 @@ class ReMDMSchedule:
 
 
 @attrs.define
-class MeanConfidenceRule(_UntilBlockFull):
+class MeanConfidenceRule(MaskFilling):
     """Saber's commit (Dong et al., arXiv 2510.18165; pairs with
     :class:`~dlmsearch.search.components.revision.ConfidenceDrop`): the threshold is the mean confidence at
     commit of every position committed so far (1 before the first); commit the masked positions
@@ -421,59 +479,6 @@ class MeanConfidenceRule(_UntilBlockFull):
         fewer = chosen.sum(dim=1) < self.n
         top = top_k_mask(evaluation.confidence, candidates, torch.full((canvas.rows,), self.n, dtype=torch.long))
         return torch.where(fewer[:, None], top, chosen)
-
-
-def load_token_frequencies(path: str | None) -> tuple[torch.Tensor, float]:
-    """A token-frequency prior ``(frequency per id, the frequency of an unseen id)`` from a file in
-    PC-Sampler's format (``{"num_token": N, "p_baseline_dict": {"id": count}}``). None: no prior,
-    every token alike at ``1/e``, so that ``-ln f = 1`` and the score is the position-weighted confidence."""
-    if path is None:
-        return torch.zeros(0), math.exp(-1.0)
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"decoder.commit.frequencies={path}: no such file (a token-frequency table in PC-Sampler's format)"
-        )
-    data = json.loads(file.read_text())
-    try:
-        total, counts = float(data["num_token"]), {int(k): float(v) for k, v in data["p_baseline_dict"].items()}
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(
-            f"decoder.commit.frequencies={path}: expected {{'num_token': N, 'p_baseline_dict': {{id: count}}}} ({error})"
-        ) from error
-    table = torch.full((max(counts, default=-1) + 1,), 1.0 / total)
-    if counts:
-        table[torch.tensor(list(counts))] = torch.tensor(list(counts.values())) / total
-    return table, 1.0 / total
-
-
-@attrs.define
-class PositionCalibratedRule(LowConfidenceSchedule):
-    """PC-Sampler (Huang et al., arXiv 2508.13021): LLaDA's schedule, ranking the current block's
-    masked positions by ``exp(-decay * r) * min(-c * ln(f(token) + 1e-9), alpha)``, where ``r`` is
-    the position within the block, ``decay`` the paper's lambda and ``f`` a token-frequency prior
-    (``frequencies``: a file in PC-Sampler's format; unseen ids count as ``1 / total``; no file: no
-    prior, the score is ``exp(-decay * r) * min(c, alpha)``): a tunable left-to-right drift that
-    also defers frequent, trivial tokens."""
-
-    decay: float = number(float, 0.0, default=0.25)
-    alpha: float = number(float, 0.0, default=10.0)
-    frequencies: str | None = attrs.field(default=None, validator=check_type(str, optional=True))
-    prior: torch.Tensor = attrs.field(init=False, repr=False, factory=lambda: torch.zeros(0))
-    unseen: float = attrs.field(init=False, default=1.0)
-
-    def __attrs_post_init__(self) -> None:
-        self.prior, self.unseen = load_token_frequencies(self.frequencies)
-
-    def scores(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
-        token = evaluation.token
-        frequency = torch.full(token.shape, self.unseen)
-        if len(self.prior):
-            known = token < len(self.prior)
-            frequency = torch.where(known, self.prior[token.clamp(max=len(self.prior) - 1)], frequency)
-        calibrated = torch.clamp(-evaluation.confidence * torch.log(frequency + 1e-9), max=self.alpha)
-        offset = (torch.arange(token.shape[1])[None, :] - layout.block_start(canvas.block)[:, None]).float()
-        return torch.exp(-self.decay * offset) * calibrated
 
 
 @attrs.define
@@ -510,7 +515,7 @@ class StableConfidenceRule(_FixedSteps):
 
 
 @attrs.define
-class WideInRule(_UntilBlockFull):
+class WideInRule(MaskFilling):
     """WINO's draft (Hong et al., arXiv 2507.18578; pairs with
     :class:`~dlmsearch.search.components.revision.NarrowOut`): commit the current block's masks with
     ``c > tau1``, at most ``min(max(floor(0.7 |M|), 5), 20)`` of them (the most confident), and the
@@ -525,199 +530,3 @@ class WideInRule(_UntilBlockFull):
         cap = torch.clamp(torch.floor(0.7 * eligible.sum(dim=1).float()).long(), min=5, max=20)
         capped = top_k_mask(evaluation.confidence, wide, cap)
         return at_least_one(capped, ordering_scores(evaluation, "confidence"), canvas, layout)
-
-
-SDAR_REMASKING = ("low_confidence_dynamic", "low_confidence_static", "sequential")
-
-
-def even_split(block_length: int, steps: int, step: torch.Tensor) -> torch.Tensor:
-    """``k_t`` of SDAR's ``get_num_transfer_tokens``: ``block_length`` split evenly over ``steps``,
-    the first ``block_length mod steps`` steps one more; 0 past the last step."""
-    base, extra = divmod(block_length, steps)
-    return torch.where(step < steps, base + (step < extra).long(), 0)
-
-
-@attrs.define
-class BlockDiffusionSchedule(_UntilBlockFull):
-    """SDAR's rules (``block_diffusion_generate`` of Gen-Verse/dLLM-RL ``10b4fd1``, Apache-2.0;
-    JetAstra/SDAR's ``generate.py``): ``steps`` denoising steps per block, step ``t`` committing
-    about ``k_t`` (:func:`even_split` of the block length, whatever the block's prompt tokens):
-
-    * ``low_confidence_dynamic`` (SDAR's default; threshold ``τ`` 0.9 in SDAR's README, 0.85 in
-      the script): every masked position of the block with ``c > τ`` if there are at least ``k_t``
-      of them, else the ``k_t`` most confident;
-    * ``low_confidence_static``: the ``k_t`` most confident masked positions;
-    * ``sequential``: the ``k_t`` leftmost masked positions.
-
-    The block moves on once it has no mask. Departures, both where the reference loop's
-    ``topk`` over a block with fewer masks than ``k_t`` takes given positions (the prompt's tokens
-    in its partial last block) and writes its draws over them: here only masked positions are
-    ever committed; ties go to the lower column (``torch.topk``'s order is unspecified).
-    """
-
-    steps: int = number(int, 1, default=4)
-    remasking: str = attrs.field(default="low_confidence_dynamic", validator=check_choice(*SDAR_REMASKING))
-    threshold: float = number(float, 0.0, 1.0, default=0.9)
-    row_options: ClassVar[tuple[str, ...]] = ("threshold",)
-
-    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
-        eligible = canvas.masked & canvas.in_current_block(layout)
-        k = even_split(layout.block_length, self.steps, canvas.block_round)
-        if self.remasking == "sequential":
-            leftmost = -torch.arange(eligible.shape[1], dtype=evaluation.confidence.dtype).expand_as(eligible)
-            return top_k_mask(leftmost, eligible, k)
-        top = top_k_mask(evaluation.confidence, eligible, k)
-        if self.remasking == "low_confidence_static":
-            return top
-        high = eligible & (evaluation.confidence > self.threshold)
-        return torch.where((high.sum(dim=1) >= k)[:, None], high, top)
-
-
-@attrs.define
-class EntropyBoundedRule(_UntilBlockFull):
-    """SDAR's ``entropy_bounded`` as its docs state it (JetAstra/SDAR ``generate.py``, MIT): order the
-    block's masked positions by the entropy of their proposal distribution, ascending, and commit
-    those whose running sum of entropies stays below ``gamma`` (``eb_threshold``, 0.35), at least one.
-
-    Departs from the code on purpose: there the "entropy" is summed over the drawn tokens'
-    probabilities of the whole block (``x0_p`` is ``[batch, block]``), so every position of a
-    batch-1 block gets the same value and ``torch.sort``'s unspecified order decides; no token
-    parity with it is expected (``algorithms.md``). Unlike :class:`EntropyBudget` (EB-Sampler:
-    ``sum H - max H <= gamma``), the bound is on the plain sum.
-    """
-
-    gamma: float = number(float, 0.0, default=0.35)
-    statistics: ClassVar[frozenset[str]] = frozenset({"entropy"})
-
-    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
-        assert evaluation.entropy is not None
-        eligible = canvas.masked & canvas.in_current_block(layout)
-        order = torch.sort(torch.where(eligible, evaluation.entropy, math.inf), dim=1, stable=True).indices
-        running = torch.where(eligible, evaluation.entropy, 0.0).gather(1, order).cumsum(dim=1)
-        count = ((running < self.gamma) & eligible.gather(1, order)).sum(dim=1)
-        count = torch.minimum(count.clamp(min=1), eligible.sum(dim=1))
-        return top_k_mask(-evaluation.entropy, eligible, count)
-
-
-@attrs.define
-class UniformNoiseSteps:
-    """DiffusionGemma's denoising step (transformers ``generation_diffusion_gemma.py``, Apache-2.0:
-    ``EntropyBoundSampler.accept_canvas``, ``LinearTemperatureScheduleLogitsProcessor``,
-    ``StableAndConfidentStoppingCriteria``; ``algorithms.md``, "Uniform-noise diffusion").
-
-    Every step re-decides the whole canvas (the current block; :meth:`Canvas.redecide`). Step
-    ``n`` counts down from ``max_steps`` (``N``) at the canvas's first step; the engine samples
-    every position at ``t = t_min + (t_max - t_min) * n / N`` (:meth:`temperature`, float32 as the
-    reference computes it). **Keep-set (EB-Sampler over all positions):** sort the positions by
-    the entropy ``H`` of their tempered distribution, ascending (ties: lower column first, a stable
-    sort; the reference's ``torch.sort`` leaves them unspecified), and keep sorted position ``i``
-    iff ``sum_{j<i} H_j <= entropy_bound``, so the lowest-entropy position is always kept. Kept
-    positions take their new sample; every other one is re-noised, kept earlier or not.
-    **Canvas end:** the canvas is finished with its draft (``argmax`` of the step's logits,
-    not the sample) when it is stable (the draft repeated ``stability_threshold`` steps in a row,
-    never at its first step) and confident (the mean entropy over the canvas below
-    ``confidence_threshold``), or after ``N`` steps; ``stopping=false``: always ``N`` steps.
-    """
-
-    entropy_bound: float = number(float, 0.0, default=0.1, open_low=True)
-    max_steps: int = number(int, 1, default=48)
-    t_min: float = number(float, 0.0, default=0.4, open_low=True)
-    t_max: float = number(float, 0.0, default=0.8, open_low=True)
-    stopping: bool = attrs.field(default=True, validator=check_type(bool))
-    stability_threshold: int = number(int, 0, default=1)
-    confidence_threshold: float = number(float, 0.0, default=0.005)
-    block_budget: int | None = attrs.field(init=False, default=None)
-    statistics: ClassVar[frozenset[str]] = frozenset({"tempered_entropy", "draft", "draft_confidence", "repeats"})
-    holds_block: ClassVar[bool] = False
-    whole_prefix: ClassVar[bool] = False
-    redecides: ClassVar[bool] = True
-
-    def __attrs_post_init__(self) -> None:
-        if self.t_max <= self.t_min:
-            raise ValueError(
-                f"decoder.commit.t_max={self.t_max} must be above t_min={self.t_min}: the temperature falls from "
-                "t_max (a canvas's first step) to t_min (its last)"
-            )
-
-    def bind(self, layout: Layout) -> UniformNoiseSteps:
-        """At most ``max_steps`` rounds per canvas (the plan's bound on a decode's rounds)."""
-        return with_layout(self, block_budget=self.max_steps)
-
-    def temperature(self, canvas: Canvas) -> torch.Tensor:
-        """``[R]`` each row's temperature at its step ``n = N - rounds spent on the canvas``."""
-        step = (self.max_steps - canvas.block_round).to(torch.int32)
-        return self.t_min + (self.t_max - self.t_min) * (step / self.max_steps)
-
-    @property
-    def temperature_owner(self) -> TemperatureOwner:
-        """The rule decides every row's temperature (:meth:`temperature`): the plan refuses one set elsewhere."""
-        return TemperatureOwner(
-            COMMIT_RULE,
-            f"commit rule UniformNoiseSteps (schedule {self.t_max}→{self.t_min} over each canvas's steps)",
-            f"{self.t_max}→{self.t_min}",
-            "set decoder.commit.t_max and decoder.commit.t_min instead (the first and last step's)",
-        )
-
-    def select(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
-        """``[R, T]`` the keep-set: the EB-Sampler's prefix of the current block by ascending entropy
-        (``cumsum(H)_i - H_i <= bound``, the reference's float32 arithmetic)."""
-        assert evaluation.tempered_entropy is not None
-        columns = _block_columns(canvas, layout)
-        ordered, order = torch.sort(evaluation.tempered_entropy.gather(1, columns), dim=1, stable=True)
-        keep_sorted = ordered.cumsum(dim=1) - ordered <= self.entropy_bound
-        keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
-        return torch.zeros_like(canvas.masked).scatter(1, columns, keep)
-
-    def finishes(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
-        """``[R]`` rows whose canvas ends this step: stable and confident, or its last step."""
-        last = canvas.block_round + 1 >= self.max_steps
-        if not self.stopping:
-            return last
-        assert evaluation.tempered_entropy is not None and evaluation.repeats is not None
-        columns = _block_columns(canvas, layout)
-        mean = evaluation.tempered_entropy.gather(1, columns).mean(dim=1)
-        stable = evaluation.repeats.gather(1, columns[:, :1]).squeeze(1) >= self.stability_threshold
-        return last | (stable & (mean < self.confidence_threshold))
-
-    def redecide(
-        self,
-        canvas: Canvas,
-        evaluation: Evaluation,
-        layout: Layout,
-        call: torch.Tensor,
-        mask_id: int,
-        also_keep: torch.Tensor | None = None,
-        depth: int | torch.Tensor = 0,
-        branch: int | torch.Tensor = -1,
-        advance: bool = True,
-    ) -> Canvas:
-        """One step's update: the keep-set takes its samples and the rest is re-noised, or a
-        finished canvas takes its draft whole, recorded with the draft's probability (and the row
-        moves to the next canvas, unless ``advance`` is False: a lookahead branch stops there).
-
-        Args:
-            canvas: the rows.
-            evaluation: their evaluations (samples, drafts and their probabilities, entropies, repeats).
-            layout: the decode's layout.
-            call: ``[R]`` each row's model-call count (recorded as the commits' call).
-            mask_id: the open-position marker.
-            also_keep: ``[R, T]`` positions kept beside the keep-set (a lookahead branch's candidate).
-            depth: the lookahead depth of the step (0: the base rule on the root).
-            branch: its lookahead branch (``[R]`` or one; -1: the base rule).
-            advance: False keeps a finished canvas's row on it (a branch: only a root encodes a canvas).
-        """
-        assert evaluation.draft is not None and evaluation.draft_confidence is not None
-        done = self.finishes(canvas, evaluation, layout)
-        block = canvas.in_current_block(layout) & canvas.attention
-        chosen = self.select(canvas, evaluation, layout)
-        if also_keep is not None:
-            chosen = chosen | (also_keep & block)
-        keep = torch.where(done[:, None], block, chosen)
-        token = torch.where(done[:, None], evaluation.draft.long(), evaluation.token)
-        confidence = torch.where(done[:, None], evaluation.draft_confidence, evaluation.confidence)
-        return canvas.redecide(keep, done, token, confidence, call, layout, self, mask_id, depth, branch, advance)
-
-
-def _block_columns(canvas: Canvas, layout: Layout) -> torch.Tensor:
-    """``[R, block_length]`` the columns of each row's current block."""
-    return layout.block_start(canvas.block)[:, None] + torch.arange(layout.block_length)[None, :]

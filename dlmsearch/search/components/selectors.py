@@ -21,9 +21,10 @@ class Selector(Protocol):
         """``[S]`` index of the branch to commit."""
 
 
-def best_live(scores: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-    """Highest-scoring live branch (first on ties)."""
-    return torch.where(live, scores, -math.inf).argmax(dim=1)
+def best_of(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``[S]`` the best-scoring allowed entry of each row (the first on ties): a lookahead's live
+    branch, a population's finalist."""
+    return torch.where(allowed, scores, -math.inf).argmax(dim=1)
 
 
 @attrs.define
@@ -38,7 +39,7 @@ class BestScoreSelector:
         return live, torch.zeros(live.shape[0], dtype=torch.bool)
 
     def best(self, scores: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-        return best_live(scores, live)
+        return best_of(scores, live)
 
 
 @attrs.define
@@ -60,4 +61,4 @@ class SettledFirstSelector:
         return torch.where(all_fire[:, None], live, settled), all_fire
 
     def best(self, scores: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-        return best_live(scores, live)
+        return best_of(scores, live)

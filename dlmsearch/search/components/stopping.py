@@ -33,7 +33,7 @@ def answer_ended(
         layout: where the generation sits.
         stop_ids: the ids that end an answer.
         output_start: ``[R]`` generation columns before it hold the prompt's tokens (not searched).
-        whole_block: the answer ends with the block (canvas) that holds its end.
+        whole_block: the answer ends with the block that holds its end.
         with_tail: only rows with a masked tail left to fill.
     """
     masked = canvas.masked[:, layout.gen_start :]
@@ -65,7 +65,7 @@ def fill_after_end(
     stop_ids: torch.Tensor,
     output_start: torch.Tensor | None = None,
     whole_block: bool = False,
-    held_open: bool = False,
+    decided_whole: bool = False,
 ) -> Canvas:
     """Rows whose answer has ended, with their masked tail filled with ``stop_ids[0]`` (not counted as
     commits).
@@ -75,17 +75,17 @@ def fill_after_end(
         layout: where the generation sits.
         stop_ids: the ids that end an answer (the first fills).
         output_start: ``[R]`` generation columns before it hold the prompt's tokens (not searched).
-        whole_block: the answer ends with the block (canvas) that holds its end.
-        held_open: uniform noise: a block under review (still denoising) has not ended, and a
-            finished canvas's drafted ids after the end are filled too.
+        whole_block: the answer ends with the block that holds its end.
+        decided_whole: the rule decides blocks whole (its ``decides_whole_block``): a held block has
+            not ended, and a finished block's drafted ids after the end are filled too.
     """
-    ended = answer_ended(canvas, layout, stop_ids, output_start, whole_block, with_tail=not held_open)
-    if held_open:  # a uniform-noise canvas under review is not final, however much of it is kept
-        ended &= ~canvas.review
+    ended = answer_ended(canvas, layout, stop_ids, output_start, whole_block, with_tail=not decided_whole)
+    if decided_whole:  # a held block is not final, however much of it is kept
+        ended &= ~canvas.held
     if not bool(ended.any()):
         return canvas
     fill = canvas.masked & ended[:, None]
-    if held_open:  # uniform noise: the drafted ids after the end are padding too (as the reference's), not commits
+    if decided_whole:  # the drafted ids after the end are padding too (as DiffusionGemma's reference), not commits
         after = torch.zeros_like(fill)
         column = torch.arange(layout.gen_length)[None, :]
         after[:, layout.gen_start :] = column > first_stop(canvas, layout, stop_ids, output_start)[:, None]

@@ -42,6 +42,15 @@ class DistributionHistory:
             self.probs = torch.cat([self.probs, self.probs.new_zeros(slots, *self.probs.shape[1:])])
             self.last = torch.cat([self.last, self.last.new_zeros(slots, *self.last.shape[1:])])
 
+    def widen(self, columns: int) -> None:
+        """Nothing moves: the history's columns count from the generation region, not the canvas's left edge."""
+
+    def split(self, slots: torch.Tensor) -> DistributionHistory:
+        """A copy holding only these slots' entries (indexed: new tensors, nothing shared that a write changes)."""
+        part = attrs.evolve(self)
+        part.reorder(slots)
+        return part
+
     def step(
         self, logits: torch.Tensor, slots: torch.Tensor, start: int, store: torch.Tensor
     ) -> tuple[torch.Tensor, Callable[[], None]]:

@@ -113,8 +113,8 @@ def summarise_logits(
         draw: ``[R, T]`` the positions' uniforms for the token samples (None: no row samples).
         statistics: statistics of the distribution the confidence is read from.
         of_logits: statistics of the processed logits.
-        keep_processed: the processed logits come back too, as ``processed`` (a uniform-noise
-            model's self-conditioning input; not a summary).
+        keep_processed: the processed logits come back too, as ``processed``, where the cache
+            policy keeps them (``CachePolicy.keeps_processed``: a decoder's self-conditioning input; not a summary).
     """
     model_probs = torch.softmax(logits, dim=-1)
     processed_logits, probs = _processed(logits, model_probs, rows)

@@ -110,9 +110,6 @@ class BlockRule(Protocol):
     block_budget: int | None  # rounds a row may spend in one block (fast block diffusion); None: no budget
     holds_block: bool  # stay for the whole budget even when the block is full (rules paired with a revision)
     whole_prefix: bool  # a block is full only when no mask is left before its end, earlier blocks' too (Saber)
-    # every step re-decides the whole current block (uniform noise: what is not kept is re-noised), sampling at
-    # the rule's own temperature (its ``temperature(canvas)``, declared as its ``temperature_owner``)
-    redecides: bool
 
 
 @attrs.frozen
@@ -123,7 +120,6 @@ class BlockMoves:
     block_budget: int | None = None
     holds_block: bool = False
     whole_prefix: bool = False
-    redecides: bool = False
 
 
 FULL_BLOCKS = BlockMoves()
@@ -148,9 +144,9 @@ class Canvas:
     commit_depth: torch.Tensor  # [R, T] long
     commit_branch: torch.Tensor  # [R, T] long
     revisions: torch.Tensor  # [R, T] long: times the position was returned to the mask (or rewritten) by a revision
-    review: (
-        torch.Tensor
-    )  # [R] bool: the current block has no mask left but is held for another look (LLaDA2.1's editing)
+    # [R] bool: the current block is held for more rounds though it may have no mask left (LLaDA2.1's editing
+    # review; a whole-block step's block until a step finishes it)
+    held: torch.Tensor
     post_steps: torch.Tensor  # [R] long: rounds the current block has had without a mask (its editing rounds)
 
     @property
@@ -159,8 +155,8 @@ class Canvas:
 
     @property
     def decoding(self) -> torch.Tensor:
-        """``[R]`` rows with work left: a mask, or a block held for another look."""
-        return self.masked.any(dim=1) | self.review
+        """``[R]`` rows with work left: a mask, or a held block."""
+        return self.masked.any(dim=1) | self.held
 
     def take(self, index: torch.Tensor) -> Canvas:
         """The rows at ``index`` (a long index or a bool mask)."""
@@ -238,12 +234,12 @@ class Canvas:
             commit_depth=torch.where(chosen, depth[:, None], self.commit_depth),
             commit_branch=torch.where(chosen, branch[:, None], self.commit_branch),
             revisions=self.revisions,
-            review=self.review,
+            held=self.held,
             post_steps=self.post_steps,
         )
         return canvas.advance_blocks(layout, rule) if advance else canvas
 
-    def redecide(
+    def decide_block(
         self,
         keep: torch.Tensor,
         finished: torch.Tensor,
@@ -257,13 +253,13 @@ class Canvas:
         branch: int | torch.Tensor = -1,
         advance: bool = True,
     ) -> Canvas:
-        """Uniform noise: the current block is decided afresh. Positions in ``keep`` take
+        """The current block decided whole (a step of a model without a mask token). Positions in ``keep`` take
         ``proposal`` (committed at ``call``, recorded at lookahead ``depth`` and ``branch``, as
         :meth:`commit` records them); every other position of the block is open again
         (``mask_id``; its noise is drawn at the model boundary), a kept one counted as a revision
         (a given first canvas, ``initial_canvas``, is re-decided too: it is only the first step's
-        input). A block stays under review (:attr:`review`) until ``finished``: all kept
-        is not finished, the next step re-decides it. Then finished blocks advance by ``rule``
+        input). A block stays held (:attr:`held`) until ``finished``: all kept
+        is not finished, the next step decides it again. Then finished blocks advance by ``rule``
         (``advance=False``: a lookahead branch, which stops at the canvas it finished).
 
         Args:
@@ -294,14 +290,14 @@ class Canvas:
             commit_depth=torch.where(keep, depth, torch.where(reopen, -1, self.commit_depth)),
             commit_branch=torch.where(keep, branch, torch.where(block, -1, self.commit_branch)),
             revisions=self.revisions + (reopen & ~self.masked).long(),
-            review=~finished,
+            held=~finished,
         )
         return canvas.advance_blocks(layout, rule) if advance else canvas
 
-    def canvas_finished(self, layout: Layout) -> torch.Tensor:
-        """``[R]`` rows whose current block is final: no open position left in it and not under
-        review (uniform noise: the step that finished it took its draft)."""
-        return (self.masks_left(layout, self.block) == 0) & ~self.review
+    def block_finished(self, layout: Layout) -> torch.Tensor:
+        """``[R]`` rows whose current block is final: no open position left in it and not held
+        (a whole-block step: the step that finished it took its draft)."""
+        return (self.masks_left(layout, self.block) == 0) & ~self.held
 
     def remask(self, positions: torch.Tensor, mask_id: int) -> Canvas:
         """Return committed ``positions`` to the mask (a revision), counting it; blocks never move
@@ -323,7 +319,7 @@ class Canvas:
         proposal: torch.Tensor,
         confidence: torch.Tensor,
         call: torch.Tensor,
-        review: torch.Tensor,
+        held: torch.Tensor,
         post_steps: torch.Tensor,
     ) -> Canvas:
         """Replace committed ``positions`` by ``proposal`` (a revision that writes a token, not a mask:
@@ -335,7 +331,7 @@ class Canvas:
             proposal: ``[R, T]`` long, the tokens to write there.
             confidence: ``[R, T]`` float, their confidences (recorded as ``commit_confidence``).
             call: ``[R]`` long, each row's model-call count (recorded as ``commit_call``).
-            review: ``[R]`` bool, the rows' new block hold (:attr:`review`).
+            held: ``[R]`` bool, the rows' new block hold (:attr:`held`: LLaDA2.1's review).
             post_steps: ``[R]`` long, the rows' new count of editing rounds (:attr:`post_steps`).
         """
         positions = positions & ~self.masked & (self.commit_call >= 0)
@@ -345,7 +341,7 @@ class Canvas:
             commit_call=torch.where(positions, call[:, None], self.commit_call),
             commit_confidence=torch.where(positions, confidence, self.commit_confidence),
             revisions=self.revisions + positions.long(),
-            review=review,
+            held=held,
             post_steps=post_steps,
         )
 
@@ -360,7 +356,7 @@ class Canvas:
             remaining = self.masks_left(layout, block, rule.whole_prefix)
             spent = block_round >= budget if budget is not None else torch.zeros_like(remaining, dtype=torch.bool)
             full = (remaining == 0) & ~torch.tensor(rule.holds_block and budget is not None)
-            move = (full | spent) & ~self.review & (block < layout.num_blocks - 1)
+            move = (full | spent) & ~self.held & (block < layout.num_blocks - 1)
             if not bool(move.any()):
                 break
             block = block + move.long()
@@ -433,7 +429,7 @@ def initial_canvas(
         commit_depth=torch.full_like(tokens, -1),
         commit_branch=torch.full_like(tokens, -1),
         revisions=torch.zeros_like(tokens),
-        review=torch.zeros(rows, dtype=torch.bool),
+        held=torch.zeros(rows, dtype=torch.bool),
         post_steps=zeros,
     )
     return canvas.advance_blocks(layout)

@@ -7,13 +7,13 @@ takes the answer most particles state (self-consistency), then its best-scoring 
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Protocol
 
 import attrs
 import torch
 
+from dlmsearch.search.components.selectors import best_of
 from dlmsearch.search.records.verifier import Verifier
 
 
@@ -32,11 +32,6 @@ class FinalChoice(Protocol):
 
     def choose(self, finalists: Finalists, verifier: Verifier | None) -> torch.Tensor:
         """``[S]`` particle per sample, among the finalists (the verifier: for rules that read answers)."""
-
-
-def best_of(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """The best-scoring allowed particle (the first on ties)."""
-    return torch.where(allowed, scores, -math.inf).argmax(dim=1)
 
 
 @attrs.define

@@ -133,10 +133,15 @@ class LayerwisePolicy:
     stores: ClassVar[bool] = True
     exact: ClassVar[bool] = False  # approximate: stored keys and values go stale between recomputations
     layerwise: ClassVar[bool] = True
+    keeps_processed: ClassVar[bool] = False
     family_defaults: ClassVar[dict[str, dict[str, object]]] = {}
 
-    def prepare_call(self, rows: object, root: torch.Tensor) -> None:
+    def write_first(self, *args: object) -> None:
         """Nothing to write before the call: the layerwise forward writes the store itself."""
+
+    def remember(self, *args: object) -> tuple:
+        """Nothing beyond the store: the engine puts each root's copy of it back."""
+        return ()
 
     def prepare(self, store: LayerStore, call: LayerCall, dtype: torch.dtype, device: torch.device | str) -> None:
         """Allocate the fields this policy keeps (keys and values per layer, and its own)."""
@@ -151,7 +156,7 @@ class LayerwisePolicy:
     def columns(self, *args: object) -> torch.Tensor:
         raise AssertionError("a layerwise policy decides per layer, inside the forward")
 
-    hits = refreshes = settled = columns
+    hits = refreshes = settled = read = columns
 
     @classmethod
     def for_family(cls, family: str | None = None, **settings: object):
