@@ -10,7 +10,7 @@ problems (exact sign test) and has a Wilson 95 % interval.
 Everything is written under ``--runs`` (default ``runs/countdown_card/``) unless ``--write-committed``:
 then the card is the shipped model's ``README.md`` and the figure ``docs/countdown_decoders.png``.
 
-    python experiments/countdown_model_card.py --write-committed            # the shipped card and the README's figure
+    python experiments/countdown_model_card.py --write-committed            # the shipped card and its figure (docs/countdown_decoders.png)
     python experiments/countdown_model_card.py --limit 32 --runs /tmp/card    # quick look (everything under /tmp/card)
 """
 

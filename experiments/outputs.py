@@ -7,7 +7,7 @@ an output path given explicitly that is committed (under those three folders, or
 tracks) is refused without it:
 
     python experiments/serve_load.py                       # runs/serve_load/
-    python experiments/serve_load.py --write-committed     # experiments/results/serve/ (what the README shows)
+    python experiments/serve_load.py --write-committed     # experiments/results/serve/ (what docs/serving.md shows)
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ greedy, and a mixed load where every second request samples at temperature 0.7 w
 (they share the greedy requests' forward: per-row sampling). Concurrency 1 is one-at-a-time serving. The offline
 figure decodes the same prompts with :meth:`dlmsearch.api.Decoder.generate` at ``batch_size=16``
 in this process. Writes ``load.json``, ``load.md`` and ``load.png`` into ``--out`` (default
-``runs/serve_load/``; ``--write-committed``: ``experiments/results/serve/``, the README's table).
+``runs/serve_load/``; ``--write-committed``: ``experiments/results/serve/``, the table in docs/serving.md).
 """
 
 from __future__ import annotations
