@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -120,6 +121,7 @@ def run_uniform(tree: Path, out: Path, args: argparse.Namespace) -> dict[str, fl
     found: dict[str, float | None] = {}
     for batch in UNIFORM_BATCHES:
         run_dir = out / f"uniform_batch{batch}"
+        shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time (the CLI resumes a directory it finds)
         command = [
             sys.executable,
             "-m",
