@@ -32,7 +32,7 @@ grep -q "adalook on countdown: 4 items" "$work/text.txt"
 grep -q "sdar on countdown (cache block): 4 items" "$work/block.txt"
 # the shipped uniform-noise Countdown model (DiffusionGemma's format, through transformers' own modules)
 "$work/venv/bin/python" -m dlmsearch +decoder=diffusion_gemma model=countdown_uniform task=countdown task.limit=4 out_dir="$work/uniform" | tee "$work/uniform.txt"
-grep -q "diffusion_gemma on countdown: 4 items" "$work/uniform.txt"
+grep -q "diffusion_gemma on countdown (cache encoder): 4 items" "$work/uniform.txt"
 wheel_mb=$(( $(stat -c %s "$wheel") / 1048576 ))
 [ "$wheel_mb" -lt 30 ] || { echo "the wheel is ${wheel_mb} MB, over 30 MB"; exit 1; }
 echo "wheel check passed: $(ls "$work"/dist)"
