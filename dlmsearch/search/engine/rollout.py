@@ -251,11 +251,12 @@ class RolloutEngine(OutOfMemoryBackOff):
             rows.open is not None
         ):  # open positions as the model reads them (its draws: after the sample's previous call)
             keys = [seed, rows.draw_key[:, None], rows.call[:, None] - 1, rows.row_key[:, None]]
-            renoise = [*keys, positions(rows.attention), torch.tensor(int(Stream.RENOISE))]
-            tokens = self.adapter.materialise(
-                rows.tokens, rows.open & rows.attention, lambda: hashed_uniform(renoise).double()
-            )
-            rows = attrs.evolve(rows, tokens=tokens)
+            attention = rows.attention
+
+            def renoise() -> torch.Tensor:  # only a model that reads noise asks: a masked one draws nothing
+                return hashed_uniform([*keys, positions(attention), torch.tensor(int(Stream.RENOISE))]).double()
+
+            rows = attrs.evolve(rows, tokens=self.adapter.materialise(rows.tokens, rows.open & attention, renoise))
         uniform = draw = None
         if sampled or ordering:
             position = rows.attention.long().cumsum(dim=1) - 1  # the row's own positions, whatever its padding
