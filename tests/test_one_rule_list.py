@@ -191,7 +191,7 @@ def test_a_temperature_the_particles_would_replace_is_refused(adapter: ModelAdap
     assert particles(text_decoder("fast_dllm"), size=1).plan(engine, 16, 8).temperature.source == "no setting (argmax)"
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, init=False)  # the engine's own constructor (engine.temperature, ...)
 class SpyEngine(RolloutEngine):
     """Records every temperature a row of a call samples at."""
 

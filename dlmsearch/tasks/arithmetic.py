@@ -49,14 +49,14 @@ class InvalidExpression(ValueError):
 
 
 @attrs.frozen
-class Evaluation:
+class ExpressionValue:
     """An expression's exact value and the integer literals it used, in order."""
 
     value: Fraction
     numbers: tuple[int, ...]
 
 
-def evaluate(expression: str) -> Evaluation:
+def evaluate(expression: str) -> ExpressionValue:
     """The exact value of an arithmetic expression over integer literals, or :class:`InvalidExpression`."""
     if len(expression) > MAX_EXPRESSION:
         raise InvalidExpression(f"expression longer than {MAX_EXPRESSION} characters")
@@ -66,7 +66,7 @@ def evaluate(expression: str) -> Evaluation:
         raise InvalidExpression(f"not an arithmetic expression ({type(error).__name__})") from None
     numbers: list[int] = []
     value = _walk(tree.body, numbers)
-    return Evaluation(value=value, numbers=tuple(numbers))
+    return ExpressionValue(value=value, numbers=tuple(numbers))
 
 
 def _walk(node: ast.AST, numbers: list[int]) -> Fraction:

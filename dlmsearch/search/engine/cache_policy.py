@@ -130,14 +130,27 @@ class _KeysAndValues:
         return ()
 
 
+class _NoStorage:
+    """What a policy that keeps no key/value storage answers (``none``; ``encoder``, whose stores are
+    the encoder's prefixes): no row refreshes a store, so none is settled."""
+
+    name: ClassVar[str]
+    stores: ClassVar[bool] = False
+    exact: ClassVar[bool] = False  # nothing is written in place into the key/value storage
+    layerwise: ClassVar[bool] = False
+
+    def refreshes(self, hit: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(hit)
+
+    def settled(self, start: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        raise AssertionError(f"cache={self.name} keeps no key/value storage: no forward refreshes one")
+
+
 @attrs.frozen
-class NoCache(_KeysAndValues):
+class NoCache(_NoStorage, _KeysAndValues):
     """Every row forwards the whole canvas; nothing is stored."""
 
     name: ClassVar[str] = "none"
-    stores: ClassVar[bool] = False
-    exact: ClassVar[bool] = False
-    layerwise: ClassVar[bool] = False
 
     def columns(self, rows: RowWindows) -> torch.Tensor:
         """``[rows, 2]`` no columns: nothing is cached."""
@@ -145,12 +158,6 @@ class NoCache(_KeysAndValues):
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         return torch.zeros(len(slot), dtype=torch.bool)
-
-    def refreshes(self, hit: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
-        return torch.zeros_like(hit)
-
-    def settled(self, start: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-        raise AssertionError("no cached forward without a cache")
 
 
 @attrs.frozen
@@ -257,7 +264,7 @@ class BlockCache(_KeysAndValues):
 
 
 @attrs.frozen
-class EncoderPrefixCache:
+class EncoderPrefixCache(_NoStorage):
     """The exact cache of an encoder-decoder model (DiffusionGemma): a slot stores the model's own
     cache of everything finished before its canvas, written by the encoder's call (the separate
     write: one per slot and finished canvas, a model call of its own, never a branch's); every row
@@ -267,9 +274,6 @@ class EncoderPrefixCache:
     are not key/value storage: ``stores`` is False, and nothing is refreshed."""
 
     name: ClassVar[str] = "encoder"
-    stores: ClassVar[bool] = False
-    exact: ClassVar[bool] = False  # nothing is written in place into the key/value storage
-    layerwise: ClassVar[bool] = False
     keeps_processed: ClassVar[bool] = True
 
     def write_first(self, rows: CallRows, windows: RowWindows, writer: Writer) -> Written:
@@ -285,12 +289,6 @@ class EncoderPrefixCache:
 
     def hits(self, storage: KVStorage, slot: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         return torch.ones(len(slot), dtype=torch.bool)
-
-    def refreshes(self, hit: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
-        return torch.zeros_like(hit)
-
-    def settled(self, start: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-        raise AssertionError("the encoder-prefix cache writes its prefixes by the encoder's call only")
 
     def read(self, call: PreparedCall, forward: Forward) -> PrefixRead:
         memory, rows, index = call.settings.memory, call.rows, forward.rows

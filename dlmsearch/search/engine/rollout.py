@@ -27,14 +27,14 @@ import torch
 
 from dlmsearch.core.attention import positions
 from dlmsearch.core.capabilities import ModelCapabilities
-from dlmsearch.core.sampling import CONFIDENCE_SOURCES, Sampling
+from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.group_decisions import GroupDecisions
 from dlmsearch.models.kv_storage import CachedRows, PrefixRead
 from dlmsearch.search.engine import statistics as statistics_registry
 from dlmsearch.search.engine.adaptive.layer_rules import LayerCall
 from dlmsearch.search.engine.back_off import OutOfMemoryBackOff, check_budget, out_of_memory
-from dlmsearch.search.engine.cache_policy import CachePolicy, NoCache, RowWindows, Writer, cache_policy, for_model
+from dlmsearch.search.engine.cache_policy import CachePolicy, RowWindows, Writer, cache_policy, for_model
 from dlmsearch.search.engine.call_records import (
     CallOutputs,
     CallRows,
@@ -57,30 +57,21 @@ from dlmsearch.search.records.randomness import Stream, hashed_uniform
 from dlmsearch.search.records.row_sampling import RowSampling
 from dlmsearch.search.records.state import Evaluation
 from dlmsearch.search.records.usage import CallCost
-from dlmsearch.validation import check_choice, check_type, number
+from dlmsearch.validation import check_type
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, init=False)
 class RolloutEngine(OutOfMemoryBackOff):
     """Batched, chunked model evaluation with a cache policy; the model and the call machinery only."""
 
     adapter: ModelAdapter
-    row_budget: int | str = attrs.field(
-        default=64, validator=lambda _, a, v: check_budget(v)
-    )  # rows per forward, or "auto"
-    # Sampling as the user sets it (None: not set, so the checkpoint's generation_config.json, else the decoder's own)
-    temperature: float | None = number(float, 0.0, optional=True, default=None)
-    top_p: float | None = number(float, 0.0, 1.0, optional=True, open_low=True, default=None)
-    top_k: int | None = number(int, 1, optional=True, default=None)
-    confidence: str | None = attrs.field(default=None, validator=check_choice(*CONFIDENCE_SOURCES, optional=True))
-    seed: int = attrs.field(default=0, validator=check_type(int))
-    cache: CachePolicy = attrs.field(
-        factory=NoCache, converter=cache_policy
-    )  # cache=none|prefix|dual (engine.cache=NAME: the same)
-    compile: bool = attrs.field(
-        default=False, validator=check_type(bool)
-    )  # the model's per-token work under torch.compile, bucketed
-    profile: ForwardProfile | None = attrs.field(default=None, eq=False)  # set: every forward is timed (benchmarks)
+    row_budget: int | str = attrs.field(validator=lambda _, a, v: check_budget(v))  # rows per forward, or "auto"
+    # Sampling as the user sets it (a field None: not set, so the checkpoint's generation_config.json, else the decoder's own)
+    sampling: Sampling
+    seed: int = attrs.field(validator=check_type(int))
+    cache: CachePolicy = attrs.field(converter=cache_policy)  # cache=none|prefix|dual (engine.cache=NAME: the same)
+    compile: bool = attrs.field(validator=check_type(bool))  # the model's per-token work under torch.compile, bucketed
+    profile: ForwardProfile | None = attrs.field(eq=False)  # set: every forward is timed (benchmarks)
     budget: int | None = attrs.field(
         init=False, default=None
     )  # row budget lowered after running out of memory; None: row_budget
@@ -100,6 +91,33 @@ class RolloutEngine(OutOfMemoryBackOff):
     layer_columns: int = attrs.field(
         init=False, default=0
     )  # real columns of the canvases the layerwise forwards carried (a full forward's work per layer)
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        *,
+        row_budget: int | str = 64,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        confidence: str | None = None,
+        seed: int = 0,
+        cache: CachePolicy | str = "none",
+        compile: bool = False,
+        profile: ForwardProfile | None = None,
+    ) -> None:
+        """The engine's settings as the config spells them (``engine.temperature``, ``engine.top_p``, ...,
+        conf/engine/default.yaml): the four sampling settings are one :class:`Sampling`, which checks them.
+        A subclass that adds fields keeps this constructor: ``@attrs.define(init=False)``, its fields defaulted."""
+        self.__attrs_init__(
+            adapter=adapter,
+            row_budget=row_budget,
+            sampling=Sampling(temperature=temperature, top_p=top_p, top_k=top_k, confidence=confidence),
+            seed=seed,
+            cache=cache,
+            compile=compile,
+            profile=profile,
+        )
 
     @property
     def layerwise(self) -> bool:
@@ -145,16 +163,11 @@ class RolloutEngine(OutOfMemoryBackOff):
         """The id the loop writes at an open position (the mask token, or the model's marker where it has none)."""
         return self.capabilities.open_id
 
-    @property
-    def user_sampling(self) -> Sampling:
-        """The sampling settings given to the engine itself (``engine.temperature``, ``top_p``, ``top_k``, ``confidence``)."""
-        return Sampling(self.temperature, self.top_p, self.top_k, self.confidence)
-
     def sampling_over(self, decoder: Sampling) -> Sampling:
         """A decode's sampling: each setting the engine's own, else the checkpoint's
         ``generation_config.json``, else the decoder's (its reference loop's defaults: Dream's
         top-k 50), else neutral."""
-        return self.user_sampling.over(self.adapter.generation_defaults).over(decoder).resolved()
+        return self.sampling.over(self.adapter.generation_defaults).over(decoder).resolved()
 
     def memory(self, slots: int) -> SlotMemory:
         """Empty per-slot stores for a decode of ``slots`` slots."""
