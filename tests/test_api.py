@@ -74,7 +74,7 @@ def test_from_preset_mistakes_name_the_key() -> None:
         Decoder.from_preset("adalook", overrides={"decoder.expansion.max_depth": "abc"})
     with pytest.raises(
         ConfigError,
-        match="unknown decoder/expansion 'deep'; one of: confidence_depth, fixed_depth, one_step, variance_gate",
+        match="unknown decoder/expansion 'deep'; one of: confidence_depth, fixed_depth, gumbel_halving, one_step, puct, variance_gate",
     ):
         Decoder.from_preset("adalook", overrides={"decoder/expansion": "deep"})
     with pytest.raises(ValueError, match=r"'model.device' .*Model.load"):

@@ -30,7 +30,9 @@ def test_the_presets_exist_and_old_ones_never_revise(adapter: ModelAdapter) -> N
         "llada2",
         "llada21",
     }  # stop at EOS (the tiny model has no stop ids); LLaDA2.1 edits: tests/test_block_diffusion*.py
-    for preset in sorted(set(decoder_presets("mask")) - set(REVISING) - {"verified_best_of_n"} - block_models_only):
+    for preset in sorted(
+        set(decoder_presets("mask")) - set(REVISING) - {"verified_best_of_n", "mcts_verified"} - block_models_only
+    ):
         for result in decode(text_decoder(preset), adapter, requests):
             assert int(result.revisions.sum()) == 0, preset
 

@@ -46,6 +46,7 @@ from dlmsearch.search.components.revision import NoRevision, Revision
 from dlmsearch.search.components.scorers import Scorer
 from dlmsearch.search.components.selectors import Selector
 from dlmsearch.search.components.stopping import fill_after_end
+from dlmsearch.search.components.tree_settings import TreeSettings
 from dlmsearch.search.components.triggers import NeverTrigger, Trigger
 from dlmsearch.search.decode import intake, results
 from dlmsearch.search.decode.calls import evaluate
@@ -53,6 +54,7 @@ from dlmsearch.search.decode.intake import DecodeRequest
 from dlmsearch.search.decode.lookahead_phases import lookahead
 from dlmsearch.search.decode.results import DecodeResult
 from dlmsearch.search.decode.state import DecodeState, check_current
+from dlmsearch.search.decode.tree_phases import kept_trees, stale_trees, tree_search
 from dlmsearch.search.engine.guidance import Guidance
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan, make_plan
@@ -74,6 +76,7 @@ class SearchDecoder:
     expansion: ExpansionPolicy | None = None
     selector: Selector | None = None
     population: PopulationHook = attrs.field(factory=SinglePath)
+    tree: TreeSettings | None = None  # a Monte-Carlo tree search's simulations and budget (None: a lookahead explores)
     revision: Revision = attrs.field(factory=NoRevision)  # after the base rule's commits: which go back to the mask
     name: str = "custom"
     block_length: int | None = None  # a decoder with its own block structure (Dream: one block); None: the task's
@@ -184,7 +187,7 @@ def step(
     state, round_ = _evaluate_roots(engine, state)
     if round_ is None:
         return attrs.evolve(state, finished=True)
-    state, round_ = _explore(engine, state, round_, deadline_s, on_lookahead)
+    state, round_ = _explore(engine, state, round_, deadline_s, on_lookahead, verifier)
     state, committed = _select_and_commit(state, round_)
     state = _revise(state, round_, committed)
     return _advance(state, verifier, on_round)
@@ -215,10 +218,12 @@ def _explore(
     round_: Round,
     deadline_s: float | None,
     on_lookahead: Callable[[Lookahead], None] | None,
+    verifier: Verifier | None = None,
 ) -> tuple[DecodeState, Round]:
-    """Where the trigger fires (and the deadline has not passed): look ahead and adopt the
-    selected branch with the evaluation it already has; exploit it at once unless the selector
-    asked for a fresh lookahead from it."""
+    """Where the trigger fires (and the deadline has not passed, and a tree search's budget is
+    not spent): look ahead (or search the tree) and adopt the selected branch with the evaluation
+    it already has; exploit it at once unless the selector asked for a fresh lookahead from it
+    (a tree search's move is the round's step)."""
     rows, late = round_.rows, state.late
     if deadline_s is not None:
         over = time.monotonic() - state.started[state.slots.owner] > deadline_s
@@ -226,13 +231,23 @@ def _explore(
         late = late | (over & _scattered(rows, len(late)))
     explore = state.plan.trigger.fires(round_.root, round_.evaluation, state.layout) & ~late[rows]
     explore = explore & ~state.plan.commit.forced(round_.root, round_.evaluation, state.layout)
+    tree = state.plan.tree
+    if tree is not None:
+        explore = explore & tree.searches(state.usage.row_forwards[state.slots.owner[rows]])
     state = attrs.evolve(state, late=late)
     explored = rows[explore]
     if not explored.numel():
-        return state, round_
-    adopted, adopted_eval, restart, usage, best = lookahead(
-        engine, state, round_.root.take(explore), round_.evaluation.take(explore), explored, on_lookahead
-    )
+        return attrs.evolve(state, tree=stale_trees(state.tree, rows)), round_
+    root, root_evaluation = round_.root.take(explore), round_.evaluation.take(explore)
+    if tree is None:
+        adopted, adopted_eval, restart, usage, best = lookahead(
+            engine, state, root, root_evaluation, explored, on_lookahead
+        )
+    else:
+        adopted, adopted_eval, restart, usage, best, kept = tree_search(
+            engine, state, root, root_evaluation, explored, on_lookahead, verifier
+        )
+        state = attrs.evolve(state, tree=kept_trees(state.tree, explored, kept, len(state.evaluated)))
     # the adopted branch's own memory in the slot stores (e.g. a self-conditioning input) becomes its slot's
     state.memory.adopt(explored, state.slots.particle[explored] * BRANCH_KEYS + 1 + best)
     adopted, ended = state.plan.commit.move_on(adopted, state.layout)
@@ -248,7 +263,11 @@ def _explore(
         exploit=exploit,
     )
     canvas, evaluation = state.canvas.put(explored, adopted), state.evaluation.put(explored, adopted_eval)
-    return attrs.evolve(state, canvas=canvas, evaluation=evaluation, usage=usage, evaluated=evaluated), round_
+    # a kept tree is rooted at its slot's canvas: stale where the base rule commits or the root moves on
+    trees = stale_trees(state.tree, torch.cat([rows[exploit], explored[ended]]))
+    return attrs.evolve(
+        state, canvas=canvas, evaluation=evaluation, usage=usage, evaluated=evaluated, tree=trees
+    ), round_
 
 
 def _scattered(rows: torch.Tensor, size: int) -> torch.Tensor:
@@ -316,6 +335,7 @@ def _advance(
             late[source],
         )
         state.memory.reorder(source)
+        state = attrs.evolve(state, tree=None if state.tree is None else state.tree.take(source))
     if on_round is not None:
         on_round(canvas, source)
     return attrs.evolve(

@@ -29,6 +29,7 @@ from dlmsearch.search.components.expansion import ExpansionPolicy
 from dlmsearch.search.components.revision import Revision
 from dlmsearch.search.components.scorers import Scorer
 from dlmsearch.search.components.selectors import Selector
+from dlmsearch.search.components.tree_settings import TreeSettings
 from dlmsearch.search.components.triggers import Trigger
 from dlmsearch.search.components.uniform_noise_steps import UniformNoiseSteps
 from dlmsearch.search.engine.cache_policy import CachePolicy
@@ -55,6 +56,7 @@ class DecoderSettings(Protocol):
     expansion: ExpansionPolicy | None
     selector: Selector | None
     population: PopulationHook
+    tree: TreeSettings | None
     revision: Revision
     block_length: int | None
     sampling: Sampling
@@ -92,6 +94,7 @@ class DecodePlan:
     temperature: TemperatureOwner  # who decides the token temperature, and at what (a run's summary records it)
     # a block-diffusion model's block size: canvases are block-aligned (``block_aligned``)
     attention_block: int | None = None
+    tree: TreeSettings | None = None  # a Monte-Carlo tree search's settings (None: the trigger's lookahead explores)
 
     @property
     def block_budget(self) -> int | None:
@@ -151,11 +154,15 @@ def make_plan(
     else:
         block_length = decoder.block_length or block_length
     temperature = temperature_owner(decoder, engine)
-    validate(
-        Meeting(decoder, engine.cache, engine.compile, able, engine.temperature, gen_length, block_length, temperature)
-    )
+    own = engine.sampling.temperature  # engine.temperature; None: not set
+    validate(Meeting(decoder, engine.cache, engine.compile, able, own, gen_length, block_length, temperature))
     # Rules that split a number of steps over the blocks split it over the generation's gen_length / block
     # blocks (a block-aligned canvas has one more, partly the prompt's: every block gets the same budget)
+    if decoder.tree is not None and getattr(decoder.scorer, "needs_verifier", False) and verifier is None:
+        raise ValueError(
+            f"decoder {decoder.name!r}'s leaf value ({type(decoder.scorer).__name__}) reads the task's verifier; "
+            "this task gives none: use decoder/scorer=likelihood_value (or +decoder=mcts)"
+        )
     layout = Layout(gen_start=0, gen_length=gen_length, block_length=block_length)
     commit = decoder.commit.bind(layout)
     return DecodePlan(
@@ -180,6 +187,7 @@ def make_plan(
         media_ids=able.media_ids,
         temperature=temperature,
         attention_block=able.attention_block,
+        tree=decoder.tree,
     )
 
 
@@ -214,7 +222,7 @@ def temperature_owner(decoder: DecoderSettings, engine: RolloutEngine) -> Temper
     if decoder.population.temperature_owner is not None:
         return decoder.population.temperature_owner
     layered = (
-        ("engine.temperature", engine.temperature),
+        ("engine.temperature", engine.sampling.temperature),
         ("the checkpoint's generation_config.json", engine.adapter.generation_defaults.temperature),
         (f"decoder {decoder.name!r}'s sampling.temperature", decoder.sampling.temperature),
     )
@@ -484,6 +492,34 @@ def _lookahead_over_revision(m: Meeting) -> str | None:
     return None
 
 
+def _tree_search(m: Meeting) -> str | None:
+    """21. A tree search commits masked positions with its own parts, one sample per tree, from exact evaluations."""
+    decoder = m.decoder
+    if decoder.tree is None:
+        return None
+    parts = (("expansion", "select"), ("scorer", "value"), ("selector", "child"))
+    wrong = [f"decoder/{n}" for n, method in parts if not hasattr(getattr(decoder, n), method)]
+    if wrong or not decoder.trigger.explores or decoder.candidates is None:
+        return (
+            f"decoder {decoder.name!r} sets decoder.tree, which needs a trigger that explores, candidates, and a tree "
+            f"policy (expansion), leaf value (scorer) and tree selector{': check ' + ', '.join(wrong) if wrong else ''} "
+            "(see +decoder=mcts)"
+        )
+    if not has_mask_token(m.able):
+        return (
+            f"decoder {decoder.name!r} searches a tree of commits to masked positions; {m.able.name} denoises uniform "
+            "noise, which re-decides every position each step: use +decoder=best_of_n or +decoder=adalook"
+        )
+    if decoder.population.size > 1 or decoder.revision.revises:
+        return f"decoder {decoder.name!r} searches a tree per sample: use decoder/population=null and decoder/revision=none"
+    if m.cache.layerwise:
+        return (
+            f"cache={m.cache.name} reuses stale keys and values, whose error would reach the tree's values: "
+            "use cache=none, prefix, dual or block (exact)"
+        )
+    return None
+
+
 def _whole_blocks(m: Meeting) -> str | None:
     """18. The generation is a whole number of blocks (a uniform-noise model's canvases, a block model's blocks)."""
     if m.gen_length % m.block_length == 0:
@@ -540,4 +576,5 @@ RULES: tuple[Callable[[Meeting], str | None], ...] = (
     _whole_blocks,
     _canvas_fits,
     _shadow_blocks,
+    _tree_search,
 )

@@ -9,7 +9,7 @@ import attrs
 import torch
 
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
-from dlmsearch.validation import check_type, number
+from dlmsearch.validation import check_choice, check_type, number
 
 
 class CandidateGenerator(Protocol):
@@ -67,3 +67,45 @@ class RandomCandidates:
 
     def propose(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
         return top_k_positions(evaluation.uniform, _eligible(canvas, layout), self.k)
+
+
+@attrs.define
+class PositionTokenCandidates:
+    """Order-Token Search's joint moves (arXiv 2601.20339): for each of ``positions`` masked positions
+    (the least certain, or the most), its two most likely tokens, one action each (``k = 2 * positions``).
+    A tree search reads :meth:`moves`; as a lookahead's generator it proposes the positions (each twice)."""
+
+    statistics: ClassVar[frozenset[str]] = frozenset({"runner_up", "runner_up_confidence"})
+    positions: int = number(int, 1, default=2)
+    pick: str = attrs.field(default="least_confident", validator=check_choice("least_confident", "most_confident"))
+
+    @property
+    def k(self) -> int:
+        return 2 * self.positions
+
+    def _positions(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = evaluation.confidence if self.pick == "most_confident" else -evaluation.confidence
+        return top_k_positions(scores, _eligible(canvas, layout), self.positions)
+
+    def propose(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        positions, valid = self._positions(canvas, evaluation, layout)
+        return positions.repeat_interleave(2, dim=1), valid.repeat_interleave(2, dim=1)
+
+    def moves(
+        self, canvas: Canvas, evaluation: Evaluation, layout: Layout
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``[R, k]`` each move's position, token and the model's probability of it, and which exist."""
+        assert evaluation.runner_up is not None and evaluation.runner_up_confidence is not None
+        positions, valid = self._positions(canvas, evaluation, layout)
+        tokens = torch.stack(
+            [evaluation.token.gather(1, positions), evaluation.runner_up.gather(1, positions).long()], -1
+        )
+        probability = torch.stack(
+            [evaluation.confidence.gather(1, positions), evaluation.runner_up_confidence.gather(1, positions)], -1
+        )
+        return (
+            positions.repeat_interleave(2, dim=1),
+            tokens.flatten(1),
+            probability.flatten(1),
+            valid.repeat_interleave(2, dim=1),
+        )

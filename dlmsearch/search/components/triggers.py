@@ -67,3 +67,31 @@ class FrontierConfidenceTrigger:
         count = frontier.sum(dim=1)
         mean = torch.where(frontier, evaluation.confidence, 0.0).sum(dim=1) / count.clamp(min=1)
         return (count > 0) & (mean < self.gamma) & (canvas.masked.sum(dim=1) > self.min_masked)
+
+
+@attrs.define
+class LowConfidenceTrigger:
+    """Explore only where the model is unsure: the most confident position the base rule could
+    commit (masked, in an unlocked block) is below ``threshold``. Paired with a threshold rule at the
+    same value, a sample searches exactly where the rule would fall back to its one forced commit."""
+
+    threshold: float = number(float, 0.0, 1.0, default=0.9)
+    explores: ClassVar[bool] = True
+
+    def fires(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        eligible = canvas.masked & canvas.unlocked(layout)
+        top = torch.where(eligible, evaluation.confidence, -1.0).max(dim=1).values
+        return eligible.any(dim=1) & (top < self.threshold)
+
+
+@attrs.define
+class FirstCommitsTrigger:
+    """MEDAL's placement: explore only while fewer than ``commits`` positions of the generation have
+    been committed (the early commits decide the most), then the base rule alone."""
+
+    commits: int = number(int, 1, default=8)
+    explores: ClassVar[bool] = True
+
+    def fires(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> torch.Tensor:
+        decided = (canvas.commit_call[:, layout.gen_start :] >= 0).sum(dim=1)
+        return canvas.masked.any(dim=1) & (decided < self.commits)

@@ -10,6 +10,7 @@ from dlmsearch.search.engine.slot_memory import SlotMemory
 from dlmsearch.search.plan import DecodePlan
 from dlmsearch.search.records.slots import Slots
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
+from dlmsearch.search.records.tree import Tree
 from dlmsearch.search.records.usage import Usage
 
 
@@ -36,6 +37,8 @@ class DecodeState:
     round_index: int = 0
     finished: bool = False
     memory_version: int = 0  # ``memory.version`` when this state was made: an older state is refused
+    # [slots] the subtree each slot's last tree search kept, rooted at its canvas (``count`` 0: none); None: no search yet
+    tree: Tree | None = None
 
     @property
     def decoding(self) -> torch.Tensor:

@@ -47,6 +47,16 @@ def draft_confidence(read: torch.Tensor) -> torch.Tensor:
     return read.max(dim=-1).values
 
 
+def runner_up(read: torch.Tensor) -> torch.Tensor:
+    """The second most likely token, as a float (a tree search's joint moves try it beside the first)."""
+    return read.topk(2, dim=-1).indices[..., 1].float()
+
+
+def runner_up_confidence(read: torch.Tensor) -> torch.Tensor:
+    """The second most likely token's probability, read as ``confidence`` is."""
+    return read.topk(2, dim=-1).values[..., 1]
+
+
 def tempered_entropy(processed: torch.Tensor) -> torch.Tensor:
     """The entropy of ``softmax(processed)`` exactly as ``torch.distributions.Categorical(logits=processed)``
     computes it (DiffusionGemma's EB-Sampler and stopping rule read this one, not Dream's)."""
@@ -76,6 +86,8 @@ REGISTRY: dict[str, Statistic] = {
         Statistic("verify", "shadow"),
         Statistic("draft", "distribution", draft),
         Statistic("draft_confidence", "distribution", draft_confidence),
+        Statistic("runner_up", "distribution", runner_up),
+        Statistic("runner_up_confidence", "distribution", runner_up_confidence),
         Statistic("tempered_entropy", "logits", tempered_entropy),
         Statistic("repeats", "canvas"),
     )

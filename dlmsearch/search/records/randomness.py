@@ -20,6 +20,7 @@ class Stream(IntEnum):
     ORDER_NOISE = 2  # a population's Gumbel noise on the commit order
     RESAMPLING = 3  # a population's systematic resampling offset
     RENOISE = 4  # a uniform-noise model's random ids: a canvas's initialisation and every re-noising
+    TREE_GUMBEL = 5  # a tree search's Gumbel noise on its root actions (sequential halving)
 
 
 BRANCH_KEYS = (

@@ -46,6 +46,8 @@ class Evaluation:
     draft_confidence: torch.Tensor | None = None  # [R, T] the draft's probability, read as ``confidence`` is
     tempered_entropy: torch.Tensor | None = None  # [R, T] entropy of the distribution tokens are drawn from
     repeats: torch.Tensor | None = None  # [R, T] steps in a row the row's whole draft has not changed (per row)
+    runner_up: torch.Tensor | None = None  # [R, T] the second most likely token, as a float (a tree's joint moves)
+    runner_up_confidence: torch.Tensor | None = None  # [R, T] its probability
 
     def take(self, index: torch.Tensor) -> Evaluation:
         return take_rows(self, index)
@@ -69,6 +71,8 @@ class Evaluation:
             draft_confidence=zeros if "draft_confidence" in statistics else None,
             tempered_entropy=zeros if "tempered_entropy" in statistics else None,
             repeats=zeros if "repeats" in statistics else None,
+            runner_up=zeros if "runner_up" in statistics else None,
+            runner_up_confidence=zeros if "runner_up_confidence" in statistics else None,
         )
 
 

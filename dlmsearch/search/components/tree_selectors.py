@@ -1,0 +1,95 @@
+"""Tree selectors: which root action a tree search commits once its simulations are spent.
+
+They are :class:`~dlmsearch.search.components.selectors.Selector` s (a tree keeps every branch:
+``prune`` keeps all, ``best`` is the best score) with what a tree search asks beside it:
+``child(tree, policy)``, the root action to commit, and whether to commit a verified completion
+instead (:class:`VerifiedLeaf`). Ties: the highest prior, then the lowest action index.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import attrs
+import torch
+
+from dlmsearch.search.components.selectors import best_of
+from dlmsearch.search.components.tree_policies import TreePolicy, best_action
+from dlmsearch.search.records.tree import Tree
+
+
+class _KeepsAll:
+    """A tree selector as a lookahead's selector: every branch stays live; the best score wins."""
+
+    reevaluates: ClassVar[bool] = False
+
+    def prune(
+        self, live: torch.Tensor, branch_fires: torch.Tensor, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return live, torch.zeros(live.shape[0], dtype=torch.bool)
+
+    def best(self, scores: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        return best_of(scores, live)
+
+
+def _root(tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
+    roots = torch.arange(tree.trees)
+    return roots, torch.zeros_like(roots)
+
+
+def _expanded_children(tree: Tree) -> torch.Tensor:
+    """``[S, A]`` root actions whose child exists."""
+    return tree.children[:, 0] >= 0
+
+
+@attrs.define
+class MostVisited(_KeepsAll):
+    """The root action visited most (AlphaZero's play): robust to a lucky value."""
+
+    def child(self, tree: Tree, policy: TreePolicy) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[S]`` the root action to commit, and ``[S]`` whether a verified completion replaces it (never here)."""
+        roots, root = _root(tree)
+        visits = tree.child_stat(tree.visits.float(), roots, root)
+        action = best_action(visits, tree.prior[:, 0], _expanded_children(tree))
+        return action, torch.zeros(tree.trees, dtype=torch.bool)
+
+
+@attrs.define
+class HighestMean(_KeepsAll):
+    """The root action with the highest mean value."""
+
+    def child(self, tree: Tree, policy: TreePolicy) -> tuple[torch.Tensor, torch.Tensor]:
+        roots, root = _root(tree)
+        mean = tree.child_stat(tree.mean_value(), roots, root)
+        action = best_action(mean, tree.prior[:, 0], _expanded_children(tree))
+        return action, torch.zeros(tree.trees, dtype=torch.bool)
+
+
+@attrs.define
+class PolicyChoice(_KeepsAll):
+    """The policy's own ranking of the root actions (Gumbel halving's winner: ``g + logit + sigma(q)``),
+    among the actions still in the running where the policy keeps some (halving: a dropped action's
+    one lucky visit must not outrank the survivors, as in mctx's choice among the most visited)."""
+
+    def child(self, tree: Tree, policy: TreePolicy) -> tuple[torch.Tensor, torch.Tensor]:
+        expanded = _expanded_children(tree)
+        running = expanded & tree.considered
+        allowed = torch.where(running.any(dim=1, keepdim=True), running, expanded)
+        action = best_action(policy.root_score(tree), tree.prior[:, 0], allowed)
+        return action, torch.zeros(tree.trees, dtype=torch.bool)
+
+
+@attrs.define
+class VerifiedLeaf(_KeepsAll):
+    """Where some leaf's completion passed the task's verifier, commit that completion itself (the
+    search has found an answer); elsewhere the most visited root action."""
+
+    def child(self, tree: Tree, policy: TreePolicy) -> tuple[torch.Tensor, torch.Tensor]:
+        action, _ = MostVisited().child(tree, policy)
+        return action, tree.accepted.any(dim=1)
+
+    @staticmethod
+    def verified_node(tree: Tree) -> torch.Tensor:
+        """``[S]`` the accepted node with the highest value (the first on ties; 0 where none)."""
+        return torch.where(tree.accepted, tree.value, -math.inf).argmax(dim=1)

@@ -1,0 +1,38 @@
+"""What a decoder's tree search may spend: its simulations per step and its budget in row-forwards."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from dlmsearch.validation import check_choice, number
+
+
+@attrs.define
+class TreeSettings:
+    """``decoder.tree``: ``simulations`` per search (each expands one node: one row-forward, none for
+    a leaf with nothing left to decide), ``budget`` the row-forwards per problem (the currency every
+    decoder's summary reports) after which a sample stops searching and finishes with the base rule
+    (None: no budget), ``prior`` of an action: the model's probability of the move (``confidence``),
+    or ``uniform``."""
+
+    simulations: int = number(int, 1, default=8)
+    budget: int | None = number(int, 1, optional=True, default=None)
+    prior: str = attrs.field(default="confidence", validator=check_choice("confidence", "uniform"))
+
+    def allowance(self, spent: torch.Tensor, simulated: torch.Tensor) -> torch.Tensor:
+        """``[S]`` simulations each tree may still run: the per-search count left, within the budget
+        (``spent``: its sample's row-forwards so far)."""
+        left = self.simulations - simulated
+        if self.budget is not None:
+            left = torch.minimum(left, self.budget - spent)
+        return left.clamp(min=0)
+
+    def searches(self, spent: torch.Tensor) -> torch.Tensor:
+        """``[S]`` samples whose budget leaves room for a search."""
+        return torch.ones_like(spent, dtype=torch.bool) if self.budget is None else spent < self.budget
+
+    def priors(self, probability: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """``[R, A]`` priors over the valid actions, summing to 1 (0 where no action is valid)."""
+        weight = torch.where(valid, probability if self.prior == "confidence" else torch.ones_like(probability), 0.0)
+        return weight / weight.sum(dim=1, keepdim=True).clamp(min=1e-30)

@@ -1,0 +1,345 @@
+"""A round's Monte-Carlo tree search over the exploring slots: mctx's ``search`` (simulate, expand,
+back up) over a :class:`~dlmsearch.search.records.tree.Tree` per slot, batched over problems.
+
+Each wave, the tree policy schedules up to ``W`` simulations per tree (PUCT: its ``parallel``,
+kept apart by virtual loss; Gumbel halving: a phase's visits); each descends from the root to a
+node it allocates (one commit below an expanded node) or to a node it cannot pass (a terminal,
+or one a simulation of the same wave allocated first). The new nodes of all trees go through
+the engine as **one** batched call (a node with nothing left to decide takes none); the
+candidate generator proposes each node's actions, the leaf value rates its completion, and every
+simulation backs its leaf's value up its path. When the simulations (or the sample's budget in
+row-forwards) are spent, the selector picks the root action to commit: the adopted canvas is
+that child, with the evaluation the search already has, and the round commits nothing else (a
+search's move is its step). A sample whose budget is spent, or whose root has no action, keeps
+its root and the base rule steps it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+
+from dlmsearch.search.components.candidates import CandidateGenerator
+from dlmsearch.search.components.commit import StepAt
+from dlmsearch.search.components.leaf_values import Leaf
+from dlmsearch.search.components.tree_policies import NONE
+from dlmsearch.search.decode.calls import evaluate
+from dlmsearch.search.decode.state import DecodeState
+from dlmsearch.search.engine.rollout import RolloutEngine
+from dlmsearch.search.records.randomness import Stream
+from dlmsearch.search.records.state import Canvas, Evaluation, Layout
+from dlmsearch.search.records.tree import UNSET, Tree
+from dlmsearch.search.records.usage import Usage
+from dlmsearch.search.records.verifier import Verifier
+
+
+def tree_search(
+    engine: RolloutEngine,
+    state: DecodeState,
+    root: Canvas,
+    evaluation: Evaluation,
+    exploring: torch.Tensor,
+    on_lookahead: Callable[[Any], None] | None,
+    verifier: Verifier | None = None,
+) -> tuple[Canvas, Evaluation, torch.Tensor, Usage, torch.Tensor, Tree]:
+    """Search from each exploring slot's root (continuing the subtree its last search kept, where
+    ``state.tree`` holds one); the adopted canvases, their evaluations, ``[S]`` whether the move
+    replaced the base rule's step, the usage after the search, ``[S]`` the adopted node - 1 (the key
+    its evaluation was taken under, less one; -1 where the root was kept), and the trees to keep
+    (each rerooted at its adopted child; none kept where the root was).
+
+    Args:
+        engine: the model's only caller.
+        state: the decode (its usage so far is charged; ``state.tree``: the slots' kept trees).
+        root: ``[S]`` the exploring slots' canvases.
+        evaluation: ``[S]`` their evaluations.
+        exploring: ``[S]`` the exploring slots.
+        on_lookahead: sees the finished tree (traces, tests).
+        verifier: the task's check, for leaf values that read it.
+    """
+    plan = state.plan
+    settings, policy = plan.tree, plan.expansion
+    assert settings is not None
+    owner = state.slots.owner[exploring]
+    usage = state.usage
+    trees = len(exploring)
+    tree = _start(state, root, evaluation, exploring)
+    tree = policy.start(tree, _root_uniforms(state, tree, exploring, usage))
+    searchable = tree.valid[:, 0].any(dim=1)
+    simulated = torch.zeros(trees, dtype=torch.long)
+    wave = 0
+    while True:
+        allowance = torch.where(searchable, settings.allowance(usage.row_forwards[owner], simulated), 0)
+        schedule = policy.schedule(tree, wave, allowance, settings.simulations)
+        if not bool((schedule != NONE).any()):
+            break
+        tree, at, leaf, new = _descend(tree, policy, schedule)
+        tree, usage = _expand(engine, state, usage, tree, root, exploring, at[new], leaf[new], verifier)
+        tree = tree.backed_up(at, leaf, tree.value[at, leaf])
+        simulated = simulated + torch.bincount(at, minlength=trees)
+        tree = policy.after_wave(tree, wave)
+        wave += 1
+    if on_lookahead is not None:
+        on_lookahead(tree)
+    return _adopt(state, tree, root, evaluation, usage, usage.steps[owner])
+
+
+def kept_trees(current: Tree | None, slots: torch.Tensor, kept: Tree, total: int) -> Tree:
+    """The decode's ``[total]`` kept trees with those of ``slots`` replaced by ``kept`` (grown to one size)."""
+    current = Tree.none_like(kept, total) if current is None else current
+    room = max(current.nodes, kept.nodes)
+    return current.with_room(room).put(slots, kept.with_room(room))
+
+
+def stale_trees(current: Tree | None, slots: torch.Tensor) -> Tree | None:
+    """The kept trees with none kept at ``slots`` (their canvases moved on without a search)."""
+    if current is None or not slots.numel():
+        return current
+    count = current.count.clone()
+    count[slots] = 0
+    return attrs.evolve(current, count=count)
+
+
+def _start(state: DecodeState, root: Canvas, evaluation: Evaluation, exploring: torch.Tensor) -> Tree:
+    """The trees a search starts from: the subtree a slot's last search kept (its root is this
+    canvas, already expanded), else a new tree whose root's actions come from ``evaluation``; room
+    for this search's simulations in every tree."""
+    plan = state.plan
+    assert plan.tree is not None and plan.candidates is not None
+    simulations, trees = plan.tree.simulations, len(exploring)
+    kept = None if state.tree is None else state.tree.take(exploring)
+    room = 1 + simulations + (0 if kept is None else int(kept.count.max()))
+    tree = Tree.empty(trees, room, plan.candidates.k, evaluation)
+    fresh = torch.arange(trees) if kept is None else (kept.count == 0).nonzero().squeeze(1)
+    if kept is not None and len(fresh) < trees:
+        reused = (kept.count > 0).nonzero().squeeze(1)
+        tree = tree.put(reused, kept.take(reused).with_room(room))
+    tree = _record_actions(tree, state, fresh, torch.zeros_like(fresh), root.take(fresh), evaluation.take(fresh))
+    return attrs.evolve(tree, expanded=_set(tree.expanded, fresh, torch.zeros_like(fresh), True))
+
+
+def _set(values: torch.Tensor, at: torch.Tensor, node: torch.Tensor, value: Any) -> torch.Tensor:
+    """A copy of ``values`` (``[S, N, ...]``) with entries ``[at, node]`` set."""
+    out = values.clone()
+    out[at, node] = torch.as_tensor(value, dtype=values.dtype) if not torch.is_tensor(value) else value.to(values.dtype)
+    return out
+
+
+def _root_uniforms(state: DecodeState, tree: Tree, exploring: torch.Tensor, usage: Usage) -> torch.Tensor:
+    """``[S, A]`` seeded uniforms per root action, keyed by its position (batch-invariant)."""
+    call = usage.steps[state.slots.owner[exploring]]
+    columns = state.slots.draw(exploring, call, state.layout, Stream.TREE_GUMBEL)
+    return columns.gather(1, tree.position[:, 0].clamp(min=0))
+
+
+def _record_actions(
+    tree: Tree, state: DecodeState, at: torch.Tensor, node: torch.Tensor, canvas: Canvas, evaluation: Evaluation
+) -> Tree:
+    """Nodes ``node`` of trees ``at`` with their evaluation and their actions (the candidate generator's
+    positions, each with the evaluation's token and its probability) and priors."""
+    plan = state.plan
+    assert plan.candidates is not None and plan.tree is not None
+    position, token, probability, valid = _moves(plan.candidates, canvas, evaluation, state.layout)
+    width = tree.actions
+    if position.shape[1] < width:  # a canvas narrower than the generator's k
+
+        def pad(values: torch.Tensor) -> torch.Tensor:
+            return torch.cat([values, values.new_zeros(len(node), width - values.shape[1])], dim=1)
+
+        position, token, probability, valid = (pad(v) for v in (position, token, probability, valid))
+    valid = valid & ~tree.terminal[at, node][:, None] & (token != plan.mask_id)
+    stored = attrs.evolve(
+        tree.evaluation,
+        **{
+            f.name: _set(getattr(tree.evaluation, f.name), at, node, getattr(evaluation, f.name))
+            for f in attrs.fields(Evaluation)
+            if getattr(tree.evaluation, f.name) is not None
+        },
+    )
+    return attrs.evolve(
+        tree,
+        position=_set(tree.position, at, node, position),
+        token=_set(tree.token, at, node, token),
+        probability=_set(tree.probability, at, node, probability),
+        prior=_set(tree.prior, at, node, plan.tree.priors(probability, valid)),
+        valid=_set(tree.valid, at, node, valid),
+        evaluation=stored,
+    )
+
+
+def _moves(
+    candidates: CandidateGenerator, canvas: Canvas, evaluation: Evaluation, layout: Layout
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[R, A]`` the actions' positions, tokens, probabilities and validity: a generator's joint moves
+    where it makes them (``moves``), else its positions, each with the evaluation's token."""
+    moves = getattr(candidates, "moves", None)
+    if moves is not None:
+        return moves(canvas, evaluation, layout)
+    position, valid = candidates.propose(canvas, evaluation, layout)
+    return position, evaluation.token.gather(1, position), evaluation.confidence.gather(1, position), valid
+
+
+def _descend(tree: Tree, policy: Any, schedule: torch.Tensor) -> tuple[Tree, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every scheduled simulation walks down from its root: the tree with the nodes they allocated,
+    and per simulation its tree, its leaf and whether it allocated that leaf (it is to be expanded)."""
+    virtual = torch.zeros_like(tree.visits)
+    found: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    for place in range(schedule.shape[1]):
+        at = (schedule[:, place] != NONE).nonzero().squeeze(1)
+        if not at.numel():
+            continue
+        forced = schedule[at, place]
+        node = torch.zeros_like(at)
+        leaf, new = torch.full_like(at, UNSET), torch.zeros(len(at), dtype=torch.bool)
+        for depth in range(tree.nodes):
+            going = (leaf == UNSET).nonzero().squeeze(1)
+            if not going.numel():
+                break
+            t, n = at[going], node[going]
+            stop = tree.terminal[t, n] | ~tree.expanded[t, n]
+            leaf[going[stop]] = n[stop]
+            going, t, n = going[~stop], t[~stop], n[~stop]
+            if not going.numel():
+                break
+            chosen = policy.select(tree, t, n, virtual)
+            if depth == 0:
+                chosen = torch.where(forced[going] >= 0, forced[going], chosen)
+            child = tree.children[t, n, chosen]
+            missing = child < 0
+            tree, child = _allocate(tree, t[missing], n[missing], chosen[missing], child, missing)
+            leaf[going[missing]] = child[missing]
+            new[going[missing]] = True
+            node[going] = child
+        path = tree.path(at, leaf)
+        on = path >= 0
+        virtual = virtual.index_put(
+            (at[:, None].expand_as(path)[on], path[on]), torch.ones(int(on.sum()), dtype=torch.long), accumulate=True
+        )
+        found.append((at, leaf, new))
+    at, leaf, new = (torch.cat(parts) for parts in zip(*found))
+    return tree, at, leaf, new
+
+
+def _allocate(
+    tree: Tree, t: torch.Tensor, parent: torch.Tensor, action: torch.Tensor, child: torch.Tensor, missing: torch.Tensor
+) -> tuple[Tree, torch.Tensor]:
+    """New nodes under ``parent`` by ``action`` in trees ``t`` (at most one per tree per call): the
+    tree, and ``child`` with the new nodes' indices where ``missing``."""
+    index = tree.count[t]
+    tree = attrs.evolve(
+        tree,
+        children=_set(tree.children, t, parent, tree.children[t, parent].scatter(1, action[:, None], index[:, None])),
+        parent=_set(tree.parent, t, index, parent),
+        action=_set(tree.action, t, index, action),
+        depth=_set(tree.depth, t, index, tree.depth[t, parent] + 1),
+        count=tree.count.index_add(0, t, torch.ones_like(t)),
+    )
+    child = child.clone()
+    child[missing] = index
+    return tree, child
+
+
+def rebuild(
+    state: DecodeState, tree: Tree, root: Canvas, at: torch.Tensor, node: torch.Tensor, call: torch.Tensor
+) -> Canvas:
+    """The canvases of nodes ``node`` of trees ``at``: each root with its path's commits applied in
+    order (the base rule's own commit of one position, so blocks advance as a step's would)."""
+    plan, layout = state.plan, state.layout
+    canvas = root.take(at)
+    position, token, probability = tree.edges(at, node)
+    width = canvas.tokens.shape[1]
+    for step in range(position.shape[1]):
+        rows = (position[:, step] >= 0).nonzero().squeeze(1)
+        if not rows.numel():
+            continue
+        chosen = torch.zeros(len(rows), width, dtype=torch.bool)
+        chosen[torch.arange(len(rows)), position[rows, step]] = True
+        move = Evaluation(
+            token=token[rows, step, None].expand(-1, width),
+            confidence=probability[rows, step, None].expand(-1, width),
+        )
+        at_step = StepAt(layout, call[rows], plan.mask_id, depth=step + 1, branch=tree.action[at[rows], node[rows]])
+        canvas = canvas.put(rows, plan.commit.open_branch(canvas.take(rows), move, at_step, chosen))
+    return canvas
+
+
+def _expand(
+    engine: RolloutEngine,
+    state: DecodeState,
+    usage: Usage,
+    tree: Tree,
+    root: Canvas,
+    exploring: torch.Tensor,
+    at: torch.Tensor,
+    node: torch.Tensor,
+    verifier: Verifier | None,
+) -> tuple[Tree, Usage]:
+    """Evaluate the new nodes of every tree in one engine call (none for a node with nothing left to
+    decide), rate their completions, and record their actions."""
+    if not at.numel():
+        return tree, usage
+    plan, layout = state.plan, state.layout
+    assert plan.scorer is not None
+    slot = exploring[at]
+    owner = state.slots.owner[slot]
+    canvas = rebuild(state, tree, root, at, node, usage.steps[owner])
+    complete = ~canvas.masked.any(dim=1)
+    evaluation = Evaluation.empty(len(at), canvas.tokens.shape[1], plan.statistics)
+    need = (~complete).nonzero().squeeze(1)
+    if need.numel():
+        fresh, usage = evaluate(engine, state, usage, canvas.take(need), slot[need], node[need])
+        evaluation = evaluation.put(need, fresh)
+    completed = torch.where(canvas.masked, evaluation.token, canvas.tokens)
+    region = slice(layout.gen_start, layout.width)
+    accepted, consistent = None, torch.ones(len(at), dtype=torch.bool)
+    if plan.scorer.needs_verifier:
+        assert verifier is not None
+        accepted = verifier.accepts(owner, completed[:, region])
+        if verifier.checks_partial:
+            consistent = verifier.consistent(owner, canvas.tokens[:, region], canvas.masked[:, region])
+    value = torch.where(consistent, plan.scorer.value(Leaf(canvas, evaluation, layout, completed, accepted)), 0.0)
+    tree = attrs.evolve(
+        tree,
+        expanded=_set(tree.expanded, at, node, True),
+        terminal=_set(tree.terminal, at, node, complete | ~consistent),
+        value=_set(tree.value, at, node, value),
+        accepted=_set(tree.accepted, at, node, consistent if accepted is None else accepted & consistent)
+        if accepted is not None
+        else tree.accepted,
+    )
+    tree = _record_actions(tree, state, at, node, canvas, evaluation)
+    stuck = ~tree.valid[at, node].any(dim=1)  # nothing the generator may commit: nothing to search below
+    return attrs.evolve(tree, terminal=_set(tree.terminal, at, node, tree.terminal[at, node] | stuck)), usage
+
+
+def _adopt(
+    state: DecodeState, tree: Tree, root: Canvas, evaluation: Evaluation, usage: Usage, call: torch.Tensor
+) -> tuple[Canvas, Evaluation, torch.Tensor, Usage, torch.Tensor, Tree]:
+    """The selector's root action as each slot's adopted canvas (a verified completion, where the
+    selector commits one), with the evaluation the search already has, and the trees rerooted at
+    the adopted children; ``call`` ``[S]`` the samples' model calls (recorded with the commits)."""
+    plan = state.plan
+    assert plan.selector is not None
+    trees = torch.arange(tree.trees)
+    action, verified = plan.selector.child(tree, plan.expansion)
+    node = tree.children[trees, 0, action]
+    verified = verified & tree.accepted.any(dim=1)
+    if bool(verified.any()):
+        node = torch.where(verified, plan.selector.verified_node(tree), node)
+    moved = (node > 0).nonzero().squeeze(1)
+    adopted = rebuild(state, tree, root, moved, node[moved], call[moved])
+    adopted_eval = tree.node_evaluation(moved, node[moved])
+    done = verified[moved].nonzero().squeeze(1)
+    if done.numel():  # the verified completion: every open position at the node's proposal
+        finish, proposals = adopted.take(done), adopted_eval.take(done)
+        finished = finish.commit(
+            finish.masked, proposals.token, proposals.confidence, call[moved[done]], 1, -1, state.layout, plan.commit
+        )
+        adopted = adopted.put(done, finished)
+    took = node > 0
+    kept = tree.rerooted(torch.where(took & ~verified, node, UNSET))
+    best = torch.where(took, node - 1, -1)
+    return root.put(moved, adopted), evaluation.put(moved, adopted_eval), took, usage, best, kept

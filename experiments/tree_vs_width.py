@@ -1,0 +1,161 @@
+"""Tree search against width search at equal forwards: accuracy against row-forwards per problem.
+
+For one (model, task, tier): ``llada`` sets the unit (its mean row-forwards per problem, ``L``); the
+single-path presets (``llada``, ``fast_dllm``, ``adalook``) run once; the width presets run at
+population sizes ``--particles``; the tree presets run at budgets ``b * L`` for each ``b`` in
+``--budgets`` (``decoder.tree.budget``; simulations per search ``b`` for ``mcts`` and ``gumbel_mcts``,
+which search every step, ``4 b`` for ``mcts_verified``, which searches where the threshold rule is
+unsure: fixed rules, set before any run, not tuned). At each budget the best width run that spends
+at most ``b * L`` is the comparison: Wilson 95 % intervals and exact sign tests on the same problems.
+
+Every run goes through the normal runner into ``--runs/<label>``, so an interrupted study resumes.
+Writes ``--runs/table.json``, ``--runs/table.md`` and the figure (``--figure``).
+
+    python experiments/tree_vs_width.py --task sudoku --tier hard --limit 48 --figure docs/tree_vs_width_sudoku.png
+    python experiments/tree_vs_width.py --task countdown --model countdown --tier small --figure docs/tree_vs_width_countdown.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from decoder_table import measure, paired
+
+SINGLE = ("llada", "fast_dllm", "adalook")
+WIDTH = ("best_of_n", "beam", "smc", "verified_best_of_n")
+TREES = ("mcts", "mcts_verified", "gumbel_mcts")
+SIMULATIONS_PER_BUDGET = {"mcts": 1, "gumbel_mcts": 1, "mcts_verified": 4}
+
+
+def runs_for(args: argparse.Namespace, unit: float) -> list[tuple[str, str, list[str], str, float | None]]:
+    """(label, preset, overrides, family, budget multiple) for every run after ``llada``."""
+    plan: list[tuple[str, str, list[str], str, float | None]] = [(p, p, [], "single", None) for p in SINGLE[1:]]
+    for preset in WIDTH:
+        for size in args.particles:
+            plan.append((f"{preset}_P{size}", preset, [f"decoder.population.size={size}"], "width", None))
+    for preset in TREES:
+        for multiple in args.budgets:
+            simulations = max(1, int(SIMULATIONS_PER_BUDGET[preset] * multiple))
+            overrides = [f"decoder.tree.budget={int(multiple * unit)}", f"decoder.tree.simulations={simulations}"]
+            plan.append((f"{preset}_x{multiple:g}", preset, overrides, "tree", multiple))
+    return plan
+
+
+def compare(rows: list[dict], unit: float, budgets: list[float]) -> list[dict]:
+    """At each budget, each tree run against the most accurate width run within that budget."""
+    found = []
+    for multiple in budgets:
+        width = [r for r in rows if r["family"] == "width" and r["mean_row_forwards"] <= multiple * unit * 1.05]
+        best = max(width, key=lambda r: (r["accuracy"], -r["mean_row_forwards"]), default=None)
+        for row in (r for r in rows if r["family"] == "tree" and r["multiple"] == multiple):
+            entry = {
+                "budget": multiple,
+                "tree": row["label"],
+                "accuracy": row["accuracy"],
+                "rows": row["mean_row_forwards"],
+            }
+            if best is not None:
+                only_tree, only_width, p = paired(row, best)
+                entry |= {
+                    "width": best["label"],
+                    "width_accuracy": best["accuracy"],
+                    "width_rows": best["mean_row_forwards"],
+                }
+                entry |= {"only_tree": only_tree, "only_width": only_width, "sign_p": p}
+            found.append(entry)
+    return found
+
+
+def plot(rows: list[dict], unit: float, title: str, path: Path) -> None:
+    """Accuracy (95 % interval) against row-forwards per problem in units of ``llada``'s, one line per preset."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7.5, 5))
+    presets = sorted({r["preset"] for r in rows}, key=lambda p: (p not in TREES, p))
+    for preset in presets:
+        mine = sorted((r for r in rows if r["preset"] == preset), key=lambda r: r["mean_row_forwards"])
+        x = [r["mean_row_forwards"] / unit for r in mine]
+        y = [100 * r["accuracy"] for r in mine]
+        low = [100 * (r["accuracy"] - r["wilson_low"]) for r in mine]
+        high = [100 * (r["wilson_high"] - r["accuracy"]) for r in mine]
+        style = "-o" if preset in TREES else ("--s" if preset in WIDTH else "^")
+        axis.errorbar(x, y, yerr=[low, high], fmt=style, capsize=3, label=preset, alpha=0.85)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("row-forwards per problem (× llada's)")
+    axis.set_ylabel("solved (%), 95 % Wilson interval")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8, ncol=2)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+
+
+def markdown(rows: list[dict], comparisons: list[dict], unit: float) -> str:
+    lines = ["| run | solved (95 % CI) | steps | row-forwards (× llada) |", "|---|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: r["mean_row_forwards"]):
+        lines.append(
+            f"| `{r['label']}` | {100 * r['accuracy']:.1f} % [{100 * r['wilson_low']:.1f}, {100 * r['wilson_high']:.1f}] "
+            f"| {r['mean_steps']:.1f} | {r['mean_row_forwards']:.1f} ({r['mean_row_forwards'] / unit:.2f}×) |"
+        )
+    lines += [
+        "",
+        "| budget | tree run | solved | rows | best width within budget | solved | rows | only tree / only width | sign p |",
+    ]
+    lines.append("|---:|---|---:|---:|---|---:|---:|---:|---:|")
+    for c in comparisons:
+        width = (
+            f"`{c['width']}` | {100 * c['width_accuracy']:.1f} % | {c['width_rows']:.1f} | {c['only_tree']} / {c['only_width']} | {c['sign_p']:.3g}"
+            if "width" in c
+            else "none | | | |"
+        )
+        lines.append(f"| {c['budget']:g}× | `{c['tree']}` | {100 * c['accuracy']:.1f} % | {c['rows']:.1f} | {width} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="sudoku", choices=("sudoku", "countdown"))
+    parser.add_argument("--model", default=None, help="model config (default: the task's shipped model)")
+    parser.add_argument("--tier", default="hard")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--budgets", type=float, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--particles", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--runs", type=Path, default=None, help="default: runs/tree_vs_width/<model>_<tier>")
+    parser.add_argument("--figure", type=Path, default=None, help="default: <runs>/tree_vs_width.png")
+    args = parser.parse_args()
+    model = args.model or args.task
+    runs = args.runs or Path("runs/tree_vs_width") / f"{model}_{args.tier}"
+    base = [f"model={model}", f"task={args.task}"]
+
+    def one(label: str, preset: str, overrides: list[str]) -> dict:
+        return measure(runs / label, args.tier, label, preset, overrides, base, args.limit, args.batch_size)
+
+    rows = [{**one("llada", "llada", []), "family": "single", "multiple": None}]
+    unit = rows[0]["mean_row_forwards"]
+    for label, preset, overrides, family, multiple in runs_for(args, unit):
+        rows.append({**one(label, preset, overrides), "family": family, "multiple": multiple})
+        print(
+            f"{label}: {100 * rows[-1]['accuracy']:.1f} % at {rows[-1]['mean_row_forwards'] / unit:.2f}× llada's rows",
+            flush=True,
+        )
+    comparisons = compare(rows, unit, args.budgets)
+    (runs / "table.json").write_text(json.dumps({"unit": unit, "rows": rows, "comparisons": comparisons}, indent=1))
+    (runs / "table.md").write_text(markdown(rows, comparisons, unit))
+    plot(
+        rows,
+        unit,
+        f"{model} on {args.task} ({args.tier}, {rows[0]['items']} problems)",
+        args.figure or runs / "tree_vs_width.png",
+    )
+    print((runs / "table.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
