@@ -1,5 +1,5 @@
 """What ``trace.jsonl`` holds per sample: the model calls that led to commits, and every level of
-every lookahead (a run's ``trace=true``)."""
+every lookahead, or every tree search's tree (a run's ``trace=true``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from dlmsearch.search.components.lookahead import Lookahead
 from dlmsearch.search.decode.results import DecodeResult
 from dlmsearch.search.records.slots import Slots
+from dlmsearch.search.records.tree import SearchedTrees
 from dlmsearch.tasks.base import Task
 
 
@@ -32,7 +33,10 @@ class LookaheadLog:
         """A sample starts (again): its levels so far are dropped."""
         self.levels[uid] = []
 
-    def __call__(self, look: Lookahead, slots: Slots) -> None:
+    def __call__(self, look: Lookahead | SearchedTrees, slots: Slots) -> None:
+        if isinstance(look, SearchedTrees):
+            self._log_trees(look, slots)
+            return
         if look.slots is not self.lookahead:
             self.lookahead, self.stopped = look.slots, set()
         calls = look.calls.tolist()
@@ -58,6 +62,19 @@ class LookaheadLog:
             )
             if not rolling:
                 self.stopped.add(key)
+
+    def _log_trees(self, searched: SearchedTrees, slots: Slots) -> None:
+        """A tree search: per sample, its call, its tree's nodes (parent, move, prior, visits, mean
+        value, verdicts) and the node it committed."""
+        for s, slot in enumerate(searched.slots.tolist()):
+            self.levels.setdefault(int(slots.uid[slot]), []).append(
+                {
+                    "call": int(searched.calls[s]),
+                    "particle": int(slots.particle[slot]),
+                    "tree": searched.node_table(s),
+                    "chosen": int(searched.chosen[s]),
+                }
+            )
 
     def take(self, uid: int) -> list[dict[str, Any]]:
         return self.levels.pop(uid, [])

@@ -100,6 +100,7 @@ class NoRepeatVerifier:
     are inconsistent; complete ones that keep it are accepted; the answer is the first token."""
 
     checks_partial = True
+    checks_complete = True
 
     def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         both = ~masked[:, 1:] & ~masked[:, :-1]

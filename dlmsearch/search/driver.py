@@ -251,6 +251,9 @@ def _explore(
     # the adopted branch's own memory in the slot stores (e.g. a self-conditioning input) becomes its slot's
     state.memory.adopt(explored, state.slots.particle[explored] * BRANCH_KEYS + 1 + best)
     adopted, ended = state.plan.commit.move_on(adopted, state.layout)
+    if tree is not None and engine.cache.stores:
+        # a move that finished a block: the root evaluates the next one, after the cache's write of the finished one
+        ended = ended | (adopted.block != root.block)
     at = explore.nonzero().squeeze(1)  # positions of the exploring slots within ``rows``
     exploit = round_.exploit.clone()
     exploit[at] = ~restart & ~ended

@@ -158,10 +158,11 @@ def make_plan(
     validate(Meeting(decoder, engine.cache, engine.compile, able, own, gen_length, block_length, temperature))
     # Rules that split a number of steps over the blocks split it over the generation's gen_length / block
     # blocks (a block-aligned canvas has one more, partly the prompt's: every block gets the same budget)
-    if decoder.tree is not None and getattr(decoder.scorer, "needs_verifier", False) and verifier is None:
+    reads_verdicts = decoder.tree is not None and getattr(decoder.scorer, "needs_verifier", False)
+    if reads_verdicts and (verifier is None or not verifier.checks_complete):
         raise ValueError(
-            f"decoder {decoder.name!r}'s leaf value ({type(decoder.scorer).__name__}) reads the task's verifier; "
-            "this task gives none: use decoder/scorer=likelihood_value (or +decoder=mcts)"
+            f"decoder {decoder.name!r}'s leaf value ({type(decoder.scorer).__name__}) reads the task verifier's verdict "
+            "on an output; this task gives none: use decoder/scorer=likelihood_value (or +decoder=mcts)"
         )
     layout = Layout(gen_start=0, gen_length=gen_length, block_length=block_length)
     commit = decoder.commit.bind(layout)
@@ -493,7 +494,8 @@ def _lookahead_over_revision(m: Meeting) -> str | None:
 
 
 def _tree_search(m: Meeting) -> str | None:
-    """21. A tree search commits masked positions with its own parts, one sample per tree, from exact evaluations."""
+    """21. A tree search commits masked positions with its own parts, one sample per tree, from exact evaluations
+    (no cache, or an exact one: an approximate cache's error would reach the values it compares)."""
     decoder = m.decoder
     if decoder.tree is None:
         return None
@@ -510,12 +512,12 @@ def _tree_search(m: Meeting) -> str | None:
             f"decoder {decoder.name!r} searches a tree of commits to masked positions; {m.able.name} denoises uniform "
             "noise, which re-decides every position each step: use +decoder=best_of_n or +decoder=adalook"
         )
-    if decoder.population.size > 1 or decoder.revision.revises:
-        return f"decoder {decoder.name!r} searches a tree per sample: use decoder/population=null and decoder/revision=none"
-    if m.cache.layerwise:
+    if decoder.population.size > 1:
+        return f"decoder {decoder.name!r} searches a tree per sample: use decoder/population=null"
+    if m.cache.layerwise or (m.cache.stores and not m.cache.exact):
         return (
-            f"cache={m.cache.name} reuses stale keys and values, whose error would reach the tree's values: "
-            "use cache=none, prefix, dual or block (exact)"
+            f"cache={m.cache.name} reuses stale keys and values (of positions that changed since), and their error would "
+            "reach the values the tree compares: use cache=none (or cache=block on a block-diffusion model: exact)"
         )
     return None
 

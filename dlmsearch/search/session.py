@@ -28,6 +28,7 @@ from dlmsearch.search.plan import DecodePlan
 from dlmsearch.search.records.rows import cat_rows, pad_columns
 from dlmsearch.search.records.slots import Slots
 from dlmsearch.search.records.state import Evaluation
+from dlmsearch.search.records.tree import Tree
 from dlmsearch.search.records.verifier import Verifier
 
 # Left padding of a wider canvas: the pad token is the mask (as ``initial_canvas`` pads), nothing committed there.
@@ -76,7 +77,24 @@ def join(state: DecodeState, other: DecodeState) -> DecodeState:
         started=torch.cat([state.started, other.started]),
         finished=False,
         memory_version=state.memory.version,
+        tree=_joined_trees(state, other, wider, narrower),
     )
+
+
+def _joined_trees(state: DecodeState, other: DecodeState, wider: int, narrower: int) -> Tree | None:
+    """The kept search trees of both decodes (none kept for slots that never searched), laid out to
+    the wider canvas as the canvases are."""
+    if state.tree is None and other.tree is None:
+        return None
+    room = max(t.nodes for t in (state.tree, other.tree) if t is not None)
+    mask_id = state.plan.mask_id
+    mine = None if state.tree is None else state.tree.with_room(room).widened(wider, mask_id)
+    theirs = None if other.tree is None else other.tree.with_room(room).widened(narrower, mask_id)
+    like = mine if mine is not None else theirs
+    assert like is not None
+    mine = mine if mine is not None else Tree.none_like(like, len(state.evaluated))
+    theirs = theirs if theirs is not None else Tree.none_like(like, len(other.evaluated))
+    return mine.joined(theirs)
 
 
 def keep(state: DecodeState, samples: torch.Tensor, copy_stores: bool = False) -> DecodeState:
@@ -100,6 +118,7 @@ def keep(state: DecodeState, samples: torch.Tensor, copy_stores: bool = False) -
         started=state.started[samples],
         memory=stores,
         memory_version=stores.version,
+        tree=None if state.tree is None else state.tree.take(slot),
     )
 
 
@@ -114,6 +133,10 @@ class ByUid:
     @property
     def checks_partial(self) -> bool:
         return self.verifier.checks_partial
+
+    @property
+    def checks_complete(self) -> bool:
+        return self.verifier.checks_complete
 
     def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         return self.verifier.consistent(self.uid[sample], tokens, masked)

@@ -119,6 +119,7 @@ class CountdownVerifier:
     decode: Callable[[torch.Tensor], str]
     problems: tuple[CountdownProblem, ...]
     checks_partial: ClassVar[bool] = False
+    checks_complete: ClassVar[bool] = True  # accepts() judges a complete output
 
     def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         return torch.ones(len(tokens), dtype=torch.bool)

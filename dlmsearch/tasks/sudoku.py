@@ -64,6 +64,7 @@ class SudokuVerifier:
 
     clues: torch.Tensor  # [samples, 81] the puzzles as canvases (mask where blank)
     checks_partial: ClassVar[bool] = True
+    checks_complete: ClassVar[bool] = True  # accepts() judges a complete output
 
     def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         filled = ~masked & (tokens != SUDOKU_MASK_ID)

@@ -143,6 +143,7 @@ class AnswerVerifier:
 
     decode: Callable[[torch.Tensor], str]
     checks_partial: ClassVar[bool] = False
+    checks_complete: ClassVar[bool] = False  # accepts() never says yes: a free text's answer is only extracted
 
     def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         return torch.ones(len(tokens), dtype=torch.bool)

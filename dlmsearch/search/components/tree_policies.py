@@ -136,17 +136,18 @@ class GumbelHalving(_TreeDepth):
         considered = torch.zeros_like(valid).scatter(1, order, True) & valid
         return attrs.evolve(tree, gumbel=torch.where(valid, gumbel, 0.0), considered=considered)
 
-    def phases(self, tree: Tree) -> int:
-        """The halving's phases: ``ceil(log2(m))`` for the ``m`` actions first considered (at least one)."""
-        return max(1, math.ceil(math.log2(max(self.considered, 2))))
+    def phases(self, tree: Tree) -> torch.Tensor:
+        """``[S]`` the halving's phases: ``ceil(log2(m))`` for the ``m`` root actions first considered
+        (``considered``, or fewer where fewer are valid), at least one."""
+        first = tree.valid[:, 0].sum(dim=1).clamp(min=2, max=max(self.considered, 2)).double()
+        return torch.ceil(torch.log2(first)).long().clamp(min=1)
 
     def schedule(self, tree: Tree, wave: int, allowance: torch.Tensor, simulations: int) -> torch.Tensor:
         """Phase ``wave``: each surviving root action visited ``max(1, n // (phases * survivors))`` times."""
         survivors = tree.considered.sum(dim=1)
-        if wave >= self.phases(tree):
-            return torch.full((tree.trees, 1), NONE)
-        each = (simulations // (self.phases(tree) * survivors.clamp(min=1))).clamp(min=1)
-        each = torch.where(survivors > 1, each, 0)  # a search down to one action is done
+        phases = self.phases(tree)
+        each = (simulations // (phases * survivors.clamp(min=1))).clamp(min=1)
+        each = torch.where((survivors > 1) & (wave < phases), each, 0)  # past its phases, or down to one: done
         width = max(1, int((each * survivors).max()))
         action = torch.sort(
             torch.where(tree.considered, torch.arange(tree.actions)[None, :], tree.actions), dim=1

@@ -31,7 +31,7 @@ from dlmsearch.search.decode.state import DecodeState
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.randomness import Stream
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
-from dlmsearch.search.records.tree import UNSET, Tree
+from dlmsearch.search.records.tree import UNSET, SearchedTrees, Tree
 from dlmsearch.search.records.usage import Usage
 from dlmsearch.search.records.verifier import Verifier
 
@@ -57,7 +57,7 @@ def tree_search(
         root: ``[S]`` the exploring slots' canvases.
         evaluation: ``[S]`` their evaluations.
         exploring: ``[S]`` the exploring slots.
-        on_lookahead: sees the finished tree (traces, tests).
+        on_lookahead: sees the finished trees (:class:`SearchedTrees`: traces, tests).
         verifier: the task's check, for leaf values that read it.
     """
     plan = state.plan
@@ -82,9 +82,10 @@ def tree_search(
         simulated = simulated + torch.bincount(at, minlength=trees)
         tree = policy.after_wave(tree, wave)
         wave += 1
+    found = _adopt(state, tree, root, evaluation, usage, usage.steps[owner])
     if on_lookahead is not None:
-        on_lookahead(tree)
-    return _adopt(state, tree, root, evaluation, usage, usage.steps[owner])
+        on_lookahead(SearchedTrees(exploring, usage.steps[owner], tree, found[4] + 1))
+    return found
 
 
 def kept_trees(current: Tree | None, slots: torch.Tensor, kept: Tree, total: int) -> Tree:
@@ -112,6 +113,7 @@ def _start(state: DecodeState, root: Canvas, evaluation: Evaluation, exploring: 
     simulations, trees = plan.tree.simulations, len(exploring)
     kept = None if state.tree is None else state.tree.take(exploring)
     room = 1 + simulations + (0 if kept is None else int(kept.count.max()))
+    room = room if kept is None else max(room, kept.nodes)  # other slots' trees may have grown the kept ones' room
     tree = Tree.empty(trees, room, plan.candidates.k, evaluation)
     fresh = torch.arange(trees) if kept is None else (kept.count == 0).nonzero().squeeze(1)
     if kept is not None and len(fresh) < trees:

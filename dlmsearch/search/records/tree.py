@@ -264,3 +264,30 @@ class Tree:
             }
         )
         return attrs.evolve(self, position=self.position + columns, evaluation=evaluation)
+
+
+@attrs.frozen(eq=False)
+class SearchedTrees:
+    """One round's finished searches, as the loop's ``on_lookahead`` sees them (traces, tests)."""
+
+    slots: torch.Tensor  # [S] the searching slots
+    calls: torch.Tensor  # [S] the model calls each slot's sample had made when its search ended
+    tree: Tree  # [S] the trees, before the chosen child's subtree is kept
+    chosen: torch.Tensor  # [S] the node committed (0: the root was kept; the verified leaf where one was)
+
+    def node_table(self, s: int) -> dict[str, list]:
+        """Tree ``s`` as lists over its nodes (what a trace stores and a figure draws)."""
+        tree, count = self.tree, int(self.tree.count[s])
+        parent, action = tree.parent[s, :count], tree.action[s, :count]
+        through = action.clamp(min=0)
+        parents = parent.clamp(min=0)
+        return {
+            "parent": parent.tolist(),
+            "position": torch.where(parent >= 0, tree.position[s, parents, through], -1).tolist(),
+            "token": torch.where(parent >= 0, tree.token[s, parents, through], -1).tolist(),
+            "prior": [round(v, 5) for v in torch.where(parent >= 0, tree.prior[s, parents, through], 1.0).tolist()],
+            "visits": tree.visits[s, :count].tolist(),
+            "value": [round(v, 5) for v in tree.mean_value()[s, :count].tolist()],
+            "accepted": tree.accepted[s, :count].tolist(),
+            "terminal": tree.terminal[s, :count].tolist(),
+        }

@@ -19,6 +19,7 @@ class Verifier(Protocol):
     """
 
     checks_partial: bool
+    checks_complete: bool  # accepts() can say True (False: a free-text task's verifier, which only extracts answers)
 
     def consistent(self, sample: torch.Tensor, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """``[R]`` bool for generation regions ``tokens [R, n]`` with ``masked`` positions still open."""
