@@ -76,8 +76,9 @@ def decoder_presets(noise: str | None = None) -> list[str]:
     """Names of the files in ``conf/decoder/``; ``noise``: only those that decode masked (``mask``) or
     uniform-noise (``uniform``) models. A search is the same on both: on a uniform-noise model the
     model's own step replaces a rule that fills masks (``search.plan.with_model_parts``). A preset
-    built on ``commit: uniform_noise`` runs on uniform noise only; one that revises commits, or sets
-    its own temperature (the uniform step's schedule decides it), on masked models only."""
+    built on ``commit: uniform_noise`` runs on uniform noise only; one that revises commits, sets
+    its own temperature (the uniform step's schedule decides it), or searches a tree of commits, on masked
+    models only."""
     names = group_options("decoder")
     if noise is None:
         return names
@@ -95,7 +96,8 @@ def _preset_noise(name: str) -> tuple[str, ...]:
     generation = re.search(r"generation@_here_: (\w+)", text)
     layered = text + ((CONF_DIR / "decoder" / "generation" / f"{generation[1]}.yaml").read_text() if generation else "")
     own_temperature = re.search(r"^\s*temperature: (?!null)", layered, re.MULTILINE)
-    return ("mask",) if "revision:" in text or own_temperature else ("mask", "uniform")
+    tree = re.search(r"^\s*(- )?tree:", text, re.MULTILINE)  # a tree search commits masked positions
+    return ("mask",) if "revision:" in text or own_temperature or tree else ("mask", "uniform")
 
 
 def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:

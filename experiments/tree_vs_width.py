@@ -8,6 +8,10 @@ which search every step, ``4 b`` for ``mcts_verified``, which searches where the
 unsure: fixed rules, set before any run, not tuned). At each budget the best width run that spends
 at most ``b * L`` is the comparison: Wilson 95 % intervals and exact sign tests on the same problems.
 
+At equal cost: for each ``verified_best_of_n`` size, ``mcts_verified`` with its budget set to what that
+run spent per problem (rounded up; ``mcts_verified_eq_P<size>``), paired with it. Each tree run also
+reports how many problems it decoded exactly as ``llada`` did (what its search changed).
+
 Every run goes through the normal runner into ``--runs/<label>``, so an interrupted study resumes.
 Writes ``--runs/table.json``, ``--runs/table.md`` and the figure (``--figure``).
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from decoder_table import measure, paired
@@ -41,6 +46,34 @@ def runs_for(args: argparse.Namespace, unit: float) -> list[tuple[str, str, list
             overrides = [f"decoder.tree.budget={int(multiple * unit)}", f"decoder.tree.simulations={simulations}"]
             plan.append((f"{preset}_x{multiple:g}", preset, overrides, "tree", multiple))
     return plan
+
+
+def outputs(run: Path) -> dict[str, str]:
+    """``id -> output`` of a run's decoded items."""
+    found = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
+    return {str(r["id"]): r.get("output") for r in found if not r.get("error")}
+
+
+def matched(rows: list[dict]) -> list[dict]:
+    """Each ``mcts_verified_eq_P<size>`` run against the ``verified_best_of_n_P<size>`` whose spend set its budget."""
+    found = []
+    for row in (r for r in rows if r["label"].startswith("mcts_verified_eq_P")):
+        width = next(r for r in rows if r["label"] == row["label"].replace("mcts_verified_eq", "verified_best_of_n"))
+        only_tree, only_width, p = paired(row, width)
+        found.append(
+            {
+                "tree": row["label"],
+                "accuracy": row["accuracy"],
+                "rows": row["mean_row_forwards"],
+                "width": width["label"],
+                "width_accuracy": width["accuracy"],
+                "width_rows": width["mean_row_forwards"],
+                "only_tree": only_tree,
+                "only_width": only_width,
+                "sign_p": p,
+            }
+        )
+    return found
 
 
 def compare(rows: list[dict], unit: float, budgets: list[float]) -> list[dict]:
@@ -97,18 +130,22 @@ def plot(rows: list[dict], unit: float, title: str, path: Path) -> None:
 
 
 def markdown(rows: list[dict], comparisons: list[dict], unit: float) -> str:
-    lines = ["| run | solved (95 % CI) | steps | row-forwards (× llada) |", "|---|---:|---:|---:|"]
+    lines = [
+        "| run | solved (95 % CI) | steps | row-forwards (× llada) | as llada decoded |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for r in sorted(rows, key=lambda r: r["mean_row_forwards"]):
+        same = f"{r['same_as_llada']} / {r['items']}" if "same_as_llada" in r else ""
         lines.append(
             f"| `{r['label']}` | {100 * r['accuracy']:.1f} % [{100 * r['wilson_low']:.1f}, {100 * r['wilson_high']:.1f}] "
-            f"| {r['mean_steps']:.1f} | {r['mean_row_forwards']:.1f} ({r['mean_row_forwards'] / unit:.2f}×) |"
+            f"| {r['mean_steps']:.1f} | {r['mean_row_forwards']:.1f} ({r['mean_row_forwards'] / unit:.2f}×) | {same} |"
         )
     lines += [
         "",
         "| budget | tree run | solved | rows | best width within budget | solved | rows | only tree / only width | sign p |",
     ]
     lines.append("|---:|---|---:|---:|---|---:|---:|---:|---:|")
-    for c in comparisons:
+    for c in (c for c in comparisons if "budget" in c):
         width = (
             f"`{c['width']}` | {100 * c['width_accuracy']:.1f} % | {c['width_rows']:.1f} | {c['only_tree']} / {c['only_width']} | {c['sign_p']:.3g}"
             if "width" in c
@@ -145,13 +182,21 @@ def main() -> None:
             f"{label}: {100 * rows[-1]['accuracy']:.1f} % at {rows[-1]['mean_row_forwards'] / unit:.2f}× llada's rows",
             flush=True,
         )
-    comparisons = compare(rows, unit, args.budgets)
+    for row in [r for r in rows if r["label"].startswith("verified_best_of_n_P")]:
+        label = row["label"].replace("verified_best_of_n", "mcts_verified_eq")
+        overrides = [f"decoder.tree.budget={math.ceil(row['mean_row_forwards'])}", "decoder.tree.simulations=16"]
+        rows.append({**one(label, "mcts_verified", overrides), "family": "tree", "multiple": None})
+    base = outputs(runs / "llada")
+    for row in (r for r in rows if r["family"] == "tree"):
+        mine = outputs(runs / row["label"])
+        row["same_as_llada"] = sum(1 for i, text in mine.items() if base.get(i) == text)
+    comparisons = compare(rows, unit, args.budgets) + matched(rows)
     (runs / "table.json").write_text(json.dumps({"unit": unit, "rows": rows, "comparisons": comparisons}, indent=1))
     (runs / "table.md").write_text(markdown(rows, comparisons, unit))
     plot(
         rows,
         unit,
-        f"{model} on {args.task} ({args.tier}, {rows[0]['items']} problems)",
+        f"model={model}, task={args.task} ({args.tier}, {rows[0]['items']} problems)",
         args.figure or runs / "tree_vs_width.png",
     )
     print((runs / "table.md").read_text())

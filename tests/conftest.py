@@ -265,3 +265,19 @@ TINY_LLADA2 = {
     "mask_id": 999,
     "eos_id": 998,
 }
+
+
+def admit_step_evict(session, first: list[DecodeRequest], later: list[DecodeRequest]) -> tuple[dict, int | None]:
+    """Churn a session as a server would: admit ``first``, step twice, admit ``later`` (uids from 100),
+    step, evict the last of ``first`` still running, run to the end. The finished results by uid, and
+    the evicted uid (None where none was left to evict)."""
+    session.admit(first)
+    finished = {r.uid: r for r in session.step() + session.step()}
+    session.admit(later)
+    finished.update({r.uid: r for r in session.step()})
+    running = [uid for uid in session.uids if uid < 100]
+    victim = running[-1] if running else None
+    session.evict([victim])
+    finished.update({r.uid: r for r in session.run()})
+    assert victim not in finished
+    return finished, victim

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NoRepeatVerifier, plan_on, text_decoder
+from conftest import NoRepeatVerifier, admit_step_evict, plan_on, text_decoder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -270,15 +270,7 @@ def test_a_session_admits_and_evicts_block_aligned_samples(adapter, preset: str,
     later = [
         DecodeRequest(uid=100 + r.uid, prompt=r.prompt, generation=r.generation) for r in requests_for([11, 2], seed=2)
     ]
-    session.admit(first)
-    finished = {r.uid: r for r in session.step() + session.step()}
-    session.admit(later)
-    finished.update({r.uid: r for r in session.step()})
-    running = [uid for uid in session.uids if uid < 100]
-    victim = running[-1] if running else None
-    session.evict([victim])
-    finished.update({r.uid: r for r in session.run()})
-    assert victim not in finished
+    finished, victim = admit_step_evict(session, first, later)
     for request in [r for r in first + later if r.uid != victim]:
         [alone] = decoder.decode(RolloutEngine(adapter=adapter, cache=policy), [request], BLOCK, verifier=verifier)
         got = finished[request.uid]

@@ -111,7 +111,8 @@ def served(client: httpx.Client, case: dict) -> list[dict]:
 def cases() -> list[dict]:
     """Every preset, with mixed lengths, endpoints, seeds and sampling."""
     out = []
-    for i, preset in enumerate(decoder_presets("mask")):
+    # a free prompt has no verdict to read: mcts_verified is refused (BAD_INPUTS), mcts is served
+    for i, preset in enumerate(p for p in decoder_presets("mask") if p != "mcts_verified"):
         case = {
             "preset": preset,
             "prompt": PROMPTS[i % len(PROMPTS)],
@@ -311,6 +312,15 @@ BAD_INPUTS = [
         {},
         400,
         "preset_not_allowed",
+        "preset",
+    ),
+    (
+        "a tree search whose value reads a verdict a prompt does not have",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "preset": "mcts_verified"},
+        {},
+        400,
+        "decoder_refused",
         "preset",
     ),
     ("an empty prompt", "/v1/completions", {"model": MODEL, "prompt": ""}, {}, 400, None, "prompt"),

@@ -11,7 +11,7 @@ import attrs
 import paradigm_models
 import pytest
 import torch
-from conftest import NoRepeatVerifier, cached_adapter, make_requests, record, renumbered, text_decoder
+from conftest import NoRepeatVerifier, admit_step_evict, cached_adapter, make_requests, record, renumbered, text_decoder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -156,15 +156,7 @@ def test_admitting_and_evicting_change_no_sample_s_search(adapter: ModelAdapter,
     session = DecodeSession.open(decoder, RolloutEngine(adapter=adapter), 16, 8, verifier)
     first = make_requests([3, 5, 4], 16, seed=1)
     later = renumbered(make_requests([11, 2], 16, seed=2), 100)
-    session.admit(first)
-    finished = {r.uid: r for r in session.step() + session.step()}
-    session.admit(later)
-    finished.update({r.uid: r for r in session.step()})
-    running = [uid for uid in session.uids if uid < 100]
-    victim = running[-1] if running else None
-    session.evict([victim])
-    finished.update({r.uid: r for r in session.run()})
-    assert victim not in finished
+    finished, victim = admit_step_evict(session, first, later)
     for sample in [r for r in first + later if r.uid != victim]:
         [alone] = decoder.decode(RolloutEngine(adapter=adapter), [sample], 8, verifier=verifier)
         assert record(finished[sample.uid]) == record(alone), f"{preset}: sample uid {sample.uid} changed"

@@ -1,7 +1,7 @@
 """Tree selectors: which root action a tree search commits once its simulations are spent.
 
-They are :class:`~dlmsearch.search.components.selectors.Selector` s (a tree keeps every branch:
-``prune`` keeps all, ``best`` is the best score) with what a tree search asks beside it:
+They are :class:`~dlmsearch.search.components.selectors.Selector` s (as a lookahead's, ETE's
+:class:`~dlmsearch.search.components.selectors.BestScoreSelector`) with what a tree search asks beside it:
 ``child(tree, policy)``, the root action to commit, and whether to commit a verified completion
 instead (:class:`VerifiedLeaf`). Ties: the highest prior, then the lowest action index.
 """
@@ -9,28 +9,13 @@ instead (:class:`VerifiedLeaf`). Ties: the highest prior, then the lowest action
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import attrs
 import torch
 
-from dlmsearch.search.components.selectors import best_of
+from dlmsearch.search.components.selectors import BestScoreSelector
 from dlmsearch.search.components.tree_policies import TreePolicy, best_action
 from dlmsearch.search.records.tree import Tree
-
-
-class _KeepsAll:
-    """A tree selector as a lookahead's selector: every branch stays live; the best score wins."""
-
-    reevaluates: ClassVar[bool] = False
-
-    def prune(
-        self, live: torch.Tensor, branch_fires: torch.Tensor, scores: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return live, torch.zeros(live.shape[0], dtype=torch.bool)
-
-    def best(self, scores: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-        return best_of(scores, live)
 
 
 def _root(tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +29,7 @@ def _expanded_children(tree: Tree) -> torch.Tensor:
 
 
 @attrs.define
-class MostVisited(_KeepsAll):
+class MostVisited(BestScoreSelector):
     """The root action visited most (AlphaZero's play): robust to a lucky value."""
 
     def child(self, tree: Tree, policy: TreePolicy) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,7 +41,7 @@ class MostVisited(_KeepsAll):
 
 
 @attrs.define
-class HighestMean(_KeepsAll):
+class HighestMean(BestScoreSelector):
     """The root action with the highest mean value."""
 
     def child(self, tree: Tree, policy: TreePolicy) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +52,7 @@ class HighestMean(_KeepsAll):
 
 
 @attrs.define
-class PolicyChoice(_KeepsAll):
+class PolicyChoice(BestScoreSelector):
     """The policy's own ranking of the root actions (Gumbel halving's winner: ``g + logit + sigma(q)``),
     among the actions still in the running where the policy keeps some (halving: a dropped action's
     one lucky visit must not outrank the survivors, as in mctx's choice among the most visited)."""
@@ -81,7 +66,7 @@ class PolicyChoice(_KeepsAll):
 
 
 @attrs.define
-class VerifiedLeaf(_KeepsAll):
+class VerifiedLeaf(BestScoreSelector):
     """Where some leaf's completion passed the task's verifier, commit that completion itself (the
     search has found an answer); elsewhere the most visited root action."""
 
