@@ -140,6 +140,18 @@ def markdown(rows: list[dict], comparisons: list[dict], unit: float) -> str:
             f"| `{r['label']}` | {100 * r['accuracy']:.1f} % [{100 * r['wilson_low']:.1f}, {100 * r['wilson_high']:.1f}] "
             f"| {r['mean_steps']:.1f} | {r['mean_row_forwards']:.1f} ({r['mean_row_forwards'] / unit:.2f}×) | {same} |"
         )
+    equal = [c for c in comparisons if "budget" not in c]
+    if equal:
+        lines += [
+            "",
+            "| at equal cost: tree run | solved | rows | width run | solved | rows | only tree / only width | sign p |",
+        ]
+        lines.append("|---|---:|---:|---|---:|---:|---:|---:|")
+        for c in equal:
+            lines.append(
+                f"| `{c['tree']}` | {100 * c['accuracy']:.1f} % | {c['rows']:.1f} | `{c['width']}` | "
+                f"{100 * c['width_accuracy']:.1f} % | {c['width_rows']:.1f} | {c['only_tree']} / {c['only_width']} | {c['sign_p']:.3g} |"
+            )
     lines += [
         "",
         "| budget | tree run | solved | rows | best width within budget | solved | rows | only tree / only width | sign p |",

@@ -109,6 +109,9 @@ class NoRepeatVerifier:
     def accepts(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return self.consistent(sample, tokens, torch.zeros_like(tokens, dtype=torch.bool))
 
+    def violations(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return (tokens[:, 1:] == tokens[:, :-1]).sum(dim=1).float()
+
     def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
         return [str(int(row[0])) for row in tokens]
 

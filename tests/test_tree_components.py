@@ -10,7 +10,7 @@ import attrs
 import pytest
 import torch
 
-from dlmsearch.search.components.leaf_values import Leaf, LikelihoodValue, MixedValue, VerifiedValue
+from dlmsearch.search.components.leaf_values import GradedValue, Leaf, LikelihoodValue, MixedValue, VerifiedValue
 from dlmsearch.search.components.tree_policies import FREE, NONE, PUCT, GumbelHalving, best_action, puct_scores
 from dlmsearch.search.components.tree_selectors import HighestMean, MostVisited, PolicyChoice, VerifiedLeaf
 from dlmsearch.search.components.tree_settings import TreeSettings
@@ -273,6 +273,36 @@ def test_verified_and_mixed_values() -> None:
 def selector_tree() -> Tree:
     """Root actions with priors .4/.2/.3/.1: children visited 1/5/5/- times with value sums .9/2.5/3/-."""
     return root_tree([[0.4, 0.2, 0.3, 0.1]], [[1, 5, 5, 0]], [[0.9, 2.5, 3.0, 0.0]])
+
+
+def test_graded_value_is_exp_of_minus_violations_over_scale() -> None:
+    graded = attrs.evolve(leaf([True, False]), violations=torch.tensor([0.0, 3.0]))
+    assert GradedValue(scale=2.0).value(graded).tolist() == pytest.approx([1.0, math.exp(-1.5)])
+
+
+def test_sudoku_violations_count_repeats_changed_clues_and_blanks() -> None:
+    """A solved grid breaks nothing; each extra copy of a digit in a row, column or box counts once per
+    unit, a changed clue once, a blank once."""
+    from dlmsearch.tasks.sudoku import SUDOKU_MASK_ID, SudokuVerifier
+
+    base = [[(r * 3 + r // 3 + c) % 9 for c in range(9)] for r in range(9)]  # a valid grid, digits 0..8
+    solved = torch.tensor(base).flatten()[None]
+    clues = solved.clone()
+    clues[0, 1:] = SUDOKU_MASK_ID  # one clue: cell 0
+    verifier = SudokuVerifier(clues=clues)
+    sample = torch.tensor([0])
+    assert verifier.violations(sample, solved).tolist() == [0.0]
+    one = solved.clone()
+    one[0, 1] = one[0, 0]  # cell 1 copies cell 0: its row and its box repeat that digit; its column loses none
+    column_repeat = int((one[0, 1::9] == one[0, 0]).sum() > 1)
+    assert verifier.violations(sample, one).tolist() == [2.0 + column_repeat]
+    changed = solved.clone()
+    changed[0, 0] = (changed[0, 0] + 1) % 9  # the clue changed, and its digit now repeats in row, column and box
+    assert verifier.violations(sample, changed).tolist() == [1.0 + 3.0]
+    blank = solved.clone()
+    blank[0, 40] = SUDOKU_MASK_ID
+    assert verifier.violations(sample, blank).tolist() == [1.0]
+    assert bool(verifier.accepts(sample, solved)) and not bool(verifier.accepts(sample, one))
 
 
 def test_most_visited_and_highest_mean() -> None:

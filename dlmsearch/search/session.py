@@ -144,6 +144,9 @@ class ByUid:
     def accepts(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return self.verifier.accepts(self.uid[sample], tokens)
 
+    def violations(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self.verifier.violations(self.uid[sample], tokens)
+
     def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
         return self.verifier.answers(self.uid[sample], tokens)
 

@@ -133,6 +133,10 @@ class CountdownVerifier:
             dtype=torch.bool,
         )
 
+    def violations(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """1 where the equation is not a correct one, else 0 (the check does not count its faults)."""
+        return (~self.accepts(sample, tokens)).float()
+
     def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
         """The value each equation reaches (equations that reach the same value vote together)."""
         values = []

@@ -78,6 +78,16 @@ class SudokuVerifier:
         complete = (tokens != SUDOKU_MASK_ID).all(dim=1)
         return complete & self.consistent(sample, tokens, tokens == SUDOKU_MASK_ID)
 
+    def violations(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Each digit's repeats within each row, column and box (a digit three times in a row: 2), plus
+        clues changed, plus cells left blank."""
+        filled = tokens != SUDOKU_MASK_ID
+        digits = torch.nn.functional.one_hot(torch.where(filled, tokens, 0), SUDOKU_MASK_ID) * filled[..., None]
+        repeats = (digits[:, UNITS].sum(dim=2) - 1).clamp(min=0).sum(dim=(1, 2))
+        clues = self.clues[sample]
+        changed = ((clues != SUDOKU_MASK_ID) & (clues != tokens)).sum(dim=1)
+        return (repeats + changed + (~filled).sum(dim=1)).float()
+
     def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
         return [grid_to_string(tokens_to_grids(row)) for row in tokens]
 

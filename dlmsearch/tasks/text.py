@@ -151,6 +151,9 @@ class AnswerVerifier:
     def accepts(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return torch.zeros(len(tokens), dtype=torch.bool)
 
+    def violations(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.ones(len(tokens))
+
     def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
         found = [extract_answer(self.decode(row)) for row in tokens]
         return [None if a is None else (normalize_number(a) or a) for a in found]

@@ -12,6 +12,9 @@ already gives), and the value reads that completion:
   confidence, read over the whole completion.
 * :class:`VerifiedValue` — the task's verifier on the completion: 1 accepted, 0 not.
 * :class:`MixedValue` — ``weight * verified + (1 - weight) * likelihood``.
+* :class:`GradedValue` — the verifier's count of broken rules, ``exp(-violations / scale)``: 1 for
+  an accepted completion, closer to 1 the fewer rules it breaks (a Sudoku grid's repeated digits),
+  so that leaves rank before any completion is right.
 
 A value that reads the verifier also ends a leaf whose partial canvas already breaks the task's
 rules (a Sudoku conflict): a terminal loss, value 0, never expanded.
@@ -37,6 +40,7 @@ class Leaf:
     layout: Layout
     completed: torch.Tensor  # [R, T] the canvas with every masked position at the evaluation's token
     accepted: torch.Tensor | None  # [R] the verifier accepts the completion (None: no verifier asked)
+    violations: torch.Tensor | None = None  # [R] the task's rules the completion breaks (None: no verifier asked)
 
     def likelihood(self) -> torch.Tensor:
         """``[R]`` the geometric mean probability of the completed generation's decided tokens."""
@@ -93,3 +97,15 @@ class MixedValue(_ScoresLikelihood):
     def value(self, leaf: Leaf) -> torch.Tensor:
         assert leaf.accepted is not None
         return self.weight * leaf.accepted.float() + (1 - self.weight) * leaf.likelihood()
+
+
+@attrs.define
+class GradedValue(_ScoresLikelihood):
+    """``exp(-violations / scale)`` of the leaf's completion (module doc)."""
+
+    scale: float = number(float, 0.0, default=2.0, open_low=True)
+    needs_verifier: ClassVar[bool] = True
+
+    def value(self, leaf: Leaf) -> torch.Tensor:
+        assert leaf.violations is not None
+        return torch.exp(-leaf.violations / self.scale)

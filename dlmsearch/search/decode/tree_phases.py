@@ -296,13 +296,15 @@ def _expand(
         evaluation = evaluation.put(need, fresh)
     completed = torch.where(canvas.masked, evaluation.token, canvas.tokens)
     region = slice(layout.gen_start, layout.width)
-    accepted, consistent = None, torch.ones(len(at), dtype=torch.bool)
+    accepted, violations, consistent = None, None, torch.ones(len(at), dtype=torch.bool)
     if plan.scorer.needs_verifier:
         assert verifier is not None
         accepted = verifier.accepts(owner, completed[:, region])
+        violations = verifier.violations(owner, completed[:, region])
         if verifier.checks_partial:
             consistent = verifier.consistent(owner, canvas.tokens[:, region], canvas.masked[:, region])
-    value = torch.where(consistent, plan.scorer.value(Leaf(canvas, evaluation, layout, completed, accepted)), 0.0)
+    leaf = Leaf(canvas, evaluation, layout, completed, accepted, violations)
+    value = torch.where(consistent, plan.scorer.value(leaf), 0.0)
     tree = attrs.evolve(
         tree,
         expanded=_set(tree.expanded, at, node, True),

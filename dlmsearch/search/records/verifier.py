@@ -27,5 +27,9 @@ class Verifier(Protocol):
     def accepts(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``[R]`` bool for complete generation regions."""
 
+    def violations(self, sample: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``[R]`` float: how many of the task's rules complete generation regions break (0: none; a task
+        that cannot count them says 1 for an output it does not accept). A tree search's graded value."""
+
     def answers(self, sample: torch.Tensor, tokens: torch.Tensor) -> list[str | None]:
         """The answer each complete generation region states (None: none found)."""
