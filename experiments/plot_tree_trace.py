@@ -3,7 +3,7 @@
 Each panel is one search (a round where the trigger fired): nodes by depth (top: the root), sized by
 visits, coloured by mean value; edges labelled with the move (position:token); the committed node and
 its path drawn thick; a node whose completion the verifier accepted ringed in green, a terminal loss
-crossed. By default the panels are the searches with the most nodes.
+crossed. By default the item is the one with the largest search, and the panels its searches with the most nodes.
 
     python -m dlmsearch +decoder=mcts_verified model=sudoku task=sudoku task.tier=hard task.limit=4 trace=true out_dir=runs/tree_trace/sudoku
     python experiments/plot_tree_trace.py runs/tree_trace/sudoku/trace.jsonl --figure docs/tree_trace_sudoku.png
@@ -17,15 +17,20 @@ from pathlib import Path
 
 
 def read_searches(path: Path, item: str | None) -> tuple[str, list[dict]]:
-    """The item's id and its searches (the first item with one, unless ``item`` names it)."""
+    """The item's id and its searches that ran simulations (``item`` None: the item whose largest search
+    is the largest of the trace)."""
+    found = []
     for line in path.read_text().splitlines():
         record = json.loads(line)
-        searches = [s for s in record.get("lookahead", []) if "tree" in s]
+        searches = [s for s in record.get("lookahead", []) if "tree" in s and len(s["tree"]["parent"]) > 1]
         if searches and (item is None or record["id"] == item):
-            return record["id"], searches
-    raise SystemExit(
-        f"{path}: no tree search traced{f' for {item}' if item else ''} (run a tree preset with trace=true)"
-    )
+            found.append((max(len(s["tree"]["parent"]) for s in searches), record["id"], searches))
+    if not found:
+        raise SystemExit(
+            f"{path}: no tree search traced{f' for {item}' if item else ''} (run a tree preset with trace=true)"
+        )
+    _, name, searches = max(found, key=lambda f: f[0])
+    return name, searches
 
 
 def layout(parent: list[int]) -> tuple[list[float], list[int]]:
@@ -67,6 +72,8 @@ def draw(axis, search: dict, color_map) -> object:
         axis.plot(
             [x[up], x[node]], [-depth[up], -depth[node]], color="black" if on_path else "0.7", lw=3 if on_path else 1
         )
+        if up != 0 and not on_path:
+            continue  # moves labelled at the root and along the committed path only
         axis.annotate(
             f"{tree['position'][node]}:{tree['token'][node]}",
             ((x[up] + x[node]) / 2, -(depth[up] + depth[node]) / 2),
@@ -86,7 +93,8 @@ def draw(axis, search: dict, color_map) -> object:
             axis.scatter([x[node]], [-depth[node]], marker="x", color="red", s=40, zorder=4)
     axis.set_title(f"call {search['call']}: {len(parent)} nodes, committed node {chosen}", fontsize=9)
     axis.set_xticks([])
-    axis.set_ylabel("depth")
+    axis.set_yticks(range(0, -max(depth) - 1, -1), [str(d) for d in range(max(depth) + 1)])
+    axis.set_ylabel("depth (commits below the root)")
     return points
 
 
@@ -104,12 +112,15 @@ def main() -> None:
 
     item, searches = read_searches(args.trace, args.item)
     shown = sorted(sorted(searches, key=lambda s: -len(s["tree"]["parent"]))[: args.panels], key=lambda s: s["call"])
-    figure, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 4.2), squeeze=False)
+    figure, axes = plt.subplots(1, len(shown), figsize=(max(4.5 * len(shown), 8), 4.4), squeeze=False)
     points = None
     for axis, search in zip(axes[0], shown):
         points = draw(axis, search, plt.get_cmap("viridis"))
     figure.colorbar(points, ax=axes[0].tolist(), label="mean value", shrink=0.8)
-    figure.suptitle(f"{item}: {len(searches)} searches; size = visits, thick = committed path, green ring = verified")
+    figure.suptitle(
+        f"{item}: {len(searches)} searches (edges: position:token); size = visits, thick = committed, green ring = verified",
+        fontsize=10,
+    )
     out = args.figure or args.trace.parent / "tree_trace.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=120)

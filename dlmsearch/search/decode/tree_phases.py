@@ -10,8 +10,8 @@ candidate generator proposes each node's actions, the leaf value rates its compl
 simulation backs its leaf's value up its path. When the simulations (or the sample's budget in
 row-forwards) are spent, the selector picks the root action to commit: the adopted canvas is
 that child, with the evaluation the search already has, and the round commits nothing else (a
-search's move is its step). A sample whose budget is spent, or whose root has no action, keeps
-its root and the base rule steps it.
+search's move is its step). A sample whose budget is spent, or whose root has one action or none
+(nothing to choose), keeps its root and the base rule steps it.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def tree_search(
     trees = len(exploring)
     tree = _start(state, root, evaluation, exploring)
     tree = policy.start(tree, _root_uniforms(state, tree, exploring, usage))
-    searchable = tree.valid[:, 0].any(dim=1)
+    searchable = tree.valid[:, 0].sum(dim=1) > 1  # one move (or none) is no choice: the base rule steps
     simulated = torch.zeros(trees, dtype=torch.long)
     wave = 0
     while True:
