@@ -57,6 +57,7 @@ EXCLUDED = {
     "countdown_claims.sh": "decodes every preset on three tiers (about 20 minutes on CPU)",
     "train_countdown_mix.sh": "trains four models for about 2.5 CPU hours (tests/test_mix_training.py covers the mix, init_from and the ablation)",
     "plot_mix_curves.py": "draws the four training runs of the line above (runs/mix/, never committed)",
+    "plot_tree_trace.py": "draws the trace the block's first line writes (that line runs, its outputs moved to a scratch directory)",
     "paradigm_card.py": "decodes every preset on four models and five tiers (about 35 minutes on 2 cores), from the runs of the block's first line",
 }
 

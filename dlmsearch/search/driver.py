@@ -223,7 +223,16 @@ def _explore(
     """Where the trigger fires (and the deadline has not passed, and a tree search's budget is
     not spent): look ahead (or search the tree) and adopt the selected branch with the evaluation
     it already has; exploit it at once unless the selector asked for a fresh lookahead from it
-    (a tree search's move is the round's step)."""
+    (a tree search's move is the round's step).
+
+    Args:
+        engine: the model's only caller.
+        state: the decode.
+        round_: the round's slots, roots and their evaluations.
+        deadline_s: past it, a sample stops exploring.
+        on_lookahead: sees every lookahead level, or every finished tree search.
+        verifier: the task's check, for a tree's leaf values that read it.
+    """
     rows, late = round_.rows, state.late
     if deadline_s is not None:
         over = time.monotonic() - state.started[state.slots.owner] > deadline_s

@@ -47,7 +47,16 @@ def puct_scores(
     tree: Tree, at: torch.Tensor, node: torch.Tensor, virtual: torch.Tensor, c: float, unvisited: str
 ) -> torch.Tensor:
     """``[R, A]`` PUCT scores of the actions of nodes ``node`` of trees ``at``, counting ``virtual``
-    (``[S, N]``) visits of value 0 (simulations of the same wave already on their way)."""
+    visits of value 0 (simulations of the same wave already on their way).
+
+    Args:
+        tree: the trees.
+        at: ``[R]`` the tree of each node.
+        node: ``[R]`` the nodes whose actions are scored.
+        virtual: ``[S, N]`` the wave's pending visits per node.
+        c: the exploration constant.
+        unvisited: an unvisited child's value: ``parent`` (its parent's mean) or ``zero``.
+    """
     visits = tree.child_stat((tree.visits + virtual).float(), at, node)
     value_sum = tree.child_stat(tree.value_sum, at, node)
     parent_q = tree.mean_value()[at, node] if unvisited == "parent" else torch.zeros(len(node))

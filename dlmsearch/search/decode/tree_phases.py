@@ -141,7 +141,16 @@ def _record_actions(
     tree: Tree, state: DecodeState, at: torch.Tensor, node: torch.Tensor, canvas: Canvas, evaluation: Evaluation
 ) -> Tree:
     """Nodes ``node`` of trees ``at`` with their evaluation and their actions (the candidate generator's
-    positions, each with the evaluation's token and its probability) and priors."""
+    moves, each a position, a token and the model's probability of it) and priors.
+
+    Args:
+        tree: the trees.
+        state: the decode (its plan's generator and tree settings, its layout).
+        at: ``[R]`` the tree of each node.
+        node: ``[R]`` the nodes.
+        canvas: ``[R]`` their canvases.
+        evaluation: ``[R]`` their evaluations.
+    """
     plan = state.plan
     assert plan.candidates is not None and plan.tree is not None
     position, token, probability, valid = _moves(plan.candidates, canvas, evaluation, state.layout)
@@ -229,7 +238,16 @@ def _allocate(
     tree: Tree, t: torch.Tensor, parent: torch.Tensor, action: torch.Tensor, child: torch.Tensor, missing: torch.Tensor
 ) -> tuple[Tree, torch.Tensor]:
     """New nodes under ``parent`` by ``action`` in trees ``t`` (at most one per tree per call): the
-    tree, and ``child`` with the new nodes' indices where ``missing``."""
+    tree, and ``child`` with the new nodes' indices where ``missing``.
+
+    Args:
+        tree: the trees.
+        t: ``[M]`` the tree of each new node.
+        parent: ``[M]`` its parent.
+        action: ``[M]`` the parent's action that leads to it.
+        child: ``[R]`` the child each descending simulation reached (UNSET where it is new).
+        missing: ``[R]`` the simulations whose child is new (``M`` of them, in order).
+    """
     index = tree.count[t]
     tree = attrs.evolve(
         tree,
@@ -248,7 +266,16 @@ def rebuild(
     state: DecodeState, tree: Tree, root: Canvas, at: torch.Tensor, node: torch.Tensor, call: torch.Tensor
 ) -> Canvas:
     """The canvases of nodes ``node`` of trees ``at``: each root with its path's commits applied in
-    order (the base rule's own commit of one position, so blocks advance as a step's would)."""
+    order (the base rule's own commit of one position, so blocks advance as a step's would).
+
+    Args:
+        state: the decode (its plan's commit rule, its layout).
+        tree: the trees.
+        root: ``[S]`` each tree's root canvas.
+        at: ``[R]`` the tree of each node.
+        node: ``[R]`` the nodes.
+        call: ``[R]`` the model calls recorded with the commits.
+    """
     plan, layout = state.plan, state.layout
     canvas = root.take(at)
     position, token, probability = tree.edges(at, node)
@@ -280,7 +307,19 @@ def _expand(
     verifier: Verifier | None,
 ) -> tuple[Tree, Usage]:
     """Evaluate the new nodes of every tree in one engine call (none for a node with nothing left to
-    decide), rate their completions, and record their actions."""
+    decide), rate their completions, and record their actions; the trees and the usage after it.
+
+    Args:
+        engine: the model's only caller.
+        state: the decode.
+        usage: the counters so far (the call is charged to them).
+        tree: the trees.
+        root: ``[S]`` each tree's root canvas.
+        exploring: ``[S]`` each tree's slot.
+        at: ``[R]`` the tree of each new node.
+        node: ``[R]`` the new nodes.
+        verifier: the task's check, for leaf values that read it.
+    """
     if not at.numel():
         return tree, usage
     plan, layout = state.plan, state.layout
@@ -324,7 +363,16 @@ def _adopt(
 ) -> tuple[Canvas, Evaluation, torch.Tensor, Usage, torch.Tensor, Tree]:
     """The selector's root action as each slot's adopted canvas (a verified completion, where the
     selector commits one), with the evaluation the search already has, and the trees rerooted at
-    the adopted children; ``call`` ``[S]`` the samples' model calls (recorded with the commits)."""
+    the adopted children.
+
+    Args:
+        state: the decode (its plan's selector, policy and commit rule).
+        tree: the finished trees.
+        root: ``[S]`` their roots' canvases.
+        evaluation: ``[S]`` the roots' evaluations (kept where the root is).
+        usage: the counters after the search (handed back).
+        call: ``[S]`` the samples' model calls (recorded with the commits).
+    """
     plan = state.plan
     assert plan.selector is not None
     trees = torch.arange(tree.trees)

@@ -108,7 +108,20 @@ class RolloutEngine(OutOfMemoryBackOff):
     ) -> None:
         """The engine's settings as the config spells them (``engine.temperature``, ``engine.top_p``, ...,
         conf/engine/default.yaml): the four sampling settings are one :class:`Sampling`, which checks them.
-        A subclass that adds fields keeps this constructor: ``@attrs.define(init=False)``, its fields defaulted."""
+        A subclass that adds fields keeps this constructor: ``@attrs.define(init=False)``, its fields defaulted.
+
+        Args:
+            adapter: the model.
+            row_budget: rows per forward chunk (``auto``: what fits the free device memory).
+            temperature: ``engine.temperature`` (None: not set here; the checkpoint's, else the decoder's).
+            top_p: ``engine.top_p``, nucleus truncation in (0, 1].
+            top_k: ``engine.top_k``, the most likely tokens kept.
+            confidence: ``engine.confidence``: ``model`` or ``sampling`` (where a position's confidence is read).
+            seed: the seed every draw is keyed by.
+            cache: the cache policy, or its name.
+            compile: the model's per-token work under torch.compile.
+            profile: where forward timings are recorded (None: not recorded).
+        """
         self.__attrs_init__(
             adapter=adapter,
             row_budget=row_budget,
