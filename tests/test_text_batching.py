@@ -95,20 +95,24 @@ def test_a_model_that_ignores_padding_never_sees_padding(adapters) -> None:
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
-@pytest.mark.parametrize("preset", ["fast_dllm", "adalook", "dream"])
+@pytest.mark.parametrize("preset", ["fast_dllm", "adalook", "dream", "mcts", "gumbel_mcts", "mcts_verified"])
 def test_sampling_is_seeded_and_batch_invariant(adapters, family: str, preset: str) -> None:
-    """Temperature > 0 draws from counter-based noise: same seed, same tokens, alone or batched."""
-    decoder = decoder_for(preset)
+    """Temperature > 0 draws from counter-based noise: same seed, same tokens, alone or batched
+    (a tree search's leaves sample as its roots do, keyed by their node)."""
+    decoder, verifier = decoder_for(preset), NoRepeatVerifier()
     requests = requests_for([4, 9, 2], seed=5)
 
     def decode(batch: list[DecodeRequest], seed: int) -> list[torch.Tensor]:
         engine = RolloutEngine(adapter=adapters[family, True], temperature=1.5, seed=seed)
-        return [r.tokens for r in decoder.decode(engine, batch, BLOCK)]
+        return [r.tokens for r in decoder.decode(engine, batch, BLOCK, verifier=verifier)]
 
     batched = decode(requests, seed=3)
     alone = [decode([r], seed=3)[0] for r in requests]
     assert all(torch.equal(a, b) for a, b in zip(batched, alone))
-    greedy = [r.tokens for r in decoder.decode(RolloutEngine(adapter=adapters[family, True]), requests, BLOCK)]
+    greedy = [
+        r.tokens
+        for r in decoder.decode(RolloutEngine(adapter=adapters[family, True]), requests, BLOCK, verifier=verifier)
+    ]
     assert any(not torch.equal(a, b) for a, b in zip(batched, greedy)), "temperature 1.5 changed nothing"
     assert any(not torch.equal(a, b) for a, b in zip(batched, decode(requests, seed=4))), "the seed changed nothing"
 

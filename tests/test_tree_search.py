@@ -115,6 +115,23 @@ def test_one_simulation_without_exploration_is_the_base_rule_on_a_block_model() 
         assert torch.equal(x.tokens, y.tokens) and counters(x) == counters(y)
 
 
+def test_the_block_cache_keeps_writing_under_a_tree_search() -> None:
+    """A move that finishes a block has the next root evaluated after the cache's write (an adopted
+    node's evaluation would never write it): the same tokens as without a cache, at fewer token-forwards
+    per row-forward than a canvas forwarded whole."""
+    uncached, cached = (
+        paradigm_models.decoder(case, "mcts").decode(
+            paradigm_models.engine(case),
+            paradigm_models.requests(case, seed=5),
+            paradigm_models.block_length(case),
+        )
+        for case in ("block/none", "block/block")
+    )
+    for plain, stored in zip(uncached, cached):
+        assert torch.equal(plain.tokens, stored.tokens)
+        assert stored.token_forwards * plain.row_forwards < plain.token_forwards * stored.row_forwards / 2
+
+
 # ------------------------------------------------------------------ batch invariance and seeds
 
 PRESETS = [
