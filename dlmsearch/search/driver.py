@@ -246,7 +246,7 @@ def _explore(
     state = attrs.evolve(state, late=late)
     explored = rows[explore]
     if not explored.numel():
-        return attrs.evolve(state, tree=stale_trees(state.tree, rows)), round_
+        return (state if tree is None else attrs.evolve(state, tree=stale_trees(state.tree, rows))), round_
     root, root_evaluation = round_.root.take(explore), round_.evaluation.take(explore)
     if tree is None:
         adopted, adopted_eval, restart, usage, best = lookahead(
@@ -276,7 +276,7 @@ def _explore(
     )
     canvas, evaluation = state.canvas.put(explored, adopted), state.evaluation.put(explored, adopted_eval)
     # a kept tree is rooted at its slot's canvas: stale where the base rule commits or the root moves on
-    trees = stale_trees(state.tree, torch.cat([rows[exploit], explored[ended]]))
+    trees = state.tree if tree is None else stale_trees(state.tree, torch.cat([rows[exploit], explored[ended]]))
     return attrs.evolve(
         state, canvas=canvas, evaluation=evaluation, usage=usage, evaluated=evaluated, tree=trees
     ), round_

@@ -68,6 +68,8 @@ def puct_scores(
 class TreePolicy(ExpansionPolicy, Protocol):
     """An expansion policy that a tree search asks where simulations go."""
 
+    draws: bool  # its start reads seeded draws per root action (None drawn for a policy that reads none)
+
     def start(self, tree: Tree, uniform: torch.Tensor) -> Tree:
         """The tree once its root is expanded; ``uniform`` ``[S, A]`` seeded draws per root action."""
 
@@ -105,6 +107,7 @@ class PUCT(_TreeDepth):
     c: float = number(float, 0.0, default=1.25)
     parallel: int = number(int, 1, default=4)
     unvisited: str = attrs.field(default="parent", validator=check_choice("parent", "zero"))
+    draws: ClassVar[bool] = False
 
     def start(self, tree: Tree, uniform: torch.Tensor) -> Tree:
         return tree
@@ -135,6 +138,7 @@ class GumbelHalving(_TreeDepth):
     c_visit: float = number(float, 0.0, default=50.0)
     c_scale: float = number(float, 0.0, default=0.1)
     c: float = number(float, 0.0, default=1.25)
+    draws: ClassVar[bool] = True
 
     def start(self, tree: Tree, uniform: torch.Tensor) -> Tree:
         """Draw ``g = -log(-log u)`` per root action and consider the top ``considered`` by ``g + logit``."""

@@ -67,7 +67,7 @@ def tree_search(
     usage = state.usage
     trees = len(exploring)
     tree = _start(state, root, evaluation, exploring)
-    tree = policy.start(tree, _root_uniforms(state, tree, exploring, usage))
+    tree = policy.start(tree, _root_uniforms(state, tree, exploring, usage) if policy.draws else tree.gumbel)
     searchable = tree.valid[:, 0].sum(dim=1) > 1  # one move (or none) is no choice: the base rule steps
     simulated = torch.zeros(trees, dtype=torch.long)
     wave = 0
@@ -82,10 +82,10 @@ def tree_search(
         simulated = simulated + torch.bincount(at, minlength=trees)
         tree = policy.after_wave(tree, wave)
         wave += 1
-    found = _adopt(state, tree, root, evaluation, usage, usage.steps[owner])
+    adopted, adopted_eval, moved, usage, best, kept = _adopt(state, tree, root, evaluation, usage, usage.steps[owner])
     if on_lookahead is not None:
-        on_lookahead(SearchedTrees(exploring, usage.steps[owner], tree, found[4] + 1))
-    return found
+        on_lookahead(SearchedTrees(exploring, usage.steps[owner], tree, best + 1))
+    return adopted, adopted_eval, moved, usage, best, kept
 
 
 def kept_trees(current: Tree | None, slots: torch.Tensor, kept: Tree, total: int) -> Tree:

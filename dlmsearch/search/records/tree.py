@@ -131,25 +131,18 @@ class Tree:
     def edges(self, tree: torch.Tensor, node: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The path from the root to each of nodes ``node`` of trees ``tree``, root first: per step
         ``[R, D]`` the position, token and probability committed (position UNSET past a path's end;
-        ``D`` the deepest path's length)."""
-        rows = len(node)
-        deepest = int(self.depth[tree, node].max()) if rows else 0
-        position = torch.full((rows, deepest), UNSET, dtype=torch.long)
-        token = torch.zeros(rows, deepest, dtype=torch.long)
-        probability = torch.zeros(rows, deepest)
-        current = node.clone()
+        ``D`` the deepest path's length): each step's node is read off :meth:`path`, its move off its parent."""
         depth = self.depth[tree, node]
-        for _ in range(deepest):
-            here = current > 0
-            parent, action = self.parent[tree, current.clamp(min=0)], self.action[tree, current.clamp(min=0)]
-            step = (depth - 1).clamp(min=0)
-            at = here.nonzero().squeeze(1)
-            position[at, step[at]] = self.position[tree[at], parent[at], action[at]]
-            token[at, step[at]] = self.token[tree[at], parent[at], action[at]]
-            probability[at, step[at]] = self.probability[tree[at], parent[at], action[at]]
-            current = torch.where(here, parent, current)
-            depth = torch.where(here, depth - 1, depth)
-        return position, token, probability
+        step = torch.arange(int(depth.max()) if len(node) else 0)[None, :]
+        on = step < depth[:, None]
+        reached = self.path(tree, node).gather(1, (depth[:, None] - 1 - step).clamp(min=0))  # step k's node
+        at = tree[:, None]
+        parent, action = self.parent[at, reached].clamp(min=0), self.action[at, reached].clamp(min=0)
+        return (
+            torch.where(on, self.position[at, parent, action], UNSET),
+            torch.where(on, self.token[at, parent, action], 0),
+            torch.where(on, self.probability[at, parent, action], 0.0),
+        )
 
     def path(self, tree: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
         """``[R, D + 1]`` the nodes from each of nodes ``node`` up to the root (UNSET past the root)."""
