@@ -16,7 +16,7 @@ from dlmsearch.config import ConfigError, build, compose
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.loading import generation_defaults
-from dlmsearch.search.components.stopping import answer_ended, fill_after_end
+from dlmsearch.search.components.stopping import AnswerEnd
 from dlmsearch.search.engine.call_records import CallRows, CallSettings
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.engine.summaries import top_k_filter, top_p_filter
@@ -177,8 +177,9 @@ def test_the_end_of_an_answer() -> None:
     )
     canvas = initial_canvas([torch.tensor([1, 2])] * 4, list(generation), layout, MASK_ID, MASK_ID)
     stops = torch.tensor([END, EOT])
-    assert answer_ended(canvas, layout, stops).tolist() == [True, False, False, True]
-    filled = fill_after_end(canvas, layout, stops)
+    end = AnswerEnd(stops)
+    assert end.ended(canvas, layout).tolist() == [True, False, False, True]
+    filled = end.fill(canvas, layout)
     assert filled.tokens[0, 2:].tolist() == [5, END, END, END, END, END] and not bool(filled.masked[0].any())
     assert filled.tokens[3, 2:].tolist() == [5, EOT, 7, END, END, END]
     assert torch.equal(filled.tokens[1:3], canvas.tokens[1:3]) and torch.equal(filled.masked[1:3], canvas.masked[1:3])

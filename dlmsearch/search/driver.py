@@ -45,7 +45,7 @@ from dlmsearch.search.components.lookahead import Lookahead
 from dlmsearch.search.components.revision import NoRevision, Revision
 from dlmsearch.search.components.scorers import Scorer
 from dlmsearch.search.components.selectors import Selector
-from dlmsearch.search.components.stopping import fill_after_end
+from dlmsearch.search.components.stopping import AnswerEnd
 from dlmsearch.search.components.tree_settings import TreeSettings
 from dlmsearch.search.components.triggers import NeverTrigger, Trigger
 from dlmsearch.search.decode import intake, results
@@ -335,8 +335,13 @@ def _advance(
     plan, layout, slots = state.plan, state.layout, state.slots
     canvas, evaluation, evaluated, late = state.canvas, state.evaluation, state.evaluated, state.late
     if plan.stop_ids:
-        stop_ids, whole = torch.tensor(plan.stop_ids), plan.commit.decides_whole_block
-        canvas = fill_after_end(canvas, layout, stop_ids, slots.region[:, 0], plan.answer_ends_with_block, whole)
+        end = AnswerEnd(
+            torch.tensor(plan.stop_ids),
+            slots.region[:, 0],
+            plan.answer_ends_with_block,
+            plan.commit.decides_whole_block,
+        )
+        canvas = end.fill(canvas, layout)
     at = SlotCanvases(canvas, slots, layout, verifier)
     population, source = plan.population.after_round(at, state.population, state.rounds)
     if source is not None:
