@@ -8,13 +8,16 @@ import hydra
 from omegaconf import DictConfig
 
 from dlmsearch.config import CONF_DIR, ConfigError
+from dlmsearch.hydra_job import discard_job_dir
 from dlmsearch.startup import fail, require_decoder, start
 
 
 def _report(summary: dict) -> None:
     accuracy = summary["accuracy"]
     print(
-        f"{summary['decoder']} on {summary['task']}"
+        f"{summary['decoder']}"
+        + (f" [{summary['label']}]" if summary.get("label") else "")  # a sweep's arm
+        + f" on {summary['task']}"
         + (f" (cache {summary['cache']})" if summary.get("cache", "none") != "none" else "")
         + (f" ({summary['population']['size']} particles)" if isinstance(summary.get("population"), dict) else "")
         + f": {summary['items']} items, "
@@ -38,14 +41,25 @@ def _report(summary: dict) -> None:
         print(example)
 
 
+# What a mistake in the config or the files it names raises: one ``error:`` line, exit 2.
+MISTAKES = (ConfigError, FileNotFoundError, ValueError, TypeError, FloatingPointError)
+
+
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def _main(cfg: DictConfig) -> None:
     require_decoder(cfg)
-    from dlmsearch.run import Interrupted, run
+    from dlmsearch.run import Interrupted, decode_run, prepare_run
 
     try:
-        summary = run(cfg)
-    except (ConfigError, FileNotFoundError, ValueError, TypeError, FloatingPointError) as error:
+        prepared = prepare_run(cfg)
+    except BaseException as error:  # nothing decoded: Hydra's directory for the job goes too
+        discard_job_dir()
+        if isinstance(error, MISTAKES):
+            fail(error)
+        raise
+    try:
+        summary = decode_run(prepared)  # run.json says how it ended
+    except MISTAKES as error:
         fail(error)
     except Interrupted as stop:
         print(f"\n{stop}", file=sys.stderr)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from dlmsearch.shipped import package_data
@@ -87,6 +87,16 @@ def decoder_presets(noise: str | None = None) -> list[str]:
     return [name for name in names if noise in _preset_noise(name)]
 
 
+def preset_summary(name: str, width: int = 76) -> str:
+    """The first comment line of decoder preset ``name``'s file (what it is), cut to ``width``."""
+    lines = (CONF_DIR / "decoder" / f"{name}.yaml").read_text().splitlines()
+    text = lines[0].lstrip("# ").strip() if lines and lines[0].startswith("#") else ""
+    continued = len(lines) > 1 and lines[1].startswith("#")
+    if len(text) <= width and not continued:
+        return text
+    return text[: width - 3].rsplit(" ", 1)[0].rstrip(",;:") + "..."
+
+
 def _preset_noise(name: str) -> tuple[str, ...]:
     """The models decoder preset ``name`` decodes: ``mask``, ``uniform``, or both (read from its file
     and the ``generation`` group file it names)."""
@@ -110,12 +120,26 @@ def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:
             hydra.utils.instantiate(cfg[key], _partial_=True)(**kwargs) if kwargs else hydra.utils.instantiate(cfg[key])
         )
     except Exception as error:  # Hydra wraps the real cause; unwrap it into one line
-        cause = error.__cause__ or error
-        detail = str(error).split("full_key:")[-1].strip().splitlines()[0] if "full_key:" in str(error) else key
-        if isinstance(cause, MissingMandatoryValue):
-            raise ConfigError(f"{detail} is required (the config leaves it as ???): add {detail}=...") from error
-        message = str(cause).split("\n    full_key:")[0].strip()
-        raise ConfigError(f"{detail}: {type(cause).__name__}: {message}") from error
+        raise _build_error(cfg, key, error) from error
+
+
+def _build_error(cfg: DictConfig, key: str, error: Exception) -> ConfigError:
+    """One line for a failed build that names the full key: a key the target does not take (as
+    :func:`unread_key`), a value a validator refused (``decoder.expansion.max_depth must be an
+    integer, got 'abc'``), or the cause as raised."""
+    problem = unread_key(cfg[key], key)
+    if problem is not None:
+        return ConfigError(problem)
+    cause = error.__cause__ or error
+    detail = str(error).split("full_key:")[-1].strip().splitlines()[0] if "full_key:" in str(error) else key
+    if isinstance(cause, MissingMandatoryValue):
+        return ConfigError(f"{detail} is required (the config leaves it as ???): add {detail}=...")
+    message = str(cause).split("\n    full_key:")[0].strip()
+    section = OmegaConf.select(cfg, detail, default=None) if detail else None
+    name = message.split(" ", 1)[0]
+    if isinstance(section, DictConfig) and isinstance(cause, (TypeError, ValueError)) and name in section:
+        return ConfigError(f"{detail}.{message}")  # an attrs validator's message starts with the field's name
+    return ConfigError(f"{detail}: {type(cause).__name__}: {message}")
 
 
 def to_plain(cfg: DictConfig) -> dict[str, Any]:
@@ -236,16 +260,63 @@ def key_problem(cfg: DictConfig, key: str) -> str | None:
             ):  # a slot this preset leaves empty: a file fills it
                 return f"{key!r}: {where}.{part} is not in this config; choose one first with +{group}=NAME (one of: {', '.join(group_options(group))})"
             return None  # a parameter its yaml leaves at the default
-        known = {str(k) for k in node} | (accepted or set())
-        known -= _HYDRA_KEYS
         if depth == 0 and "/" in part:
             return unknown("config group", part, config_groups())
-        prefix, rest = f"{where}." if where else "", "".join(f".{p}" for p in parts[depth + 1 :])
-        near = closest(part, known)
-        if near:
-            return f"unknown key {key!r}; did you mean {' or '.join(prefix + n + rest for n in near)}?"
-        return f"unknown key {key!r}; {where or 'the config'} has: {', '.join(sorted(known))}"
+        return _unknown_key(key, where, part, {str(k) for k in node} | (accepted or set()))
     return None
+
+
+def _unknown_key(key: str, where: str, part: str, known: Iterable[str]) -> str:
+    """``unknown key 'a.b.c'; did you mean a.b.d?`` for the part of ``key`` (dotted) that section
+    ``where`` neither holds nor takes; without a near miss, what the section has."""
+    known = set(known) - _HYDRA_KEYS
+    prefix = f"{where}." if where else ""
+    rest = key[len(prefix) + len(part) :]
+    near = closest(part, known)
+    if near:
+        return f"unknown key {key!r}; did you mean {' or '.join(prefix + n + rest for n in near)}?"
+    return f"unknown key {key!r}; {where or 'the config'} has: {', '.join(sorted(known))}"
+
+
+def unread_key(cfg: DictConfig, where: str = "") -> str | None:
+    """The first key of a ``_target_`` section of ``cfg`` (at dotted ``where``) that its target does
+    not take, as :func:`key_problem`'s line, or None: a typo inside a YAML file (the user's own, a
+    preset) is named as on the command line, before anything is built or loaded."""
+    for path, section in _target_sections(cfg, where):
+        accepted = accepted_keys(section)
+        for name in section if accepted is not None else ():
+            if str(name) not in accepted:
+                return _unknown_key(f"{path}.{name}" if path else str(name), path, str(name), accepted)
+    return None
+
+
+def check_keys(cfg: DictConfig, where: str = "") -> None:
+    """Raise :func:`unread_key`'s line as a :class:`ConfigError`."""
+    problem = unread_key(cfg, where)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+_REFERENCE = re.compile(r"\$\{[^:}]*(\$\{[^:}]*\}[^:}]*)*\}")  # ${a.b}, ${a.${b}}: no resolver (nothing read or loaded)
+
+
+def _target_sections(node: Any, path: str) -> Iterator[tuple[str, DictConfig]]:
+    """Every section under ``node`` that names a ``_target_``, with its dotted path. A child that is
+    an interpolation is followed only where it refers to another node (``${ablate.arms.${ablate.arm}}``);
+    one that cannot resolve here is left to the build."""
+    if isinstance(node, DictConfig) and "_target_" in node:
+        yield path, node
+    if not isinstance(node, (DictConfig, ListConfig)):
+        return
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for key in keys:
+        if OmegaConf.is_interpolation(node, key) and not _REFERENCE.fullmatch(str(node._get_node(key)._value())):
+            continue
+        try:
+            child = node[key]
+        except OmegaConfBaseException:
+            continue
+        yield from _target_sections(child, f"{path}.{key}" if path else str(key))
 
 
 # ------------------------------------------------------------------- overrides and their mistakes
@@ -348,6 +419,7 @@ def compose_checked(overrides: Sequence[str], config_name: str = "config") -> Di
     except HydraException as error:
         raise explain(error, overrides, config_name) from error
     check_added_keys(overrides, groups, config_name)
+    check_keys(cfg)  # a key no component takes, wherever it was written (a file of one's own, a preset)
     return cfg
 
 
@@ -387,14 +459,15 @@ class _UsageError(Exception):
     """Hydra's argument parser refused the command line: Hydra itself will say so."""
 
 
-def check_command_line(argv: Sequence[str], config_name: str = "config") -> None:
+def check_command_line(argv: Sequence[str], config_name: str = "config") -> list[DictConfig]:
     """Compose what ``argv`` (a Hydra app's arguments) would run, before Hydra does, so that a
-    mistake is one :class:`ConfigError` line rather than Hydra's message and exit 1. Help, info,
-    shell completion and another config directory are left to Hydra."""
+    mistake is one :class:`ConfigError` line rather than Hydra's message and exit 1, and build each
+    one's decoder (a wrong value is one line too); the configs composed (one per sweep variant). Help, info, shell completion and another config directory
+    are left to Hydra (none composed)."""
     from hydra._internal.utils import get_args_parser
 
     if "--version" in argv:
-        return
+        return []
     parser = get_args_parser()
 
     def refuse(message: str) -> None:
@@ -404,7 +477,7 @@ def check_command_line(argv: Sequence[str], config_name: str = "config") -> None
     try:
         args, _ = parser.parse_known_args(list(argv))
     except _UsageError:
-        return
+        return []
     if (
         args.help
         or args.hydra_help
@@ -414,18 +487,22 @@ def check_command_line(argv: Sequence[str], config_name: str = "config") -> None
         or args.config_dir
         or args.experimental_rerun
     ):
-        return
+        return []
     if sum(map(bool, (args.run, args.multirun, args.cfg))) > 1:  # Hydra would say so with a traceback
         raise ConfigError("only one of --run, --multirun (-m) and --cfg can be given")
     variants = run_variants(args.overrides, args.multirun)
+    composed = []
     for overrides in variants:
         try:
-            compose_checked(overrides, args.config_name or config_name)
+            composed.append(compose_checked(overrides, args.config_name or config_name))
+            if "decoder" in composed[-1]:
+                build(composed[-1], "decoder")  # every value checked: a sweep's last job's too, before the first runs
         except ConfigError as error:
             if len(variants) == 1:
                 raise
             job = [o for o in overrides if o not in args.overrides]  # the sweeps' values of this job
             raise ConfigError(f"in the job with {' '.join(job or overrides)}: {error}") from error
+    return composed
 
 
 # A setting given as Python data: (dotted key, value), set on the composed config by OmegaConf,

@@ -24,13 +24,15 @@ from typing import Any
 
 import attrs
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from dlmsearch.config import build, compose_checked, to_plain
+from dlmsearch.config import build, check_keys, compose_checked, to_plain
 from dlmsearch.distributed import Ranks
+from dlmsearch.hydra_job import hydra_overrides, sweep_label
 from dlmsearch.models.group_decisions import GroupDecisions, GroupDiverged
-from dlmsearch.run_records import RunIdentity, check_same_run, percentile, read_records
+from dlmsearch.run_dir import claim, removed_on_failure
+from dlmsearch.run_records import RunIdentity, percentile, read_records, write_status
 from dlmsearch.run_trace import LookaheadLog, trace_events
 from dlmsearch.search.batcher import Admission, Batcher, Failures, SessionKey
 from dlmsearch.search.decode.intake import DecodeRequest
@@ -367,13 +369,6 @@ def build_fallback(cfg: DictConfig) -> SearchDecoder | None:
     return build(fallback_cfg, "decoder")
 
 
-def hydra_overrides() -> list[str]:
-    """The overrides of the Hydra job running now (the CLI, a sweep's job); none outside one."""
-    from hydra.core.hydra_config import HydraConfig
-
-    return [str(o) for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
-
-
 def population_name(decoder: SearchDecoder) -> str | dict[str, Any]:
     """The decoder's population as a summary names it: ``none`` for one path, else its size and components."""
     population = decoder.population
@@ -395,14 +390,19 @@ def read_all_done(out: Path) -> dict[str, dict[str, Any]]:
     return done
 
 
-def claim(out: Path, identity: RunIdentity) -> None:
-    """Check that ``out``'s records come from this run's config (else one line and nothing
-    decoded), before any model loads; a directory without records is this run's."""
-    records = len(read_records(sorted(out.glob("results*.jsonl"))))
-    check_same_run(out, identity, records)
-    stored = RunIdentity.read(out)
-    if records == 0 or stored is None:
-        identity.write(out)  # every rank writes the same file, at once
+@attrs.define
+class Prepared:
+    """A run ready to decode: its config and directory, the identity ``run.json`` will keep, this
+    process's ranks, the built decoding, the task's items and the decoder's checked plan."""
+
+    cfg: DictConfig
+    out: Path
+    overrides: list[str]
+    identity: RunIdentity
+    ranks: Ranks
+    decoding: Decoding
+    items: list[TaskItem]
+    plan: DecodePlan
 
 
 def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, Any]:
@@ -414,17 +414,35 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     Under ``torchrun`` the pending items are sharded over the ranks, each rank writes its own
     ``results.rank<r>.jsonl``, and rank 0 merges them into ``results.jsonl`` and the summary.
     """
+    return decode_run(prepare_run(cfg, overrides))
+
+
+def prepare_run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> Prepared:
+    """Everything a run does before it decodes, the cheap checks first: the directory can be
+    written and holds no other config's records, every key is taken and every value valid (the
+    decoder, fallback and task are built before the model loads), then the model and the plan.
+    A failure leaves nothing behind (no ``run.json``; the directories made for it removed)."""
     out = Path(cfg.out_dir)
-    check_writable(out)  # before loading a model for minutes
-    overrides = list(overrides) if overrides is not None else hydra_overrides()
-    if int(cfg.batch_size) < 1:
-        raise ValueError(f"batch_size must be at least 1, got {cfg.batch_size}")
-    identity = RunIdentity.of(to_plain(cfg), overrides)
-    claim(out, identity)
-    ranks = Ranks.from_environment(_tensor_parallel(cfg))
-    decoding = _decoding(cfg, ranks)
-    items = decoding.task.items()
-    plan = decoding.prepare(items)
+    with removed_on_failure(out):  # before loading a model for minutes
+        overrides = list(overrides) if overrides is not None else hydra_overrides()
+        if int(cfg.batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1, got {cfg.batch_size}")
+        check_keys(cfg)
+        if OmegaConf.is_missing(cfg.model, "path"):  # before the task, which would need its tokenizer
+            raise ValueError(
+                "model.path is required: the local directory of the checkpoint (the Hub is never contacted)"
+            )
+        identity = claim(out, RunIdentity.of(to_plain(cfg), overrides))
+        ranks = Ranks.from_environment(_tensor_parallel(cfg))
+        decoding, items = _decoding(cfg, ranks)
+        plan = decoding.prepare(items)
+    return Prepared(cfg, out, overrides, identity, ranks, decoding, items, plan)
+
+
+def decode_run(prepared: Prepared) -> dict[str, Any]:
+    """Decode the prepared run's pending items and write its summary; ``run.json`` says the run
+    started decoding, and then how it ended (finished, interrupted, or failed with its error)."""
+    cfg, out, ranks, decoding, items = prepared.cfg, prepared.out, prepared.ranks, prepared.decoding, prepared.items
     done = read_all_done(out)
     # Every rank shards the same pending list: none may write a record before all have read what is
     # done (a fast rank's first records read by a slow one gave it other shards, and an item was skipped).
@@ -436,28 +454,47 @@ def run(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     # Longest prompts first, so that a decode's rows carry little padding; results do not depend on
     # the batch (tested), and results.jsonl is rewritten in the task's order at the end (merge).
     pending.sort(key=lambda pair: -len(pair[1].prompt))
-    _decode_pending(cfg, out, ranks, decoding, pending, done, len(items))
-    done = ranks.merge(out, [item.id for item in items], partial(read_done, keep_errors=True))
+    prepared.identity.write(out)  # every rank writes the same file, at once
+    try:
+        _decode_pending(cfg, out, ranks, decoding, pending, done, len(items))
+        done = ranks.merge(out, [item.id for item in items], partial(read_done, keep_errors=True))
+        summary = _summary(prepared, done)
+    except Interrupted:
+        write_status(out, "interrupted")  # the same command resumes
+        raise
+    except BaseException as error:
+        write_status(out, "failed", error)
+        raise
+    if ranks.rank == 0:
+        write_status(out, "finished")
+    return summary
+
+
+def _summary(prepared: Prepared, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The run's summary (written to ``summary.json`` by rank 0), and the examples it prints."""
+    cfg, decoding, plan, items = prepared.cfg, prepared.decoding, prepared.plan, prepared.items
     records = [done[item.id] for item in items if item.id in done]
+    label = sweep_label()
     summary = {
         "decoder": decoding.decoder.name,
+        **({"label": label} if label else {}),  # a sweep's arm: the overrides its sweep varies
         "commit": type(plan.commit).__name__,  # the rule that ran: on a model without a mask token, its own step
         "task": decoding.task.name,
         "cache": decoding.engine.cache.name,
         "population": population_name(decoding.decoder),
-        "overrides": overrides,
-        "fingerprint": identity.fingerprint,
+        "overrides": prepared.overrides,
+        "fingerprint": prepared.identity.fingerprint,
         **summarise(records),
         **peak_memory_mb(),
-        "world_size": ranks.world,
+        "world_size": prepared.ranks.world,
         # what was used: the engine's, the checkpoint's and the decoder's settings layered; the temperature its one owner's
         "sampling": {**plan.sampling.as_dict(), "temperature": plan.temperature.value},
         "temperature": plan.temperature.as_dict(),  # the temperature used and where it came from (the plan's owner)
         **decoding.engine.layerwise_cost(),
         "config": to_plain(cfg),
     }
-    if ranks.rank == 0:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if prepared.ranks.rank == 0:
+        (prepared.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     summary["examples"] = [
         decoding.task.render(item, done[item.id]["output"])
         for item in items[: int(cfg.examples)]
@@ -471,19 +508,16 @@ def _tensor_parallel(cfg: DictConfig) -> int:
     return cfg.model.get("tensor_parallel", 1)
 
 
-def _decoding(cfg: DictConfig, ranks: Ranks) -> Decoding:
-    """The run's model, task, engine, decoder and fallback, built from the config (this rank's device)."""
+def _decoding(cfg: DictConfig, ranks: Ranks) -> tuple[Decoding, list[TaskItem]]:
+    """The run's decoder, fallback, task and its items, model and engine, built from the config
+    (this rank's device) in that order: every value and the task's files are checked before the
+    weights load."""
+    decoder, fallback, task = build(cfg, "decoder"), build_fallback(cfg), build(cfg, "task")
+    items = task.items()
     adapter = build(cfg, "model", **ranks.model_overrides(cfg))
-    task = build(cfg, "task")
     engine = build(cfg, "engine", adapter=adapter)
-    return Decoding(
-        build(cfg, "decoder"),
-        engine,
-        task,
-        build_fallback(cfg),
-        cfg.get("deadline_s"),
-        LookaheadLog() if cfg.trace else None,
-    )
+    decoding = Decoding(decoder, engine, task, fallback, cfg.get("deadline_s"), LookaheadLog() if cfg.trace else None)
+    return decoding, items
 
 
 def _decode_pending(
@@ -561,27 +595,3 @@ def write_finished(finished: Finished, results: Any, traces: Any, decoding: Deco
         }
         traces.write(json.dumps(line) + "\n")
         traces.flush()
-
-
-def check_writable(out: Path) -> None:
-    """Fail before any decoding when the output directory cannot be written.
-
-    Creates ``out`` (and its parents) and writes and removes a probe file in it; any OSError
-    (no permission, a read-only or full disk, a file where a directory should be) becomes one
-    ValueError line naming the directory.
-    """
-    import tempfile
-
-    out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".dlmsearch-write-check-") as probe:
-            probe.write(b"ok")
-            probe.flush()
-    except OSError as error:
-        existing = next((p for p in (out, *out.parents) if p.exists()), None)
-        if existing is not None and not existing.is_dir():
-            reason = "it is a file" if existing == out else f"{existing} is a file"
-        else:
-            reason = error.strerror or str(error)
-        raise ValueError(f"out_dir={out} cannot be written: {reason}") from error

@@ -6,7 +6,9 @@ is skipped (and, where the runner asks, the file is rewritten without it), and r
 that ended in error are kept or dropped as the caller says.
 
 A run's directory also says which config wrote its records (``run.json``: :class:`RunIdentity`),
-so that a rerun into it resumes only the same run (:func:`check_same_run`).
+so that a rerun into it resumes only the same run (:func:`check_same_run`), and how far the run
+got (its ``status``: running, finished, interrupted, or failed with its ``error``; :func:`write_status`).
+``run.json`` is written when decoding starts: a run that failed before has none.
 """
 
 from __future__ import annotations
@@ -203,11 +205,31 @@ class RunIdentity:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def write(self, out: Path) -> None:
-        """Replace ``out/run.json`` at once (each torchrun rank may write the same file)."""
-        staging = out / f"{RUN_FILE}.{os.getpid()}.tmp"
-        staging.write_text(json.dumps(attrs.asdict(self), indent=1) + "\n")
-        staging.replace(out / RUN_FILE)
+    def write(self, out: Path, status: str = "running") -> None:
+        """Write ``out/run.json`` as the run starts decoding (``status`` running)."""
+        _replace_run_file(out, {**attrs.asdict(self), "status": status})
+
+
+def write_status(out: Path, status: str, error: BaseException | None = None) -> None:
+    """Say in ``out/run.json`` how the run ended: ``finished``, ``interrupted`` (a signal; the same
+    command resumes) or ``failed`` while decoding, with its error in one line (``error``)."""
+    try:
+        stored = json.loads((out / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return  # no run.json: this rank never started decoding, nothing to say
+    stored.pop("error", None)
+    stored["status"] = status
+    if error is not None:
+        text = str(error).strip()
+        stored["error"] = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+    _replace_run_file(out, stored)
+
+
+def _replace_run_file(out: Path, content: dict[str, Any]) -> None:
+    """Replace ``out/run.json`` at once (each torchrun rank may write the same file)."""
+    staging = out / f"{RUN_FILE}.{os.getpid()}.tmp"
+    staging.write_text(json.dumps(content, indent=1) + "\n")
+    staging.replace(out / RUN_FILE)
 
 
 def legacy_identity(out: Path) -> RunIdentity | None:

@@ -27,9 +27,7 @@ def check_type(kind: type, *, optional: bool = False) -> Validator:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             ok = True
         if not ok:
-            raise TypeError(
-                f"{attribute.name} must be {_NAMES.get(kind, kind.__name__)}, got {value!r} ({type(value).__name__})"
-            )
+            raise TypeError(f"{attribute.name} must be {_NAMES.get(kind, kind.__name__)}, got {value!r}")
 
     return validate
 

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 import torch
-from decoder_table import measure, paired, parse_variant, plot_accuracy_vs_steps
+from decoder_table import measure, paired, parse_variant, plot_accuracy_vs_steps, write_card
 from outputs import add_flag, check
 from safetensors.torch import load_file
 
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.limit
         else f"python experiments/countdown_model_card.py --limit {args.limit}"
     )
-    card_path.write_text(card(rows, sections, args, command))
+    write_card(card_path, card(rows, sections, args, command))
     print(f"wrote {card_path}, {figure} and {args.runs / 'table.json'}")
     for r in rows + [r for s in sections.values() for r in s]:
         print(

@@ -112,3 +112,19 @@ if __name__ == "__main__":  # a module the model cards import; run, it only expl
         description=__doc__ + "\nImported by the model-card scripts; nothing to run on its own.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     ).parse_args()
+
+
+ASKING = "## Asking it"
+
+
+def write_card(path: Path, text: str) -> None:
+    """Write a generated model card, keeping its hand-written "Asking it" section (the prompt the
+    model expects, with requests ``tests/test_shipped_doors.py`` sends) before "## Training"."""
+    old = path.read_text() if path.exists() else ""
+    start = old.find(ASKING)
+    if start >= 0 and ASKING not in text:
+        end = old.find("\n## ", start + len(ASKING))
+        section = old[start : end + 1 if end >= 0 else len(old)].rstrip("\n") + "\n\n"
+        at = text.find("## Training")
+        text = text[:at] + section + text[at:] if at >= 0 else text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 from decoder_table import measure as measure_run
-from decoder_table import paired, parse_variant, plot_accuracy_vs_steps
+from decoder_table import paired, parse_variant, plot_accuracy_vs_steps, write_card
 from outputs import add_flag, check
 
 from dlmsearch.config import compose, decoder_presets
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.card_given is not None:
         given = args.card_given
         command += f" --card {given.relative_to(ROOT) if given.is_absolute() and ROOT in given.parents else given}"
-    card_path.write_text(card(rows, args, command))
+    write_card(card_path, card(rows, args, command))
     print(f"wrote {card_path}, {figure}, {width_figure} and {args.runs / 'table.json'}")
     for r in rows:
         print(

@@ -30,8 +30,8 @@ from decoder_table import measure, paired
 
 SINGLE = ("llada", "fast_dllm", "adalook")
 WIDTH = ("best_of_n", "beam", "smc", "verified_best_of_n")
-TREES = ("mcts", "mcts_verified", "gumbel_mcts")
-SIMULATIONS_PER_BUDGET = {"mcts": 1, "gumbel_mcts": 1, "mcts_verified": 4}
+TREES = ("mcts", "mcts_verified", "gumbel_mcts", "mcts_macro")
+SIMULATIONS_PER_BUDGET = {"mcts": 1, "gumbel_mcts": 1, "mcts_verified": 4, "mcts_macro": 2}
 
 
 def runs_for(args: argparse.Namespace, unit: float) -> list[tuple[str, str, list[str], str, float | None]]:

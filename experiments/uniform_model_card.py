@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 from block_model_card import HEADER, line
-from decoder_table import measure, paired
+from decoder_table import measure, paired, write_card
 from outputs import RUNS, add_flag, check, resolve
 
 from dlmsearch.config import ConfigError
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     (args.out / "card.md").write_text("\n".join(lines) + "\n")
     if args.model_card:
-        (args.model_card / "README.md").write_text(model_card(args.model_card, lines))
+        write_card(args.model_card / "README.md", model_card(args.model_card, lines))
     plot(rows, bars, args.tiers, args.out / "accuracy_vs_token_forwards.png")
     print("\n".join(lines))
     print(f"wrote {args.out}/{{rows.json,card.md,accuracy_vs_token_forwards.png}}")

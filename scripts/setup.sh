@@ -2,7 +2,7 @@
 # Create .venv and install torch first, then dlmsearch (its `torch>=2.2` is then already met, so
 # nothing else pulls a torch build, e.g. a multi-GB CUDA one).
 #   bash scripts/setup.sh        # with the dev extras (tests, lm-eval, plotting): what scripts/test.sh needs
-#   bash scripts/setup.sh demo   # only what the default jobs need (the package and its dependencies, transformers included)
+#   bash scripts/setup.sh demo   # what the README's commands need: the package and its dependencies (transformers included) and the server's (the serve extra)
 # Which torch: DLMSEARCH_TORCH (pip requirement(s), default "torch==2.13.0") from DLMSEARCH_TORCH_INDEX
 # (an index URL; default: pip's configured indexes). On Linux, PyPI's torch wheel is the CUDA build;
 # for the CPU build there:
@@ -47,7 +47,7 @@ echo "setup.sh: installing ${torch_spec} from ${where}, then dlmsearch ($mode), 
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet ${index_args[@]+"${index_args[@]}"} "${torch_reqs[@]}"
 if [ "$mode" = demo ]; then
-    python -m pip install --quiet -e .
+    python -m pip install --quiet -e ".[serve]"   # the serve extra: python -m dlmsearch.serve (FastAPI, uvicorn, prometheus_client)
 else
     python -m pip install --quiet -e ".[dev]"
     # The block-diffusion families' reference modeling files need older transformers (SDAR: 4.52, whose LossKwargs 4.57+

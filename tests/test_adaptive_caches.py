@@ -126,7 +126,7 @@ def test_the_store_pads_widens_admits_and_reorders() -> None:
 def test_a_model_that_cannot_run_the_layerwise_forward_is_refused(adapter) -> None:
     with pytest.raises(
         ValueError,
-        match=r"^cache=dllm_cache runs the layerwise forward of the native LLaDA and Dream models; BidirectionalDenoiser cannot: use cache=none$",
+        match=r"^cache=dllm_cache runs the layerwise forward of the native LLaDA and Dream models; BidirectionalDenoiser cannot: use `cache=none`$",
     ):
         plan_on(RolloutEngine(adapter=adapter, cache="dllm_cache"))
 
@@ -135,7 +135,7 @@ def test_a_block_diffusion_model_is_pointed_to_its_exact_cache() -> None:
     block_model = build(compose(["model=countdown_block", "model.device=cpu", "model.dtype=float32"]), "model")
     with pytest.raises(
         ValueError,
-        match=r"^cache=dkv recomputes stale keys and values of a full-attention model; this block-diffusion model .* use cache=block",
+        match=r"^cache=dkv recomputes stale keys and values of a full-attention model; this block-diffusion model .* use `cache=block`$",
     ):
         plan_on(RolloutEngine(adapter=block_model, cache="dkv"))
 
@@ -143,13 +143,16 @@ def test_a_block_diffusion_model_is_pointed_to_its_exact_cache() -> None:
 @pytest.mark.parametrize("preset", ["remdm", "saber", "rcr", "wino"])
 def test_a_revision_is_refused(preset: str) -> None:
     engine = RolloutEngine(adapter=cached_adapter(), cache="elastic")
-    with pytest.raises(ValueError, match=r"re-masks committed tokens, but cache=elastic .*: use cache=none"):
+    with pytest.raises(ValueError, match=r"re-masks committed tokens, but cache=elastic .*: use `cache=none`"):
         DecodeSession.open(text_decoder(preset), engine, GEN, BLOCK)
 
 
 def test_guidance_is_refused() -> None:
     engine = RolloutEngine(adapter=cached_adapter(), cache="d2cache")
-    with pytest.raises(ValueError, match=r"^decoder.guidance.scale=1.5 needs cache=none .*got cache=d2cache$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^decoder.guidance.scale=1.5 needs cache=none .*got cache=d2cache: use `cache=none` \(or `decoder.guidance.scale=0`\)$",
+    ):
         DecodeSession.open(text_decoder("fast_dllm", "decoder.guidance.scale=1.5"), engine, GEN, BLOCK)
 
 

@@ -127,12 +127,14 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_cli_without_decoder_lists_presets(tmp_path: Path) -> None:
-    done = cli(cwd=tmp_path)
+    """The bare command lists the presets (exit 0, tests/test_first_hour_cli.py); with overrides
+    but no decoder, it is one line with the choices, exit 2."""
+    done = cli("task.limit=2", cwd=tmp_path)
     assert done.returncode == 2
-    assert (
-        done.stderr.strip().splitlines()[-1]
-        == f"no decoder chosen: add +decoder=NAME, one of: {', '.join(decoder_presets())}"
-    )
+    assert done.stderr.strip().splitlines() == [
+        f"error: no decoder chosen: add +decoder=NAME, one of: {', '.join(decoder_presets())}"
+    ]
+    assert not (tmp_path / "outputs").exists()
 
 
 @pytest.mark.slow

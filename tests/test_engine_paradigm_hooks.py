@@ -96,6 +96,6 @@ def test_the_encoder_cache_on_a_model_without_an_encoder_is_refused_in_one_line(
         adapter=ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB), cache="encoder"
     )
     with pytest.raises(
-        ValueError, match=r"^cache=encoder is the prefix cache of an encoder-decoder model .*: use cache=auto$"
+        ValueError, match=r"^cache=encoder is the prefix cache of an encoder-decoder model .*: use `cache=none`$"
     ):
         plan_on(engine)

@@ -145,7 +145,8 @@ def test_a_directory_declares_what_it_was_trained_on(tmp_path: Path) -> None:
     plain = compose(["model=llada", f"model.path={bare}", "task=countdown", f"task.template='{TEMPLATE}'"])
     assert (plain.task.gen_length, plain.task.block_length, plain.task.tier) == (256, 32, "d1")
     with pytest.raises(
-        ValueError, match=r"\(prompt 24 \+ generation 256\) is 280 tokens, .* set task.gen_length .* at most 104"
+        ValueError,
+        match=r"\(prompt 24 \+ generation 256\) is 280 tokens, .*; use `task.gen_length=96` \(gen_length= in the Python API\)",
     ):
         run(compose([*plain_overrides(bare), f"task.template='{TEMPLATE}'", "task.tier=small", f"out_dir={tmp_path}"]))
 

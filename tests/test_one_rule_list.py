@@ -21,6 +21,7 @@ from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.tensor_parallel import TensorParallel, shard_model
 from dlmsearch.models.transformer import BidirectionalTransformer, TransformerConfig
 from dlmsearch.search import plan as plan_module
+from dlmsearch.search import plan_rules
 from dlmsearch.search.components.commit import FastBlockRule
 from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
@@ -71,28 +72,28 @@ CASES: dict[str, Case] = {
         RolloutEngine(adapter=counting_adapter()),
         16,
         8,
-        "explores .* but has no candidates, scorer, expansion, selector: set decoder/candidates=",
+        "explores .* but has no candidates, scorer, expansion, selector: use `decoder/trigger=never`",
     ),
     "a canvas that is not whole (was make_plan's own check)": lambda: (
         text_decoder("diffusion_gemma"),
         RolloutEngine(adapter=uniform(counting_adapter())),
         12,
         8,
-        r"must be a whole number of this model's canvases of 8 .*: set task.gen_length to 16",
+        r"must be a whole number of this model's canvases of 8 .*: use `task.gen_length=16`",
     ),
     "blocks that are not whole (was Layout's)": lambda: (
         text_decoder("llada"),
         RolloutEngine(adapter=counting_adapter()),
         12,
         8,
-        r"whole number of decoding blocks of 8 .*: set task.gen_length to 16",
+        r"whole number of decoding blocks of 8 .*: use `task.gen_length=16`",
     ),
     "a shadow block over windows of several blocks (was the engine's, at call time)": lambda: (
         SearchDecoder(commit=VerifiedFastBlock(budget=1)),
         RolloutEngine(adapter=cached_adapter()),
         16,
         4,
-        "verify statistic .* moves on after 1 rounds .*: use decoder/commit=wide_in",
+        "verify statistic .* moves on after 1 rounds .*: use `decoder/commit=wide_in`",
     ),
     "tensor parallelism and a layerwise cache (was at the first forward)": lambda: (
         text_decoder("llada"),
@@ -106,7 +107,7 @@ CASES: dict[str, Case] = {
         RolloutEngine(adapter=sharded(), compile=True),
         16,
         8,
-        "engine.compile=true with model.tensor_parallel=2: .*; use engine.compile=false",
+        "engine.compile=true with model.tensor_parallel=2: .*: use `engine.compile=false`",
     ),
 }
 
@@ -133,14 +134,14 @@ def test_the_canvas_rule_on_requests_is_listed_and_says_what_check_canvas_says()
         adapter=ModelAdapter(module=tiny_denoiser(), mask_id=MASK_ID, vocab_size=VOCAB, max_length=96)
     )
     plan = text_decoder("llada").plan(engine, 16, 8)
-    assert plan_module._canvas_fits in plan_module.RULES
+    assert plan_rules._canvas_fits in plan_rules.RULES
     with pytest.raises(ValueError, match=r"\(prompt 90 \+ generation 16\) is 106 tokens") as refused:
         plan.check_canvas(90, "the canvas of item 7")
     meeting = plan_module.Meeting(
         text_decoder("llada"), engine.cache, False, engine.capabilities, None, 16, 8, plan.temperature, 90
     )
-    assert str(refused.value) == plan_module._canvas_fits(meeting).replace("the canvas", "the canvas of item 7")
-    assert plan_module._canvas_fits(attrs.evolve(meeting, prompt_length=None)) is None
+    assert str(refused.value) == plan_rules._canvas_fits(meeting).replace("the canvas", "the canvas of item 7")
+    assert plan_rules._canvas_fits(attrs.evolve(meeting, prompt_length=None)) is None
 
 
 def test_the_tensor_parallel_size_is_a_capability() -> None:

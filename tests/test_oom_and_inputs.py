@@ -15,7 +15,7 @@ from torch import nn
 
 from dlmsearch.core.capabilities import ModuleFeatures
 from dlmsearch.models.adapter import ModelAdapter
-from dlmsearch.run import check_writable
+from dlmsearch.run_dir import check_writable
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.tasks.sudoku import SudokuTask
 from dlmsearch.tasks.sudoku_files import PuzzleFileError, load_puzzles, tier_path

@@ -368,7 +368,7 @@ def test_population_invariants(adapter: ModelAdapter, config: dict, preset: str,
 def test_pruning_needs_a_verifier_of_partial_outputs() -> None:
     from dlmsearch.tasks.text import AnswerVerifier
 
-    with pytest.raises(ValueError, match="set decoder.population.prune_conflicts=auto"):
+    with pytest.raises(ValueError, match="decoder.population.prune_conflicts=auto"):
         Population(size=2, prune_conflicts=True).for_verifier(AnswerVerifier(lambda row: ""))
     Population(size=2, stop_when_accepted=True).for_verifier(AnswerVerifier(lambda row: ""))
 

@@ -52,10 +52,12 @@ def refusal(engine: RolloutEngine, preset: str) -> str | None:
     """The one error a preset gives where its decoder cannot run with this model or cache (None: it runs)."""
     if preset == "klass" and engine.cache.stores:
         return "needs cache=none"
+    if preset == "wino" and not engine.capabilities.shadow:  # first: on such a model no cache would help
+        return "needs a model that takes an explicit attention mask"
     if preset == "wino" and engine.cache.name == "dual":
         return "needs cache=none or prefix"
-    if preset == "wino" and not engine.capabilities.shadow:
-        return "needs a model that takes an explicit attention mask"
+    if decoder_for(preset).commit.decides_whole_block:  # diffusion_gemma: another decoder, before its stop tokens
+        return "re-decides a canvas of uniform noise every step"
     if (
         decoder_for(preset).stop_at_eos and not engine.capabilities.stop_ids
     ):  # llada2, llada21: their loops always stop at EOS

@@ -305,7 +305,7 @@ def test_a_verified_value_without_a_verifier_is_refused() -> None:
 def test_a_population_or_a_revision_with_a_tree_is_refused() -> None:
     engine = RolloutEngine(adapter=cached_adapter())
     message = refusal(text_decoder("mcts", "+decoder/population=best_of_n"), engine)
-    assert "tree per sample" in message and "decoder/population=null" in message
+    assert "tree per sample" in message and "`'~decoder.population'`" in message
     # a revision: refused by the lookahead-over-revision rule before rule 21 (every tree's trigger explores)
     revised = attrs.evolve(text_decoder("mcts"), revision=text_decoder("rcr").revision)
     assert "revises commits" in refusal(revised, engine)

@@ -62,7 +62,7 @@ LLADA2_MINI = {
 # LLaDA-8B (Base / Instruct). Source: the LLaDA-8B-Instruct config.json as a fine-tune copies it
 # (huggingface.co/Proximile/LLaDA-8B-Tools, auto_map pointing at GSAI-ML/LLaDA-8B-Instruct):
 # d_model 4096, 32 layers, 32 heads, 32 kv heads, mlp_hidden_size 12288, embedding_size 126464;
-# weight_tying false and rope_theta 5e5 as ../shared/upstream/README.md records for LLaDA-8B.
+# weight_tying false and rope_theta 5e5 as LLaDA's released configuration sets them for LLaDA-8B.
 LLADA_8B = {
     "model_type": "llada",
     "d_model": 4096,

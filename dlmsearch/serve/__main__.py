@@ -25,6 +25,7 @@ import hydra
 from omegaconf import DictConfig
 
 from dlmsearch.config import CONF_DIR, ConfigError
+from dlmsearch.hydra_job import discard_job_dir
 from dlmsearch.startup import fail, require_decoder, start
 
 FRONT_START_S = 300.0  # how long the fronts may take to import, load the tokenizer and listen
@@ -167,13 +168,14 @@ def _main(cfg: DictConfig) -> None:
     try:
         serve(cfg, list(hydra_cfg.overrides.task), str(hydra_cfg.runtime.choices.get("model", "dlmsearch")))
     except (ConfigError, FileNotFoundError, ValueError, TypeError, OSError) as error:
+        discard_job_dir()  # as python -m dlmsearch: a start that failed leaves no run directory
         fail(error)
 
 
 def main() -> None:
     """The command line is checked first (as ``python -m dlmsearch``'s): an unknown key, group or
     option is one line naming it and the closest valid names, exit 2."""
-    start(_main, "serve")
+    start(_main, "serve", "python -m dlmsearch.serve")
 
 
 if __name__ == "__main__":

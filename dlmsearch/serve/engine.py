@@ -105,6 +105,18 @@ class Submission:
     deadline_s: float | None
 
 
+def refuse_grid_model(cfg: DictConfig, model_name: str) -> None:
+    """The server answers text (OpenAI's API, through the model's tokenizer): a Sudoku denoiser, which
+    reads 81 cells and has no tokenizer, is refused before it loads, with the commands that decode it."""
+    if str(cfg.model.get("_target_", "")).endswith("load_denoiser"):
+        raise ValueError(
+            f"model={model_name} is a Sudoku denoiser (81 cells, no tokenizer), and the server answers text through "
+            "a model's tokenizer: decode puzzles with python -m dlmsearch model=sudoku task=sudoku +decoder=adalook "
+            "task.path=FILE (one 81-character puzzle a line, 0 or . for a blank), or in Python with "
+            'Decoder.from_preset("adalook").generate(Model.load("sudoku"), [puzzle]) (dlmsearch/data/sudoku_model/README.md)'
+        )
+
+
 def error_message(rid: str, error: APIError) -> tuple:
     return ("error", rid, error.status, error.message, error.param, error.code)
 
@@ -169,6 +181,7 @@ class Engine:
         limits = check_limits(serve)
         self.limits = limits
         self.cfg = cfg
+        refuse_grid_model(cfg, model_name)
         self.adapter = build(cfg, "model")
         self.task: TextTask = prompt_list(cfg.task, chat=False)  # reads outputs: generated ids for the counters
         self.grace_s = limits.grace_s

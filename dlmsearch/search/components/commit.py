@@ -59,6 +59,15 @@ def statistics_for(ordering: str) -> frozenset[str]:
     return frozenset({"margin": {"margin"}, "neg_entropy": {"entropy"}, "random": {"uniform"}}.get(ordering, set()))
 
 
+def steps_per_block(steps: int, layout: Layout) -> str:
+    """The refusal of a number of steps the blocks cannot share evenly, with the next that they can."""
+    blocks = layout.num_blocks
+    return (
+        f"decoder.commit.steps={steps} must be a multiple of the number of blocks ({blocks}): "
+        f"use `decoder.commit.steps={-(-steps // blocks) * blocks}`"
+    )
+
+
 def top_k_mask(scores: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """``[R, T]`` mask of each row's ``k[row]`` best eligible positions (ties: lower column).
     An eligible score of -inf still ranks above every ineligible position (as the most negative
@@ -213,9 +222,7 @@ class _FixedSteps(MaskFilling):
 
     def bind(self, layout: Layout) -> _FixedSteps:
         if self.steps % layout.num_blocks:
-            raise ValueError(
-                f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})"
-            )
+            raise ValueError(steps_per_block(self.steps, layout))
         return with_layout(self, block_budget=self.steps // layout.num_blocks)
 
     def ranking(self, canvas: Canvas, evaluation: Evaluation, eligible: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -434,9 +441,7 @@ class ReMDMSchedule(MaskFilling):
 
     def bind(self, layout: Layout) -> ReMDMSchedule:
         if self.steps % layout.num_blocks:
-            raise ValueError(
-                f"decoder.commit.steps={self.steps} must be a multiple of the number of blocks ({layout.num_blocks})"
-            )
+            raise ValueError(steps_per_block(self.steps, layout))
         plain = self.steps // layout.num_blocks
         return with_layout(self, plain=plain, block_budget=plain + (self.loop_steps or plain))
 

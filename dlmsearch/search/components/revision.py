@@ -88,7 +88,7 @@ def lowest(scores: torch.Tensor, eligible: torch.Tensor, count: torch.Tensor) ->
 def _needs_steps(name: str, block_budget: int | None) -> int:
     if block_budget is None:
         raise ValueError(
-            f"decoder.revision ({name}) needs a commit rule with a fixed number of steps per block (decoder/commit=fill_block or remdm)"
+            f"decoder.revision ({name}) needs a commit rule with a fixed number of steps per block: use `decoder/commit=fill_block`"
         )
     return block_budget
 

@@ -68,7 +68,7 @@ class EntropyBoundedRule(MaskFilling):
     Departs from the code on purpose: there the "entropy" is summed over the drawn tokens'
     probabilities of the whole block (``x0_p`` is ``[batch, block]``), so every position of a
     batch-1 block gets the same value and ``torch.sort``'s unspecified order decides; no token
-    parity with it is expected (``algorithms.md``). Unlike :class:`EntropyBudget` (EB-Sampler:
+    parity with it is expected. Unlike :class:`EntropyBudget` (EB-Sampler:
     ``sum H - max H <= gamma``), the bound is on the plain sum.
     """
 

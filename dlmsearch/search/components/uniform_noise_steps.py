@@ -23,7 +23,7 @@ from dlmsearch.validation import check_type, number
 class UniformNoiseSteps:
     """DiffusionGemma's denoising step (transformers ``generation_diffusion_gemma.py``, Apache-2.0:
     ``EntropyBoundSampler.accept_canvas``, ``LinearTemperatureScheduleLogitsProcessor``,
-    ``StableAndConfidentStoppingCriteria``; ``algorithms.md``, "Uniform-noise diffusion").
+    ``StableAndConfidentStoppingCriteria``; the loop step by step: docs/diffusion_gemma.md).
 
     Every step decides the whole block afresh (the current block; :meth:`Canvas.decide_block`). Step
     ``n`` counts down from ``max_steps`` (``N``) at the block's first step; the engine samples

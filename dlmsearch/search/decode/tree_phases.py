@@ -31,7 +31,7 @@ from dlmsearch.search.decode.state import DecodeState
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.randomness import Stream
 from dlmsearch.search.records.state import Canvas, Evaluation, Layout
-from dlmsearch.search.records.tree import UNSET, SearchedTrees, Tree
+from dlmsearch.search.records.tree import UNSET, SearchedTrees, Tree, move_probability
 from dlmsearch.search.records.usage import Usage
 from dlmsearch.search.records.verifier import Verifier
 
@@ -114,7 +114,7 @@ def _start(state: DecodeState, root: Canvas, evaluation: Evaluation, exploring: 
     kept = None if state.tree is None else state.tree.take(exploring)
     room = 1 + simulations + (0 if kept is None else int(kept.count.max()))
     room = room if kept is None else max(room, kept.nodes)  # other slots' trees may have grown the kept ones' room
-    tree = Tree.empty(trees, room, plan.candidates.k, evaluation)
+    tree = Tree.empty(trees, room, plan.candidates.k, evaluation, getattr(plan.candidates, "commits", None))
     fresh = torch.arange(trees) if kept is None else (kept.count == 0).nonzero().squeeze(1)
     if kept is not None and len(fresh) < trees:
         reused = (kept.count > 0).nonzero().squeeze(1)
@@ -131,8 +131,12 @@ def _set(values: torch.Tensor, at: torch.Tensor, node: torch.Tensor, value: Any)
 
 
 def _root_uniforms(state: DecodeState, tree: Tree, exploring: torch.Tensor, usage: Usage) -> torch.Tensor:
-    """``[S, A]`` seeded uniforms per root action, keyed by its position (batch-invariant)."""
+    """``[S, A]`` seeded uniforms per root action, keyed by its position (batch-invariant); a macro
+    move, which commits several, by its index among the generator's moves."""
     call = usage.steps[state.slots.owner[exploring]]
+    if tree.macro:  # keys 0..A-1: the moves' indices in place of generation positions
+        moves = Layout(gen_start=0, gen_length=tree.actions, block_length=tree.actions)
+        return state.slots.draw(exploring, call, moves, Stream.TREE_GUMBEL)
     columns = state.slots.draw(exploring, call, state.layout, Stream.TREE_GUMBEL)
     return columns.gather(1, tree.position[:, 0].clamp(min=0))
 
@@ -141,7 +145,8 @@ def _record_actions(
     tree: Tree, state: DecodeState, at: torch.Tensor, node: torch.Tensor, canvas: Canvas, evaluation: Evaluation
 ) -> Tree:
     """Nodes ``node`` of trees ``at`` with their evaluation and their actions (the candidate generator's
-    moves, each a position, a token and the model's probability of it) and priors.
+    moves, each a position, a token and the model's probability of it, or several of them for macro
+    moves) and priors. A move that would write the mask id is not one.
 
     Args:
         tree: the trees.
@@ -158,10 +163,12 @@ def _record_actions(
     if position.shape[1] < width:  # a canvas narrower than the generator's k
 
         def pad(values: torch.Tensor) -> torch.Tensor:
-            return torch.cat([values, values.new_zeros(len(node), width - values.shape[1])], dim=1)
+            return torch.cat([values, values.new_zeros(len(node), width - values.shape[1], *values.shape[2:])], dim=1)
 
         position, token, probability, valid = (pad(v) for v in (position, token, probability, valid))
-    valid = valid & ~tree.terminal[at, node][:, None] & (token != plan.mask_id)
+    writes_mask = token == plan.mask_id
+    writes_mask = (writes_mask & (position >= 0)).any(dim=2) if tree.macro else writes_mask
+    valid = valid & ~tree.terminal[at, node][:, None] & ~writes_mask
     stored = attrs.evolve(
         tree.evaluation,
         **{
@@ -175,7 +182,7 @@ def _record_actions(
         position=_set(tree.position, at, node, position),
         token=_set(tree.token, at, node, token),
         probability=_set(tree.probability, at, node, probability),
-        prior=_set(tree.prior, at, node, plan.tree.priors(probability, valid)),
+        prior=_set(tree.prior, at, node, plan.tree.priors(move_probability(position, probability), valid)),
         valid=_set(tree.valid, at, node, valid),
         evaluation=stored,
     )
@@ -185,7 +192,8 @@ def _moves(
     candidates: CandidateGenerator, canvas: Canvas, evaluation: Evaluation, layout: Layout
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[R, A]`` the actions' positions, tokens, probabilities and validity: a generator's joint moves
-    where it makes them (``moves``), else its positions, each with the evaluation's token."""
+    where it makes them (``moves``; ``[R, A, K]`` for macro moves), else its positions, each with the
+    evaluation's token."""
     moves = getattr(candidates, "moves", None)
     if moves is not None:
         return moves(canvas, evaluation, layout)
@@ -265,8 +273,9 @@ def _allocate(
 def rebuild(
     state: DecodeState, tree: Tree, root: Canvas, at: torch.Tensor, node: torch.Tensor, call: torch.Tensor
 ) -> Canvas:
-    """The canvases of nodes ``node`` of trees ``at``: each root with its path's commits applied in
-    order (the base rule's own commit of one position, so blocks advance as a step's would).
+    """The canvases of nodes ``node`` of trees ``at``: each root with its path's moves applied in
+    order, each through the base rule's own commit of its positions (one, or a macro move's several,
+    together: one step), so blocks advance as a step's would.
 
     Args:
         state: the decode (its plan's commit rule, its layout).
@@ -279,16 +288,21 @@ def rebuild(
     plan, layout = state.plan, state.layout
     canvas = root.take(at)
     position, token, probability = tree.edges(at, node)
+    if not tree.macro:  # one commit per move: a move of K = 1
+        position, token, probability = position[..., None], token[..., None], probability[..., None]
     width = canvas.tokens.shape[1]
     for step in range(position.shape[1]):
-        rows = (position[:, step] >= 0).nonzero().squeeze(1)
+        rows = (position[:, step] >= 0).any(dim=1).nonzero().squeeze(1)
         if not rows.numel():
             continue
-        chosen = torch.zeros(len(rows), width, dtype=torch.bool)
-        chosen[torch.arange(len(rows)), position[rows, step]] = True
+        made = position[rows, step] >= 0
+        column = torch.where(made, position[rows, step], width)  # a commit not made writes a spare column
+        chosen = torch.zeros(len(rows), width + 1, dtype=torch.bool).scatter(1, column, made)[:, :width]
         move = Evaluation(
-            token=token[rows, step, None].expand(-1, width),
-            confidence=probability[rows, step, None].expand(-1, width),
+            token=torch.zeros(len(rows), width + 1, dtype=token.dtype).scatter(1, column, token[rows, step])[:, :width],
+            confidence=torch.zeros(len(rows), width + 1, dtype=probability.dtype).scatter(
+                1, column, probability[rows, step]
+            )[:, :width],
         )
         at_step = StepAt(layout, call[rows], plan.mask_id, depth=step + 1, branch=tree.action[at[rows], node[rows]])
         canvas = canvas.put(rows, plan.commit.open_branch(canvas.take(rows), move, at_step, chosen))

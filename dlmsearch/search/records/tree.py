@@ -3,10 +3,16 @@
 mctx's shape (``google-deepmind/mctx``, ``Tree``): preallocated arrays over ``[trees, nodes]``
 and ``[trees, nodes, actions]``, batched over problems, so that selection, expansion and
 backup are whole-array operations and every method returns a new record. Node 0 is the root (the
-slot's canvas); a node is the canvas of its parent with one more commit, held as that *commit
+slot's canvas); a node is the canvas of its parent with one more move, held as that move's *commit
 record* (the parent's action: a position, a token and the model's probability of it), never as a
 copy of the canvas (:meth:`edges` gives a node's path from the root, which rebuilds it). Each
 expanded node keeps the model's evaluation of its canvas, so no node is evaluated twice.
+
+A move commits one position, or, for a generator of macro moves (UnMaskFork, arXiv 2602.04344:
+a move is a rule's step of several commits), up to ``K``: the per-action commit fields then carry
+a last axis ``[S, N, A, K]``, a position UNSET where the move makes fewer than ``K`` commits. For
+one commit per move that axis is left out (``[S, N, A]``), so such trees read as before. A node's
+``depth`` counts moves, whatever each commits.
 
 Every field leads with the tree dimension, so the row helpers take, put and join trees as they
 do canvases (``take`` on the exploring slots, ``joined`` for trees of samples admitted later).
@@ -29,16 +35,16 @@ class Tree:
 
     parent: torch.Tensor  # [S, N] long: the parent node (UNSET: the root, or a node not allocated)
     action: torch.Tensor  # [S, N] long: the parent's action that leads here (UNSET: the root)
-    depth: torch.Tensor  # [S, N] long: commits from the root
+    depth: torch.Tensor  # [S, N] long: moves from the root (each one commit, or a macro move's several)
     visits: torch.Tensor  # [S, N] long: simulations backed up through the node
     value_sum: torch.Tensor  # [S, N] float: the sum of their leaf values
     expanded: torch.Tensor  # [S, N] bool: evaluated, its actions known
     terminal: torch.Tensor  # [S, N] bool: nothing left to decide, or its partial canvas breaks the task's rules
     value: torch.Tensor  # [S, N] float: the leaf value found when the node was expanded
     accepted: torch.Tensor  # [S, N] bool: the node's completion passes the task's verifier
-    position: torch.Tensor  # [S, N, A] long: each action's position
-    token: torch.Tensor  # [S, N, A] long: the token it commits there
-    probability: torch.Tensor  # [S, N, A] float: the model's probability of that token (recorded as its confidence)
+    position: torch.Tensor  # [S, N, A(, K)] long: each action's position (a macro move's K; UNSET: none made)
+    token: torch.Tensor  # [S, N, A(, K)] long: the token it commits there
+    probability: torch.Tensor  # [S, N, A(, K)] float: the model's probability of it (recorded as its confidence)
     prior: torch.Tensor  # [S, N, A] float: the selection's prior (sums to 1 over the valid actions)
     valid: torch.Tensor  # [S, N, A] bool: the action exists (fewer eligible positions than actions)
     children: torch.Tensor  # [S, N, A] long: the child node of each action (UNSET: not expanded)
@@ -48,12 +54,14 @@ class Tree:
     gumbel: torch.Tensor  # [S, A] float: the root actions' Gumbel noise (zero where no policy draws it)
 
     @classmethod
-    def empty(cls, trees: int, nodes: int, actions: int, evaluation: Evaluation) -> Tree:
+    def empty(cls, trees: int, nodes: int, actions: int, evaluation: Evaluation, commits: int | None = None) -> Tree:
         """``trees`` trees with room for ``nodes`` nodes each; ``evaluation`` ``[trees, T]`` gives the
-        shape (and the statistics) of the per-node evaluations."""
+        shape (and the statistics) of the per-node evaluations; ``commits``: the most a macro move
+        makes (``K``; None: one commit per move, the commit fields ``[S, N, A]``)."""
         unset = torch.full((trees, nodes), UNSET, dtype=torch.long)
         flags = torch.zeros(trees, nodes, dtype=torch.bool)
         per_action = torch.zeros(trees, nodes, actions)
+        per_commit = per_action if commits is None else torch.zeros(trees, nodes, actions, commits)
         return cls(
             parent=unset,
             action=unset,
@@ -64,9 +72,9 @@ class Tree:
             terminal=flags,
             value=torch.zeros(trees, nodes),
             accepted=flags,
-            position=per_action.long(),
-            token=per_action.long(),
-            probability=per_action,
+            position=per_commit.long(),
+            token=per_commit.long(),
+            probability=per_commit,
             prior=per_action,
             valid=per_action.bool(),
             children=torch.full((trees, nodes, actions), UNSET, dtype=torch.long),
@@ -80,7 +88,7 @@ class Tree:
     def none_like(cls, like: Tree, trees: int) -> Tree:
         """``trees`` trees shaped like ``like``'s that hold nothing (``count`` 0: no tree kept)."""
         template = map_rows(like.evaluation, lambda t: t[:1, 0].expand(trees, *t.shape[2:]))
-        empty = cls.empty(trees, like.nodes, like.actions, template)
+        empty = cls.empty(trees, like.nodes, like.actions, template, like.commits if like.macro else None)
         return attrs.evolve(empty, count=torch.zeros(trees, dtype=torch.long))
 
     @property
@@ -94,6 +102,16 @@ class Tree:
     @property
     def actions(self) -> int:
         return self.position.shape[2]
+
+    @property
+    def macro(self) -> bool:
+        """Its moves are macro moves: the commit fields carry a last axis of ``K`` commits."""
+        return self.position.dim() == 4
+
+    @property
+    def commits(self) -> int:
+        """``K``: the most commits one move makes (1 where each move makes one)."""
+        return self.position.shape[3] if self.macro else 1
 
     def take(self, index: torch.Tensor) -> Tree:
         """The trees at ``index`` (a long index or a bool mask)."""
@@ -129,15 +147,17 @@ class Tree:
         return torch.where(children >= 0, read, torch.zeros_like(read))
 
     def edges(self, tree: torch.Tensor, node: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The path from the root to each of nodes ``node`` of trees ``tree``, root first: per step
-        ``[R, D]`` the position, token and probability committed (position UNSET past a path's end;
-        ``D`` the deepest path's length): each step's node is read off :meth:`path`, its move off its parent."""
+        """The path from the root to each of nodes ``node`` of trees ``tree``, root first: per move
+        ``[R, D]`` the position, token and probability committed (``[R, D, K]`` for macro moves;
+        position UNSET past a path's end, and where a move makes fewer than ``K`` commits; ``D`` the
+        deepest path's length): each move's node is read off :meth:`path`, the move off its parent."""
         depth = self.depth[tree, node]
         step = torch.arange(int(depth.max()) if len(node) else 0)[None, :]
         on = step < depth[:, None]
         reached = self.path(tree, node).gather(1, (depth[:, None] - 1 - step).clamp(min=0))  # step k's node
         at = tree[:, None]
         parent, action = self.parent[at, reached].clamp(min=0), self.action[at, reached].clamp(min=0)
+        on = on[..., None] if self.macro else on
         return (
             torch.where(on, self.position[at, parent, action], UNSET),
             torch.where(on, self.token[at, parent, action], 0),
@@ -256,7 +276,20 @@ class Tree:
                 for f in attrs.fields(type(self.evaluation))
             }
         )
-        return attrs.evolve(self, position=self.position + columns, evaluation=evaluation)
+        position = torch.where(self.position >= 0, self.position + columns, self.position)  # UNSET: no commit
+        return attrs.evolve(self, position=position, evaluation=evaluation)
+
+
+def move_probability(position: torch.Tensor, probability: torch.Tensor) -> torch.Tensor:
+    """``[R, A]`` the model's probability of each move: its commit's (``[R, A]``), or for macro moves
+    (``[R, A, K]``) the geometric mean over the commits it makes, so that moves of different sizes
+    compare per commit (the likelihood value's measure); 0 for a move that makes none."""
+    if probability.dim() == 2:
+        return probability
+    made = position >= 0
+    logs = torch.where(made, torch.log(probability.clamp(min=1e-30)), 0.0).sum(dim=2)
+    count = made.sum(dim=2)
+    return torch.where(count > 0, torch.exp(logs / count.clamp(min=1)), 0.0)
 
 
 @attrs.frozen(eq=False)
@@ -274,10 +307,19 @@ class SearchedTrees:
         parent, action = tree.parent[s, :count], tree.action[s, :count]
         through = action.clamp(min=0)
         parents = parent.clamp(min=0)
+        position, token = tree.position[s, parents, through], tree.token[s, parents, through]
+        if tree.macro:  # a macro move: its commits, as lists
+            made = position >= 0
+            position, token = (
+                [v[m].tolist() if p >= 0 else -1 for v, m, p in zip(values, made, parent.tolist())]
+                for values in (position, token)
+            )
+        else:
+            position, token = (torch.where(parent >= 0, v, -1).tolist() for v in (position, token))
         return {
             "parent": parent.tolist(),
-            "position": torch.where(parent >= 0, tree.position[s, parents, through], -1).tolist(),
-            "token": torch.where(parent >= 0, tree.token[s, parents, through], -1).tolist(),
+            "position": position,
+            "token": token,
             "prior": [round(v, 5) for v in torch.where(parent >= 0, tree.prior[s, parents, through], 1.0).tolist()],
             "visits": tree.visits[s, :count].tolist(),
             "value": [round(v, 5) for v in tree.mean_value()[s, :count].tolist()],

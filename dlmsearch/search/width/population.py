@@ -80,14 +80,22 @@ class Population:
         resolved = attrs.evolve(self, prune_conflicts=prune)
         if resolved.needs_verifier and verifier is None:
             raise ValueError(
-                "this decoder's population needs a task verifier (prune_conflicts, stop_when_accepted, a verified or voted choice, or a consistency score); the task gives none"
+                "this decoder's population needs a task verifier (prune_conflicts, stop_when_accepted, a verified or "
+                f"voted choice, or a consistency score); the task gives none: use `{' '.join(resolved.unverified())}`"
             )
         if prune and verifier is not None and not verifier.checks_partial:
             raise ValueError(
                 f"population.prune_conflicts needs a verifier that checks partial outputs; this task's ({type(verifier).__name__}) "
-                "checks complete ones only: set decoder.population.prune_conflicts=auto (prune where the task can) or false"
+                "checks complete ones only: use `decoder.population.prune_conflicts=auto` (prune where the task can)"
             )
         return resolved
+
+    def unverified(self) -> list[str]:
+        """The overrides that leave this population nothing that reads a task verifier (a refusal's fix)."""
+        fix = ["decoder.population.prune_conflicts=auto"] * (self.prune_conflicts is True)
+        fix += ["decoder.population.stop_when_accepted=false"] * self.stop_when_accepted
+        fix += ["decoder/population/choice=best_score"] * self.choice.needs_verifier
+        return fix + ["decoder/population/score=log_probability"] * self.score.needs_verifier
 
     def start(self, slots: Slots) -> ParticleState:
         return ParticleState.start(slots)

@@ -1,5 +1,5 @@
-"""dKV-Cache-Decode (Ma et al., arXiv 2505.15781): ``cache=dkv``. Implemented from the paper's and
-``algorithms.md``'s description (its code has no licence and is not used).
+"""dKV-Cache-Decode (Ma et al., arXiv 2505.15781): ``cache=dkv``. Implemented from the paper's
+description (its code has no licence and is not used).
 
 Delayed caching: a token's keys and values are stored one step after it is committed (its first
 forward as a real token) and then kept until the next refresh; masked columns are always

@@ -1,5 +1,5 @@
 """Elastic-Cache (Nguyen-Tri, Ranjan, Shen; arXiv 2510.14973): ``cache=elastic``. Implemented from
-``algorithms.md``'s description (the repository could not be obtained; nothing of it is used).
+the paper's description (the repository could not be obtained; nothing of it is used).
 
 Per layer and slot it keeps the layer's input stream, queries, keys and values of every column,
 and per slot the *tracked* columns (the most attended decoded ones). A slot's first forward
