@@ -177,6 +177,19 @@ CASES: list[tuple[str, list[str], str] | tuple[str, list[str], str, Tweak]] = [
     ("_tree_search", ["+decoder=mcts", *UNIFORM], "`+decoder=best_of_n`"),
     ("_tree_search", ["+decoder=mcts", "+decoder/population=best_of_n"], "`'~decoder.population'`"),
     ("_tree_search", ["+decoder=gumbel_mcts", *COUNTDOWN, "cache=prefix"], "`cache=none`"),
+    (
+        "_length_policy",
+        ["+decoder=daedal", *COUNTDOWN, "decoder.length.max_length=4"],
+        "`decoder.length.max_length=16`",
+    ),
+    (
+        "_length_policy",
+        ["+decoder=rho_eos", *COUNTDOWN, "decoder.length.max_length=64", "cache=prefix"],
+        "`cache=none`",
+    ),
+    ("_canvas_fits", ["+decoder=daedal", *COUNTDOWN], "`decoder.length.max_length=104`"),  # the ceiling's canvas
+    ("_length_policy", ["+decoder=rho_eos", *BLOCK], "`decoder/length=fixed`"),
+    ("_length_policy", ["+decoder=daedal"], "`decoder/length=fixed`"),  # the Sudoku model has no end token
     # make_plan's own checks: what the task's verifier allows, what the layout binds
     ("make_plan", ["+decoder=mcts_verified", *PROMPT], "`decoder/scorer=likelihood_value`"),
     (

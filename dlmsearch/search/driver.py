@@ -41,6 +41,7 @@ from dlmsearch.core.sampling import Sampling
 from dlmsearch.search.components.candidates import CandidateGenerator
 from dlmsearch.search.components.commit import CommitRule, StepAt, per_row
 from dlmsearch.search.components.expansion import ExpansionPolicy
+from dlmsearch.search.components.length import FixedLength, LengthAt, LengthPolicy
 from dlmsearch.search.components.lookahead import Lookahead
 from dlmsearch.search.components.revision import NoRevision, Revision
 from dlmsearch.search.components.scorers import Scorer
@@ -59,6 +60,8 @@ from dlmsearch.search.engine.guidance import Guidance
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan, make_plan
 from dlmsearch.search.records.randomness import BRANCH_KEYS
+from dlmsearch.search.records.resize import ABSENT_COLUMNS, LENGTH_SIZING, resized
+from dlmsearch.search.records.rows import pad_columns
 from dlmsearch.search.records.slots import SlotRows
 from dlmsearch.search.records.state import Canvas, Evaluation
 from dlmsearch.search.records.verifier import Verifier
@@ -78,6 +81,7 @@ class SearchDecoder:
     population: PopulationHook = attrs.field(factory=SinglePath)
     tree: TreeSettings | None = None  # a Monte-Carlo tree search's simulations and budget (None: a lookahead explores)
     revision: Revision = attrs.field(factory=NoRevision)  # after the base rule's commits: which go back to the mask
+    length: LengthPolicy = attrs.field(factory=FixedLength)  # after the round's commits: the canvas's length
     name: str = "custom"
     block_length: int | None = None  # a decoder with its own block structure (Dream: one block); None: the task's
     # the reference loop's defaults (engine.* and the checkpoint's win)
@@ -90,7 +94,8 @@ class SearchDecoder:
     def statistics(self) -> frozenset[str]:
         """What the engine computes per position beyond token and confidence: only what the
         commit rule and the candidates read (no draws or summaries nobody uses)."""
-        return self.commit.statistics | (self.candidates.statistics if self.candidates is not None else frozenset())
+        searched = self.candidates.statistics if self.candidates is not None else frozenset()
+        return self.commit.statistics | searched | self.length.statistics
 
     def plan(
         self, engine: RolloutEngine, gen_length: int, block_length: int, verifier: Verifier | None = None
@@ -190,6 +195,7 @@ def step(
     state, round_ = _explore(engine, state, round_, deadline_s, on_lookahead, verifier)
     state, committed = _select_and_commit(state, round_)
     state = _revise(state, round_, committed)
+    state = _resize(state, round_)
     return _advance(state, verifier, on_round)
 
 
@@ -207,7 +213,7 @@ def _evaluate_roots(engine: RolloutEngine, state: DecodeState) -> tuple[DecodeSt
         latest = latest.put(need, evaluation)
         evaluated[need] = True
     rows = active.nonzero().squeeze(1)
-    exploit = torch.ones(len(rows), dtype=torch.bool)
+    exploit = canvas.length_phase[rows] != LENGTH_SIZING  # a canvas still being sized is only probed
     round_ = Round(rows, canvas.take(rows), latest.take(rows), exploit, prior=state.evaluation)
     return attrs.evolve(state, evaluation=latest, evaluated=evaluated, usage=usage), round_
 
@@ -238,7 +244,7 @@ def _explore(
         over = time.monotonic() - state.started[state.slots.owner] > deadline_s
         over = engine.decisions.any(over)  # a tensor-parallel group goes late as one: each rank reads its own clock
         late = late | (over & _scattered(rows, len(late)))
-    explore = state.plan.trigger.fires(round_.root, round_.evaluation, state.layout) & ~late[rows]
+    explore = state.plan.trigger.fires(round_.root, round_.evaluation, state.layout) & ~late[rows] & round_.exploit
     explore = explore & ~state.plan.commit.forced(round_.root, round_.evaluation, state.layout)
     tree = state.plan.tree
     if tree is not None:
@@ -325,6 +331,35 @@ def _revise(state: DecodeState, round_: Round, committed: Canvas | None) -> Deco
     evaluated = state.evaluated.clone()
     evaluated[base] = False
     return attrs.evolve(state, canvas=state.canvas.put(base, committed), evaluated=evaluated)
+
+
+def _resize(state: DecodeState, round_: Round) -> DecodeState:
+    """The length policy after the round's commits: rows that grow, shrink or take an insertion are
+    remapped (:func:`~dlmsearch.search.records.resize.resized`), the canvas and its layout widened by
+    whole blocks where a row outgrows them, and the changed rows evaluated again."""
+    length = state.plan.length
+    if not length.changes:
+        return state
+    rows, layout = round_.rows, state.layout
+    at = LengthAt(
+        round_.root, state.canvas.take(rows), round_.evaluation, layout, state.usage.steps[state.slots.owner[rows]]
+    )
+    resize, changed = length.resize(at)
+    blocks = -(-int(resize.length.max()) // layout.block_length) if len(rows) else 0
+    widened = attrs.evolve(layout, gen_length=max(layout.gen_length, blocks * layout.block_length))
+    extra = widened.gen_length - layout.gen_length
+    canvas = pad_columns(state.canvas, extra, ABSENT_COLUMNS | {"tokens": state.plan.mask_id}, right=True)
+    evaluation = pad_columns(state.evaluation, extra, {"token": state.plan.mask_id}, right=True)
+    remapped = resized(at.after, resize, widened, state.plan.mask_id, length.eos_id)
+    evaluated = state.evaluated.clone()
+    evaluated[rows[changed]] = False
+    return attrs.evolve(
+        state,
+        layout=widened,
+        canvas=canvas.put(rows, remapped),
+        evaluation=evaluation,
+        evaluated=evaluated,
+    )
 
 
 def _advance(

@@ -26,6 +26,7 @@ from dlmsearch.core.temperature import SETTINGS, TemperatureOwner
 from dlmsearch.search.components.candidates import CandidateGenerator
 from dlmsearch.search.components.commit import CommitRule
 from dlmsearch.search.components.expansion import ExpansionPolicy
+from dlmsearch.search.components.length import FixedLength, LengthPolicy
 from dlmsearch.search.components.revision import Revision
 from dlmsearch.search.components.scorers import Scorer
 from dlmsearch.search.components.selectors import Selector
@@ -77,6 +78,7 @@ class DecodePlan:
     # a block-diffusion model's block size: canvases are block-aligned (``block_aligned``)
     attention_block: int | None = None
     tree: TreeSettings | None = None  # a Monte-Carlo tree search's settings (None: the trigger's lookahead explores)
+    length: LengthPolicy = attrs.field(factory=FixedLength)  # bound to the model's end-of-sequence id
 
     @property
     def block_budget(self) -> int | None:
@@ -86,6 +88,11 @@ class DecodePlan:
     def answer_ends_with_block(self) -> bool:
         """An answer ends with the block that holds its end: a block-diffusion model's, or a rule's that decides blocks whole."""
         return self.attention_block is not None or self.commit.decides_whole_block
+
+    @property
+    def longest_generation(self) -> int:
+        """The most generation columns a sample may come to hold: the length policy's ceiling, else the generation."""
+        return max(self.gen_length, self.length.max_length or 0) if self.length.changes else self.gen_length
 
     @property
     def canvas_gen_length(self) -> int:
@@ -99,7 +106,7 @@ class DecodePlan:
     def check_canvas(self, prompt_length: int, what: str, setting: str = "") -> None:
         """Rule 19 (:func:`canvas_overflow`) on a prompt: every entry point asks it of its longest prompt
         before decoding. ``setting`` names the generation length's setting where the caller has one, for the hint."""
-        message = canvas_overflow(prompt_length, self.gen_length, self.attention_block, self.max_length)
+        message = canvas_overflow(prompt_length, self.longest_generation, self.attention_block, self.max_length)
         if message is not None:
             raise ValueError(f"{what} {message}" + self._canvas_hint(prompt_length, setting))
 
@@ -113,6 +120,8 @@ class DecodePlan:
         longest = room // self.block_length * self.block_length
         if longest <= 0:
             return f"; the prompt leaves no room for a block of {self.block_length}: shorten it"
+        if self.length.changes and room >= self.gen_length:  # the ceiling is what overflows
+            return f"; use `decoder.length.max_length={room}`, or shorten the prompt"
         key, _, aside = setting.partition(" ")
         return f"; use `{key}={longest}`{' ' + aside if aside else ''}, or shorten the prompt"
 
@@ -125,7 +134,14 @@ class DecodePlan:
         slot, except the steps a fixed schedule may leave empty (Dream's first steps: at most its
         budget per block) and the rounds a revision may add."""
         layout = self.layout(0)
-        return layout.gen_length + 1 + (self.block_budget or 0) * layout.num_blocks + self.revision.extra_rounds(layout)
+        resized = self.longest_generation - self.gen_length + self.length.extra_rounds(self.gen_length)
+        return (
+            layout.gen_length
+            + 1
+            + (self.block_budget or 0) * layout.num_blocks
+            + self.revision.extra_rounds(layout)
+            + resized
+        )
 
 
 def make_plan(
@@ -176,6 +192,7 @@ def make_plan(
         temperature=temperature,
         attention_block=able.attention_block,
         tree=decoder.tree,
+        length=decoder.length.bind(able.stop_ids[0]) if decoder.length.changes else decoder.length,
     )
 
 

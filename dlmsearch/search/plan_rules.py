@@ -23,6 +23,7 @@ from dlmsearch.core.temperature import TemperatureOwner
 from dlmsearch.search.components.candidates import CandidateGenerator
 from dlmsearch.search.components.commit import CommitRule
 from dlmsearch.search.components.expansion import ExpansionPolicy
+from dlmsearch.search.components.length import LengthPolicy
 from dlmsearch.search.components.revision import Revision
 from dlmsearch.search.components.scorers import Scorer
 from dlmsearch.search.components.selectors import Selector
@@ -48,6 +49,7 @@ class DecoderSettings(Protocol):
     population: PopulationHook
     tree: TreeSettings | None
     revision: Revision
+    length: LengthPolicy
     block_length: int | None
     sampling: Sampling
     guidance: Guidance
@@ -440,6 +442,40 @@ def _shadow_blocks(m: Meeting) -> str | None:
     )
 
 
+def _length_policy(m: Meeting) -> str | None:
+    """22. A length that changes while decoding: a ceiling at least the initial length, on a masked model
+    whose canvas columns are its own (no block diffusion, no uniform noise), with nothing stored per column
+    that would have to move with an insertion (no cache, KLASS's history, a revision's record, a tree)."""
+    length = m.decoder.length
+    if not length.changes:
+        return None
+    if length.max_length is not None and length.max_length < m.gen_length:
+        return (
+            f"decoder.length.max_length ({length.max_length}) is below the initial length task.gen_length="
+            f"{m.gen_length}: use `decoder.length.max_length={m.gen_length}`"
+        )
+    name = type(length).__name__
+    reads = {REGISTRY[statistic].source for statistic in m.decoder.statistics}
+    blockers = [  # the model's own first (no setting of the decoder helps there), then the decoder's parts
+        ("a block-diffusion model's blocks are fixed in the canvas", m.able.attention_block is not None),
+        ("a uniform-noise model denoises a canvas of its own length", not has_mask_token(m.able)),
+        ("the model declares no end-of-sequence id to read its confidence in", not m.able.stop_ids),
+        ("a cache's stored keys would not follow the columns", m.cache.stores or m.cache.layerwise),
+        ("a tree search keeps nodes as columns", m.decoder.tree is not None),
+        ("a revision keeps a record per column", m.decoder.revision.revises),
+        ("KLASS's history is kept per column", "history" in reads),
+        (
+            "a fixed number of steps per block cannot follow blocks that grow",
+            getattr(m.decoder.commit, "steps", None) is not None,
+        ),
+    ]
+    why = next((reason for reason, blocks in blockers if blocks), None)
+    if why is None:
+        return None
+    fix = "cache=none" if why.startswith("a cache") else "decoder/length=fixed"
+    return f"decoder {m.decoder.name!r} cannot change its length ({name}): {why}: use `{fix}`"
+
+
 RULES: tuple[Callable[[Meeting], str | None], ...] = (
     _layerwise_cache,
     _cache_the_model_runs,
@@ -462,4 +498,5 @@ RULES: tuple[Callable[[Meeting], str | None], ...] = (
     _canvas_fits,
     _shadow_blocks,
     _tree_search,
+    _length_policy,
 )

@@ -25,14 +25,15 @@ from dlmsearch.search.decode.state import DecodeState
 from dlmsearch.search.driver import SearchDecoder, step
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan
+from dlmsearch.search.records.resize import ABSENT_COLUMNS, LENGTH_SETTLED
 from dlmsearch.search.records.rows import cat_rows, pad_columns
 from dlmsearch.search.records.slots import Slots
-from dlmsearch.search.records.state import Evaluation
+from dlmsearch.search.records.state import Canvas, Evaluation
 from dlmsearch.search.records.tree import Tree
 from dlmsearch.search.records.verifier import Verifier
 
-# Left padding of a wider canvas: the pad token is the mask (as ``initial_canvas`` pads), nothing committed there.
-CANVAS_PADDING = {"commit_call": -1, "commit_depth": -1, "commit_branch": -1}
+# Padding of a wider canvas: the pad token is the mask (as ``initial_canvas`` pads), nothing committed there.
+CANVAS_PADDING = ABSENT_COLUMNS
 
 
 def _filled(record: Evaluation, other: Evaluation) -> Evaluation:
@@ -53,21 +54,36 @@ def _evaluations(first: Evaluation, second: Evaluation) -> Evaluation:
 
 
 def join(state: DecodeState, other: DecodeState) -> DecodeState:
-    """``other``'s samples (just started, nothing stored yet) after ``state``'s, both laid out to the wider canvas."""
-    if (state.layout.gen_length, state.layout.block_length) != (other.layout.gen_length, other.layout.block_length):
+    """``other``'s samples (just started, nothing stored yet) after ``state``'s, both laid out to the wider
+    canvas: left-padded to the longer prompt, and (where a length policy has grown some canvases) given
+    absent columns on the right up to the longer generation region."""
+    if state.layout.block_length != other.layout.block_length or (
+        state.layout.gen_length != other.layout.gen_length and not state.plan.length.changes
+    ):
         raise ValueError("samples joining a decode must share its generation and block lengths")
     gen_start = max(state.layout.gen_start, other.layout.gen_start)
     wider, narrower = gen_start - state.layout.gen_start, gen_start - other.layout.gen_start
+    gen_length = max(state.layout.gen_length, other.layout.gen_length)
     mask_id = state.plan.mask_id
-    pad = lambda canvas, columns: pad_columns(canvas, columns, {**CANVAS_PADDING, "tokens": mask_id})
-    pad_evaluation = lambda evaluation, columns: pad_columns(evaluation, columns, {"token": mask_id})
+
+    def pad(canvas: Canvas, left: int, right: int) -> Canvas:
+        fill = {**CANVAS_PADDING, "tokens": mask_id}
+        return pad_columns(pad_columns(canvas, left, fill), right, fill, right=True)
+
+    def pad_evaluation(evaluation: Evaluation, left: int, right: int) -> Evaluation:
+        return pad_columns(pad_columns(evaluation, left, {"token": mask_id}), right, {"token": mask_id}, right=True)
+
+    grow = lambda decode: gen_length - decode.layout.gen_length
     state.memory.admit(len(other.slots), widen=wider)
     population = state.plan.population
     return attrs.evolve(
         state,
-        layout=state.plan.layout(gen_start),
-        canvas=cat_rows(pad(state.canvas, wider), pad(other.canvas, narrower)),
-        evaluation=_evaluations(pad_evaluation(state.evaluation, wider), pad_evaluation(other.evaluation, narrower)),
+        layout=attrs.evolve(state.plan.layout(gen_start), gen_length=gen_length),
+        canvas=cat_rows(pad(state.canvas, wider, grow(state)), pad(other.canvas, narrower, grow(other))),
+        evaluation=_evaluations(
+            pad_evaluation(state.evaluation, wider, grow(state)),
+            pad_evaluation(other.evaluation, narrower, grow(other)),
+        ),
         evaluated=torch.cat([state.evaluated, other.evaluated]),
         late=torch.cat([state.late, other.late]),
         slots=state.slots.joined(other.slots),
@@ -212,15 +228,17 @@ class DecodeSession:
     def settled(self) -> dict[int, tuple[torch.Tensor, int]]:
         """Per running sample: its first particle's output columns and how many of them lead
         without a mask (committed, so final where the decoder never revises and keeps one path);
-        a held block (one a whole-block step still decides, however much of it is kept) is not settled."""
+        a held block (one a whole-block step still decides, however much of it is kept) is not settled, nor
+        is anything of a canvas whose length policy may still trim it."""
         if self.state is None:
             return {}
         state = self.state
         rows = torch.arange(state.slots.samples) * state.slots.size
-        first, end = (state.layout.gen_start + state.slots.region[rows]).unbind(1)
-        columns = torch.arange(state.canvas.tokens.shape[1])
         canvas = state.canvas.take(rows)
+        first, end = state.layout.gen_start + state.slots.region[rows, 0], canvas.extent
+        columns = torch.arange(state.canvas.tokens.shape[1])
         held = canvas.held[:, None] & canvas.in_current_block(state.layout)
+        held = held | (state.plan.length.trims & (canvas.length_phase != LENGTH_SETTLED))[:, None]
         open_ = (canvas.masked | held) & (columns >= first[:, None]) & (columns < end[:, None])
         leading = torch.where(open_, columns, end[:, None]).min(dim=1).values - first
         return {

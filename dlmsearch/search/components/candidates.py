@@ -42,7 +42,7 @@ class InfoBandCandidates:
     beta: float = attrs.field(default=0.0, validator=check_type(float))
 
     def propose(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
-        relative = torch.arange(canvas.tokens.shape[1])[None, :] - layout.block_start(canvas.block)[:, None]
+        relative = torch.arange(canvas.tokens.shape[1])[None, :] - canvas.block_start(layout)[:, None]
         scores = -(evaluation.confidence - self.c_info).abs() + self.beta * relative
         return top_k_positions(scores, _eligible(canvas, layout), self.k)
 

@@ -64,5 +64,5 @@ class PositionCalibratedRule(LowConfidenceSchedule):
             known = token < len(self.prior)
             frequency = torch.where(known, self.prior[token.clamp(max=len(self.prior) - 1)], frequency)
         calibrated = torch.clamp(-evaluation.confidence * torch.log(frequency + 1e-9), max=self.alpha)
-        offset = (torch.arange(token.shape[1])[None, :] - layout.block_start(canvas.block)[:, None]).float()
+        offset = (torch.arange(token.shape[1])[None, :] - canvas.block_start(layout)[:, None]).float()
         return torch.exp(-self.decay * offset) * calibrated

@@ -57,7 +57,7 @@ class FrontierConfidenceTrigger:
         if self.frontier == "all_masked":
             return canvas.masked
         current = canvas.masked & canvas.in_current_block(layout)
-        midpoint = layout.block_start(canvas.block) + layout.block_length // 2
+        midpoint = canvas.block_start(layout) + layout.block_length // 2
         columns = torch.arange(canvas.tokens.shape[1])[None, :]
         front = current & (columns < midpoint[:, None])
         return torch.where(front.any(dim=1, keepdim=True), front, current)

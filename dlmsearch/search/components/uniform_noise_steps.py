@@ -151,4 +151,4 @@ class UniformNoiseSteps:
 
 def _block_columns(canvas: Canvas, layout: Layout) -> torch.Tensor:
     """``[R, block_length]`` the columns of each row's current block."""
-    return layout.block_start(canvas.block)[:, None] + torch.arange(layout.block_length)[None, :]
+    return canvas.block_start(layout)[:, None] + torch.arange(layout.block_length)[None, :]

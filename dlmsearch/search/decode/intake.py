@@ -58,7 +58,7 @@ def start(engine: RolloutEngine, plan: DecodePlan, requests: list[DecodeRequest]
         mask_id,
         pad_id=mask_id,
     )
-    canvas = plan.commit.prepare(canvas)
+    canvas = plan.length.prepare(plan.commit.prepare(canvas))
     slots = len(requests) * size
     long = lambda values: torch.tensor(values, dtype=torch.long)
     slots_table = Slots.start(

@@ -96,9 +96,9 @@ def result(
         layout: the decode's layout (where the generation starts).
         late: whether the sample passed its deadline.
     """
-    first, end = (layout.gen_start + int(c) for c in slots.region[slot])
-    # the sample's output (a block-aligned row: after its prompt, to the end of its last block)
-    gen = slice(first, end)
+    # the sample's output: after its prompt (a block-aligned row's whole blocks of it), to the canvas's end
+    # (a block-aligned row's last block; a variable-length canvas's own length)
+    gen = slice(layout.gen_start + int(slots.region[slot, 0]), int(canvas.extent[slot]))
     call = canvas.commit_call[slot, gen]
     return DecodeResult(
         uid=int(slots.uid[slot]),

@@ -65,9 +65,10 @@ def cat_rows(record: Record, other: Record) -> Record:
     return type(record)(**values)
 
 
-def pad_columns(record: Record, columns: int, fill: dict[str, float] | None = None) -> Record:
+def pad_columns(record: Record, columns: int, fill: dict[str, float] | None = None, right: bool = False) -> Record:
     """Every ``[rows, width]`` field with ``columns`` more columns on the left (left padding of a
-    wider canvas), holding ``fill[name]`` (0 where not named); per-row fields unchanged."""
+    wider canvas; ``right``: on the right, a canvas whose rows grow), holding ``fill[name]`` (0
+    where not named); per-row fields unchanged."""
     if columns == 0:
         return record
     fill = fill or {}
@@ -75,9 +76,7 @@ def pad_columns(record: Record, columns: int, fill: dict[str, float] | None = No
     for f in attrs.fields(type(record)):
         value = getattr(record, f.name)
         if value is not None and value.dim() == 2:
-            value = torch.cat(
-                [torch.full((len(value), columns), fill.get(f.name, 0), dtype=value.dtype, device=value.device), value],
-                dim=1,
-            )
+            pad = torch.full((len(value), columns), fill.get(f.name, 0), dtype=value.dtype, device=value.device)
+            value = torch.cat([value, pad] if right else [pad, value], dim=1)
         values[f.name] = value
     return type(record)(**values)

@@ -152,10 +152,23 @@ class Canvas:
     # review; a whole-block step's block until a step finishes it)
     held: torch.Tensor
     post_steps: torch.Tensor  # [R] long: rounds the current block has had without a mask (its editing rounds)
+    # [R] long: where the canvas's length stands (``resize.LENGTH_FREE``: a length policy may change it;
+    # ``LENGTH_SIZING``: still sized before any commit, DAEDAL's first stage; ``LENGTH_SETTLED``: final)
+    length_phase: torch.Tensor
+    # [R] long: the row's blocks start this many columns before the layout's (0 but where a length policy grew a
+    # finished row whose length is not whole blocks: its next block starts at its old end, rho-EOS's window)
+    block_shift: torch.Tensor
 
     @property
     def rows(self) -> int:
         return self.tokens.shape[0]
+
+    @property
+    def extent(self) -> torch.Tensor:
+        """``[R]`` each row's end column: one past its last present column (a shorter row's absent
+        columns, a block-aligned or variable-length canvas's right padding, come after it)."""
+        columns = torch.arange(1, self.tokens.shape[1] + 1, device=self.tokens.device)
+        return torch.where(self.attention, columns, 0).max(dim=1).values
 
     @property
     def decoding(self) -> torch.Tensor:
@@ -174,29 +187,45 @@ class Canvas:
         """Each row repeated ``times`` times, consecutively (row-major ``[rows, times]``)."""
         return map_rows(self, lambda tensor: tensor.repeat_interleave(times, dim=0))
 
+    def blocks(self, layout: Layout) -> torch.Tensor:
+        """``[R or 1, T]`` the block of each column (``-1`` for prompt columns): the layout's, shifted where a
+        row's blocks are (:attr:`block_shift`)."""
+        if not bool(self.block_shift.any()):
+            return layout.block_of_column(self.tokens.device)[None, :]
+        columns = torch.arange(self.tokens.shape[1], device=self.tokens.device)[None, :] - layout.gen_start
+        return torch.where(columns >= 0, (columns + self.block_shift[:, None]) // layout.block_length, -1)
+
+    def block_start(self, layout: Layout, block: torch.Tensor | None = None) -> torch.Tensor:
+        """``[R]`` the first column of each row's block ``block`` (by default its current one)."""
+        return layout.block_start(self.block if block is None else block) - self.block_shift
+
+    def last_block(self, layout: Layout) -> torch.Tensor:
+        """``[R]`` each row's last block of the layout (a shifted row's grid holds one more)."""
+        return (layout.gen_length - 1 + self.block_shift) // layout.block_length
+
     def unlocked(self, layout: Layout) -> torch.Tensor:
         """``[R, T]`` columns of blocks ``0..block`` (the prompt excluded)."""
-        blocks = layout.block_of_column(self.tokens.device)
-        return (blocks[None, :] >= 0) & (blocks[None, :] <= self.block[:, None])
+        blocks = self.blocks(layout)
+        return (blocks >= 0) & (blocks <= self.block[:, None])
 
     def masks_left(self, layout: Layout, block: torch.Tensor, whole_prefix: bool = False) -> torch.Tensor:
         """``[R]`` masks left in each row's block ``block`` (``whole_prefix``: in blocks ``0..block``,
         Saber's rule); a block is full when this is 0 (the one definition advancing and revising share)."""
-        blocks = layout.block_of_column(self.tokens.device)[None, :]
+        blocks = self.blocks(layout)
         counted = (blocks >= 0) & (blocks <= block[:, None]) if whole_prefix else blocks == block[:, None]
         return (self.masked & counted).sum(dim=1)
 
     def window(self, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
         """First and end column of the blocks being decoded: from the earliest block that still
         holds a mask (fast block diffusion may leave some behind) to the end of the current one."""
-        blocks = layout.block_of_column(self.tokens.device)
-        pending = torch.where(self.masked, blocks[None, :], layout.num_blocks).min(dim=1).values
+        blocks = self.blocks(layout)
+        pending = torch.where(self.masked, blocks, layout.num_blocks + 1).min(dim=1).values
         earliest = torch.minimum(pending, self.block)
-        return layout.block_start(earliest), layout.block_start(self.block + 1)
+        return self.block_start(layout, earliest), self.block_start(layout, self.block + 1)
 
     def in_current_block(self, layout: Layout) -> torch.Tensor:
         """``[R, T]`` columns of each row's current block."""
-        return layout.block_of_column(self.tokens.device)[None, :] == self.block[:, None]
+        return self.blocks(layout) == self.block[:, None]
 
     def commit(
         self,
@@ -240,6 +269,8 @@ class Canvas:
             revisions=self.revisions,
             held=self.held,
             post_steps=self.post_steps,
+            length_phase=self.length_phase,
+            block_shift=self.block_shift,
         )
         return canvas.advance_blocks(layout, rule) if advance else canvas
 
@@ -356,11 +387,12 @@ class Canvas:
         that revise: RCR, ReMDM) only once the budget is spent. The last block never moves."""
         block, block_round, post_steps = self.block, self.block_round, self.post_steps
         budget = rule.block_budget
-        for _ in range(layout.num_blocks):
+        last = self.last_block(layout)
+        for _ in range(layout.num_blocks + 1):
             remaining = self.masks_left(layout, block, rule.whole_prefix)
             spent = block_round >= budget if budget is not None else torch.zeros_like(remaining, dtype=torch.bool)
             full = (remaining == 0) & ~torch.tensor(rule.holds_block and budget is not None)
-            move = (full | spent) & ~self.held & (block < layout.num_blocks - 1)
+            move = (full | spent) & ~self.held & (block < last)
             if not bool(move.any()):
                 break
             block = block + move.long()
@@ -435,5 +467,7 @@ def initial_canvas(
         revisions=torch.zeros_like(tokens),
         held=torch.zeros(rows, dtype=torch.bool),
         post_steps=zeros,
+        length_phase=zeros,
+        block_shift=zeros,
     )
     return canvas.advance_blocks(layout)
