@@ -32,11 +32,11 @@ from dlmsearch.distributed import Ranks
 from dlmsearch.hydra_job import hydra_overrides, sweep_label
 from dlmsearch.models.group_decisions import GroupDecisions, GroupDiverged
 from dlmsearch.run_dir import claim, removed_on_failure
-from dlmsearch.run_records import RunIdentity, percentile, read_records, write_status
+from dlmsearch.run_records import RunIdentity, read_records, summarise, write_status
 from dlmsearch.run_trace import LookaheadLog, trace_events
 from dlmsearch.search.batcher import Admission, Batcher, Failures, SessionKey
 from dlmsearch.search.decode.intake import DecodeRequest
-from dlmsearch.search.decode.results import DecodeResult
+from dlmsearch.search.decode.results import DecodeResult, length_record
 from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan
@@ -59,42 +59,6 @@ def peak_memory_mb() -> dict[str, float]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         peaks["cuda_max_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return peaks
-
-
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Aggregate counters; accuracy only over items the task could judge.
-
-    ``wall_seconds`` is the run's decoding wall time: the sum of the records' ``wall_seconds``,
-    each sample's share of the steps it decoded in (a step's time split evenly among the samples
-    it advanced; a sample decoded again alone adds that time), so it survives resumes and leaves
-    out model loading and the work on samples a signal cut short. The latency percentiles are of
-    the samples' ``latency_seconds``, from admission to finish (records from before it existed
-    have none and are left out of them).
-    """
-    n = len(records)
-    decoded = [r for r in records if not r.get("error")]
-    judged = [r["correct"] for r in decoded if r["correct"] is not None]
-    mean = lambda key: round(sum(r.get(key, 0) for r in decoded) / max(len(decoded), 1), 3)
-    wall = sum(r["wall_seconds"] for r in records)
-    latencies = [r["latency_seconds"] for r in decoded if "latency_seconds" in r]
-    return {
-        "items": n,
-        "accuracy": round(sum(judged) / len(judged), 4) if judged else None,
-        "mean_steps": mean("steps"),
-        "mean_row_forwards": mean("row_forwards"),
-        "mean_token_forwards": mean("token_forwards"),
-        "mean_tokens_committed": mean("tokens_committed"),
-        "mean_live_particles": mean("live_particles") if any("live_particles" in r for r in decoded) else 1.0,
-        "wall_seconds": round(wall, 2),
-        "latency_p50_s": round(percentile(latencies, 50), 4),
-        "latency_p95_s": round(percentile(latencies, 95), 4),
-        "latency_p99_s": round(percentile(latencies, 99), 4),
-        "samples_per_s": round(n / wall, 3) if wall else None,
-        "tokens_per_s": round(sum(r.get("tokens_committed", 0) for r in decoded) / wall, 2) if wall else None,
-        "errors": sum(1 for r in records if r.get("error")),
-        "fallbacks": sum(1 for r in records if r.get("fallback")),
-        "deadline_hits": sum(1 for r in records if r.get("deadline_hit")),
-    }
 
 
 class Interrupted(Exception):
@@ -340,6 +304,7 @@ class Decoding:
             "row_forwards": result.row_forwards,
             "token_forwards": result.token_forwards,
             "tokens_committed": result.tokens_committed,
+            **length_record(result.tokens, self.engine.capabilities.stop_ids),
             "live_particles": result.population.live_particles,
             **timing,
         }

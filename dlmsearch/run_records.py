@@ -260,3 +260,42 @@ def check_same_run(out: Path, identity: RunIdentity, records: int) -> None:
         raise ValueError(
             f"out_dir={out} holds {records} records of another config ({config_changes(stored.config, identity.config)}): {afresh}"
         )
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Aggregate counters; accuracy only over items the task could judge.
+
+    ``wall_seconds`` is the run's decoding wall time: the sum of the records' ``wall_seconds``,
+    each sample's share of the steps it decoded in (a step's time split evenly among the samples
+    it advanced; a sample decoded again alone adds that time), so it survives resumes and leaves
+    out model loading and the work on samples a signal cut short. The latency percentiles are of
+    the samples' ``latency_seconds``, from admission to finish (records from before it existed
+    have none and are left out of them).
+    """
+    n = len(records)
+    decoded = [r for r in records if not r.get("error")]
+    judged = [r["correct"] for r in decoded if r["correct"] is not None]
+    mean = lambda key: round(sum(r.get(key, 0) for r in decoded) / max(len(decoded), 1), 3)
+    wall = sum(r["wall_seconds"] for r in records)
+    latencies = [r["latency_seconds"] for r in decoded if "latency_seconds" in r]
+    effective, length = (sum(r.get(key, 0) for r in decoded) for key in ("effective_tokens", "length"))
+    return {
+        "items": n,
+        "accuracy": round(sum(judged) / len(judged), 4) if judged else None,
+        "mean_steps": mean("steps"),
+        "mean_row_forwards": mean("row_forwards"),
+        "mean_token_forwards": mean("token_forwards"),
+        "mean_tokens_committed": mean("tokens_committed"),
+        "mean_length": mean("length"),  # the generations' columns, and the share of them before an end token:
+        "effective_token_ratio": round(effective / length, 4) if length else None,
+        "mean_live_particles": mean("live_particles") if any("live_particles" in r for r in decoded) else 1.0,
+        "wall_seconds": round(wall, 2),
+        "latency_p50_s": round(percentile(latencies, 50), 4),
+        "latency_p95_s": round(percentile(latencies, 95), 4),
+        "latency_p99_s": round(percentile(latencies, 99), 4),
+        "samples_per_s": round(n / wall, 3) if wall else None,
+        "tokens_per_s": round(sum(r.get("tokens_committed", 0) for r in decoded) / wall, 2) if wall else None,
+        "errors": sum(1 for r in records if r.get("error")),
+        "fallbacks": sum(1 for r in records if r.get("fallback")),
+        "deadline_hits": sum(1 for r in records if r.get("deadline_hit")),
+    }

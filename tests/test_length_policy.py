@@ -229,3 +229,23 @@ def test_the_ceiling_must_fit_the_model() -> None:
     with pytest.raises(ValueError, match="longer than the model's maximum length of 128.*max_length=118"):
         plan.check_canvas(10, "the canvas", "task.gen_length")
     assert math.isfinite(plan.max_rounds())
+
+
+@pytest.mark.parametrize(
+    "preset,policy",
+    [("adalook", "rho_eos"), ("ete", "daedal"), ("best_of_n", "daedal"), ("smc", "rho_eos")],
+)
+def test_lookahead_and_width_search_run_on_top_of_a_length_policy(preset: str, policy: str) -> None:
+    """A search preset with a length policy added decodes, lengths change, and each sample is as alone."""
+    batch = requests([3, 8, 5], 16, seed=4)
+    overrides = (f"+decoder/length={policy}", "decoder.length.max_length=40", "decoder.length.eos_check_tokens=4")
+
+    def run(samples: list[DecodeRequest]) -> dict[int, tuple]:
+        decoder = text_decoder(preset, *overrides, gen_length=16)
+        assert decoder.length.changes
+        results = decoder.decode(RolloutEngine(adapter=tiny_adapter(COMMON), seed=3), samples, 8)
+        return {r.uid: (r.tokens.tolist(), r.steps, r.commit_call.tolist(), r.commit_depth.tolist()) for r in results}
+
+    together = run(batch)
+    assert together == {r.uid: run([r])[r.uid] for r in batch}
+    assert any(len(tokens) != 16 for tokens, *_ in together.values())

@@ -192,7 +192,7 @@ def make_plan(
         temperature=temperature,
         attention_block=able.attention_block,
         tree=decoder.tree,
-        length=decoder.length.bind(able.stop_ids[0]) if decoder.length.changes else decoder.length,
+        length=decoder.length.bind(able.stop_ids[0] if able.stop_ids else None),
     )
 
 

@@ -459,7 +459,7 @@ def _length_policy(m: Meeting) -> str | None:
     blockers = [  # the model's own first (no setting of the decoder helps there), then the decoder's parts
         ("a block-diffusion model's blocks are fixed in the canvas", m.able.attention_block is not None),
         ("a uniform-noise model denoises a canvas of its own length", not has_mask_token(m.able)),
-        ("the model declares no end-of-sequence id to read its confidence in", not m.able.stop_ids),
+        ("the model declares no end-of-sequence id to read its confidence in", not (m.able.stop_ids or length.eos_id)),
         ("a cache's stored keys would not follow the columns", m.cache.stores or m.cache.layerwise),
         ("a tree search keeps nodes as columns", m.decoder.tree is not None),
         ("a revision keeps a record per column", m.decoder.revision.revises),

@@ -45,7 +45,7 @@ from dlmsearch.serve.scheduler import Choice, Job, Scheduler
 from dlmsearch.tasks.text import TextTask
 from dlmsearch.validation import number
 
-COUNTERS = ("steps", "decoder_forwards", "row_forwards", "token_forwards", "tokens_committed")
+COUNTERS = ("steps", "decoder_forwards", "row_forwards", "token_forwards", "tokens_committed", "length")
 
 
 @attrs.frozen(kw_only=True)
@@ -300,7 +300,8 @@ class Engine:
             lane.plan.check_canvas(max(len(p) for p in s.prompts), f"the prompt with max_tokens={s.max_tokens}")
         except ValueError as error:
             raise APIError(400, str(error), param="max_tokens", code="context_length_exceeded") from None
-        mask = torch.full((s.gen_length,), self.adapter.capabilities.open_id, dtype=torch.long)
+        # the lane's generation: max_tokens in whole blocks, or a length policy's initial length (max_tokens its ceiling)
+        mask = torch.full((lane.plan.gen_length,), self.adapter.capabilities.open_id, dtype=torch.long)
         prompts = [torch.tensor(p, dtype=torch.long) for p in s.prompts]
         choices = [
             # Item ``p * n + i`` of an offline task holding each prompt n times, with this seed.

@@ -242,13 +242,21 @@ class Lanes:
         ]
         return compose_settings(overrides, settings, "serve")
 
+    def _length(self, decoder: SearchDecoder, tokens: int) -> tuple[SearchDecoder, int]:
+        """A decoder whose length changes starts at the server's ``task.gen_length`` and stops at the
+        request's ``max_tokens`` (in whole blocks); any other generates ``max_tokens``."""
+        if not decoder.length.changes:
+            return decoder, tokens
+        initial = min(int(self.base.task.gen_length), tokens)
+        return attrs.evolve(decoder, length=attrs.evolve(decoder.length, max_length=tokens)), initial
+
     def _build(self, key: LaneKey) -> Lane:
         try:
             cfg = self.config(key)
-            decoder = build(cfg, "decoder")
+            decoder, gen_length = self._length(build(cfg, "decoder"), key.gen_length)
             engine = build(cfg, "engine", adapter=self.adapter)
             verifier = self.task.verifier([])
-            plan = decoder.plan(engine, key.gen_length, int(cfg.task.block_length), verifier)
+            plan = decoder.plan(engine, gen_length, int(cfg.task.block_length), verifier)
         except (ConfigError, ValueError, TypeError) as error:
             param = "decoder" if key.options else "preset" if key.preset != self.preset else None
             raise APIError(

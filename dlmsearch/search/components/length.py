@@ -67,8 +67,8 @@ class LengthPolicy(Protocol):
     max_length: int | None  # the ceiling (None: the initial length)
     eos_id: int | None  # bound by the plan: the model's EOS
 
-    def bind(self, eos_id: int) -> LengthPolicy:
-        """The policy for this model (its EOS id)."""
+    def bind(self, eos_id: int | None) -> LengthPolicy:
+        """The policy for this model (its EOS id, where the policy names none)."""
 
     def prepare(self, canvas: Canvas) -> Canvas:
         """The canvases as the first round finds them (their length phase)."""
@@ -88,9 +88,9 @@ class FixedLength:
     changes: ClassVar[bool] = False
     trims: ClassVar[bool] = False
     max_length: ClassVar[int | None] = None
-    eos_id: int | None = None
+    eos_id: ClassVar[int | None] = None
 
-    def bind(self, eos_id: int) -> FixedLength:
+    def bind(self, eos_id: int | None) -> FixedLength:
         return self
 
     def prepare(self, canvas: Canvas) -> Canvas:
@@ -132,7 +132,9 @@ def least_confident(scores: torch.Tensor, eligible: torch.Tensor) -> torch.Tenso
 
 @attrs.frozen
 class Daedal:
-    """DAEDAL's two stages (see the module docstring); the authors' settings are the defaults."""
+    """DAEDAL's two stages: before any commit, grow the all-mask canvas while the tail's EOS confidence is
+    low, then, while decoding, turn the least confident masked position into several masks while it stays
+    low; the authors' settings are the defaults."""
 
     max_length: int = number(int, 1, default=2048)
     expansion_factor: int = number(int, 1, default=8)
@@ -140,13 +142,13 @@ class Daedal:
     expand_eos_confidence: float = number(float, 0.0, 1.0, default=0.9)  # no insertion at or above this
     eos_check_tokens: int = number(int, 1, default=32)
     low_confidence: float = number(float, 0.0, 1.0, default=0.1)  # insertion candidates are below this
-    eos_id: int | None = None
+    eos_id: int | None = number(int, 0, optional=True, default=None)  # the end token read (None: the model's EOS)
     statistics: ClassVar[frozenset[str]] = EOS_STATISTICS
     changes: ClassVar[bool] = True
     trims: ClassVar[bool] = False
 
     def bind(self, eos_id: int) -> Daedal:
-        return attrs.evolve(self, eos_id=eos_id)
+        return self if self.eos_id is not None else attrs.evolve(self, eos_id=eos_id)
 
     def prepare(self, canvas: Canvas) -> Canvas:
         """Every canvas starts in the first stage: sized before any commit."""
@@ -193,8 +195,8 @@ DENSITIES = ("masked_fraction", "tail_confidence")
 
 @attrs.frozen
 class RhoEos:
-    """rho-EOS's bidirectional length control (see the module docstring); the authors' published
-    settings are the defaults. ``density``: ``masked_fraction``, the paper's rho (the share of the
+    """rho-EOS's bidirectional length control: after each step, trim the tail where the implicit EOS
+    density is high, append masks where it is low; the authors' published settings are the defaults. ``density``: ``masked_fraction``, the paper's rho (the share of the
     positions masked at the step's model call whose most likely token is EOS, the README's "implicit
     EOS at step t / remaining MASK at step t"), or ``tail_confidence``, what the released code
     computes (the tail EOS confidence, DAEDAL's). After ``max_adjust_rounds`` model calls, and once a
@@ -210,13 +212,13 @@ class RhoEos:
     max_multiplier: int = number(int, 1, default=8)
     eos_check_tokens: int = number(int, 1, default=32)
     max_adjust_rounds: int = number(int, 0, default=64)
-    eos_id: int | None = None
+    eos_id: int | None = number(int, 0, optional=True, default=None)  # the end token read (None: the model's EOS)
     statistics: ClassVar[frozenset[str]] = EOS_STATISTICS
     changes: ClassVar[bool] = True
     trims: ClassVar[bool] = True
 
     def bind(self, eos_id: int) -> RhoEos:
-        return attrs.evolve(self, eos_id=eos_id)
+        return self if self.eos_id is not None else attrs.evolve(self, eos_id=eos_id)
 
     def prepare(self, canvas: Canvas) -> Canvas:
         return canvas

@@ -40,9 +40,21 @@ class DecodeResult:
     writes: int = 0  # of the steps, the calls that only wrote a cache (an encoder's separate write)
 
     @property
+    def length(self) -> int:
+        """The generation's length: the decode's own where a length policy changed it."""
+        return len(self.tokens)
+
+    @property
     def decoder_forwards(self) -> int:
         """The denoising forwards: model calls that were not a cache's separate write (DiffusionGemma's ``decoder_forward_passes``)."""
         return self.steps - self.writes
+
+
+def length_record(tokens: torch.Tensor, stop_ids: tuple[int, ...]) -> dict[str, int]:
+    """A result's ``length`` (its generation's columns) and ``effective_tokens``: those before the first
+    end token (the answer; what follows is padding), the numerator of the effective-token ratio."""
+    ends = torch.isin(tokens, torch.tensor(stop_ids, dtype=tokens.dtype)).nonzero()
+    return {"length": len(tokens), "effective_tokens": int(ends[0, 0]) if len(ends) else len(tokens)}
 
 
 def finish(engine: RolloutEngine, state: DecodeState, verifier: Verifier | None = None) -> list[DecodeResult]:
