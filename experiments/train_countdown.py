@@ -110,21 +110,35 @@ def native_weights(directory: Path, family: str) -> dict[str, torch.Tensor]:
 
 
 def encode_batch(
-    task: CountdownTask, pairs: list[tuple[CountdownProblem, str]], gen_length: int
+    task: CountdownTask,
+    pairs: list[tuple[CountdownProblem, str]],
+    gen_length: int,
+    longest: int | None = None,
+    rng: np.random.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Left-padded rows ``prompt + response`` with their attention mask, and where responses start."""
+    """Left-padded rows ``prompt + response`` with their attention mask, and where responses start. The
+    response is the worked answer, ``<|eot_id|>``, then ``<|endoftext|>`` to the row's length: ``gen_length``,
+    or (``longest`` set: canvases of varied lengths, what a length policy meets) a length drawn uniformly
+    from the answer's own up to ``longest``, the columns after it absent (no attention, no loss)."""
     tokenizer = task._tokenizer
     prompts = [task.encode(task.prompt(p)) for p, _ in pairs]
     width = max(len(p) for p in prompts)
-    rows, masks = [], []
-    for prompt, (_, answer) in zip(prompts, pairs):
-        response = tokenizer(answer, add_special_tokens=False)["input_ids"] + [EOT_ID]
-        if len(response) > gen_length:
+    answers = [tokenizer(answer, add_special_tokens=False)["input_ids"] + [EOT_ID] for _, answer in pairs]
+    for (_, answer), response in zip(pairs, answers):
+        if len(response) > (longest or gen_length):
             raise ValueError(f"answer {answer!r} is {len(response)} tokens, longer than gen_length={gen_length}")
-        response += [EOS_ID] * (gen_length - len(response))
+    if longest is None:
+        lengths = [gen_length] * len(pairs)
+    else:
+        assert rng is not None, "varied lengths are drawn from the run's generator"
+        lengths = [int(rng.integers(len(response), longest + 1)) for response in answers]
+    region = max(lengths)
+    rows, masks = [], []
+    for prompt, response, length in zip(prompts, answers, lengths):
+        response = response + [EOS_ID] * (region - len(response))
         pad = width - len(prompt)
         rows.append([EOS_ID] * pad + prompt.tolist() + response)
-        masks.append([False] * pad + [True] * (len(prompt) + gen_length))
+        masks.append([False] * pad + [True] * (len(prompt) + length) + [False] * (region - length))
     return torch.tensor(rows), torch.tensor(masks), width
 
 
@@ -141,11 +155,13 @@ def sft_loss(
     rate = (1 - eps) * torch.rand(rows, 1, generator=generator) + eps
     masked = torch.zeros(rows, length, dtype=torch.bool)
     masked[:, start:] = torch.rand(rows, length - start, generator=generator) < rate
+    masked &= attention  # a shorter canvas's absent columns are neither masked nor scored
     logits = model(torch.where(masked, MASK_ID, tokens), attention_mask=attention, logits_from=start)
     chosen = masked[:, start:]
     losses = torch.nn.functional.cross_entropy(logits[chosen], tokens[:, start:][chosen], reduction="none")
-    weights = (1.0 / rate).expand(rows, length - start)[chosen]
-    return (losses * weights).sum() / (rows * (length - start)), losses.mean().item()
+    # each row's loss over its own response length (LLaDA's SFT normalisation; one length: the whole region)
+    per_column = (1.0 / (rate * attention[:, start:].sum(dim=1, keepdim=True))).expand(rows, length - start)
+    return (losses * per_column[chosen]).sum() / rows, losses.mean().item()
 
 
 def countdown_task(directory: Path, cfg: DictConfig, tier: str, block_length: int) -> CountdownTask:
@@ -195,9 +211,8 @@ def main(cfg: DictConfig) -> None:
     checkpoints.start_from(cfg.init_from, lambda directory: native_weights(directory, "llada"))
 
     def batch_loss(done: float) -> tuple[torch.Tensor, dict[str, float]]:
-        tokens, attention, start = encode_batch(
-            task, [sampler.draw(done) for _ in range(cfg.batch_size)], cfg.gen_length
-        )
+        pairs = [sampler.draw(done) for _ in range(cfg.batch_size)]
+        tokens, attention, start = encode_batch(task, pairs, cfg.gen_length, cfg.get("vary_length"), rng)
         loss, plain = sft_loss(model, tokens, attention, start, generator)
         return loss, {"masked_ce": plain}
 

@@ -348,7 +348,7 @@ def _resize(state: DecodeState, round_: Round) -> DecodeState:
     blocks = -(-int(resize.length.max()) // layout.block_length) if len(rows) else 0
     widened = attrs.evolve(layout, gen_length=max(layout.gen_length, blocks * layout.block_length))
     extra = widened.gen_length - layout.gen_length
-    canvas = pad_columns(state.canvas, extra, ABSENT_COLUMNS | {"tokens": state.plan.mask_id}, right=True)
+    canvas = pad_columns(state.canvas, extra, ABSENT_COLUMNS | {"tokens": length.eos_id}, right=True)
     evaluation = pad_columns(state.evaluation, extra, {"token": state.plan.mask_id}, right=True)
     remapped = resized(at.after, resize, widened, state.plan.mask_id, length.eos_id)
     evaluated = state.evaluated.clone()

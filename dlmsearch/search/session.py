@@ -67,8 +67,8 @@ def join(state: DecodeState, other: DecodeState) -> DecodeState:
     mask_id = state.plan.mask_id
 
     def pad(canvas: Canvas, left: int, right: int) -> Canvas:
-        fill = {**CANVAS_PADDING, "tokens": mask_id}
-        return pad_columns(pad_columns(canvas, left, fill), right, fill, right=True)
+        tail = {**CANVAS_PADDING, "tokens": state.plan.length.eos_id}  # a grown canvas's absent tail (resize.resized)
+        return pad_columns(pad_columns(canvas, left, {**CANVAS_PADDING, "tokens": mask_id}), right, tail, right=True)
 
     def pad_evaluation(evaluation: Evaluation, left: int, right: int) -> Evaluation:
         return pad_columns(pad_columns(evaluation, left, {"token": mask_id}), right, {"token": mask_id}, right=True)

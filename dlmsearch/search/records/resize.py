@@ -64,7 +64,8 @@ def resized(canvas: Canvas, resize: Resize, layout: Layout, mask_id: int, eos_id
         resize: the change, per row.
         layout: the layout afterwards (the generation's first column, its columns, the block length).
         mask_id: what an open position holds.
-        eos_id: the given token :data:`NEW_EOS` columns hold.
+        eos_id: the given token :data:`NEW_EOS` columns hold (and absent columns, unread: a verifier
+            reading the whole region finds the answer ended there).
     """
     gen_start, width = layout.gen_start, layout.gen_length
     old_length = canvas.extent - gen_start
@@ -81,7 +82,7 @@ def resized(canvas: Canvas, resize: Resize, layout: Layout, mask_id: int, eos_id
     shift = torch.where(regrid, (-old_length) % layout.block_length, canvas.block_shift)
     after = attrs.evolve(
         canvas,
-        tokens=moved(canvas.tokens, mask_id, mask_id, eos_id),
+        tokens=moved(canvas.tokens, mask_id, eos_id, eos_id),  # absent: EOS, what the authors pad with (never attended)
         attention=moved(canvas.attention, True, False, True),
         masked=moved(canvas.masked, True, False, False),
         commit_call=moved(canvas.commit_call, -1, -1, -1),
