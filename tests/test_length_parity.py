@@ -350,9 +350,20 @@ DAEDAL_CASES = [
     Case("countdown-published", "daedal", "countdown", _daedal(), _f("grew", "kept", "tail_cut", "max")),
     # The plain tiny model never predicts EOS: every row grows to the maximum.
     Case("tiny-published", "daedal", "tiny", _daedal(), _f("grew", "max"), slow=True),
+    # An initial length that is not whole blocks (12 in blocks of 8): the canvas ends inside its second block.
+    Case("eos-partial", "daedal", "eos", _daedal(SMALL, initial_gen_length=12), _f("grew", "kept", "inserted", "max")),
 ]
 
 RHO_CASES = [
+    # An initial length that is not whole blocks (12 in blocks of 8), the paper's density.
+    Case(
+        "eos-partial-masked",
+        "rho_eos",
+        "eos",
+        _rho(SMALL, initial_gen_length=12),
+        _f("grew", "trimmed", "max"),
+        density="masked_fraction",
+    ),
     # One row expands step by step and is trimmed twice (+12 +16 +20 +24 -20 +24 -20 +28 +32 +40).
     Case(
         "eos-small-tail", "rho_eos", "eos", _rho(SMALL), _f("grew", "trimmed", "max"), seed=3, density="tail_confidence"

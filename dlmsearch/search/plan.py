@@ -96,12 +96,13 @@ class DecodePlan:
 
     @property
     def canvas_gen_length(self) -> int:
-        """Generation columns of the canvas: the generation, or a block-aligned canvas's longest region."""
-        return (
-            self.gen_length
-            if self.attention_block is None
-            else aligned_generation_length(self.gen_length, self.attention_block)
-        )
+        """Generation columns of the canvas: the generation, a block-aligned canvas's longest region, or a
+        variable-length canvas's whole blocks."""
+        if self.attention_block is not None:
+            return aligned_generation_length(self.gen_length, self.attention_block)
+        if self.length.changes:  # any initial length: the canvas runs to the end of its last block, absent after it
+            return -(-self.gen_length // self.block_length) * self.block_length
+        return self.gen_length
 
     def check_canvas(self, prompt_length: int, what: str, setting: str = "") -> None:
         """Rule 19 (:func:`canvas_overflow`) on a prompt: every entry point asks it of its longest prompt
@@ -167,7 +168,8 @@ def make_plan(
             f"decoder {decoder.name!r}'s leaf value ({type(decoder.scorer).__name__}) reads the task verifier's verdict "
             "on an output; this task gives none: use `decoder/scorer=likelihood_value`"
         )
-    layout = Layout(gen_start=0, gen_length=gen_length, block_length=block_length)
+    whole = -(-gen_length // block_length) * block_length if decoder.length.changes else gen_length
+    layout = Layout(gen_start=0, gen_length=whole, block_length=block_length)  # what the rules bind to
     commit = decoder.commit.bind(layout)
     return DecodePlan(
         name=decoder.name,

@@ -404,8 +404,9 @@ def _tree_search(m: Meeting) -> str | None:
 
 
 def _whole_blocks(m: Meeting) -> str | None:
-    """18. The generation is a whole number of blocks (a uniform-noise model's canvases, a block model's blocks)."""
-    if m.gen_length % m.block_length == 0:
+    """18. The generation is a whole number of blocks (a uniform-noise model's canvases, a block model's blocks;
+    not a length that changes while decoding, whose canvas runs to the end of its last block)."""
+    if m.gen_length % m.block_length == 0 or (m.decoder.length.changes and m.able.attention_block is None):
         return None
     whole = -(-m.gen_length // m.block_length) * m.block_length
     fix = f"task.gen_length={whole}"

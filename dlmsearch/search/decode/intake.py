@@ -15,7 +15,7 @@ from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan
 from dlmsearch.search.records.row_sampling import RowSampling
 from dlmsearch.search.records.slots import Slots
-from dlmsearch.search.records.state import Evaluation, block_aligned, initial_canvas
+from dlmsearch.search.records.state import ABSENT, Evaluation, block_aligned, initial_canvas
 from dlmsearch.search.records.usage import Usage
 
 
@@ -51,6 +51,10 @@ def start(engine: RolloutEngine, plan: DecodePlan, requests: list[DecodeRequest]
         prompts, templates = [head for head, _, _ in laid], [template for _, template, _ in laid]
         region = torch.tensor([list(columns) for _, _, columns in laid], dtype=torch.long)
     layout = plan.layout(max(len(p) for p in prompts))
+    extra = layout.gen_length - len(templates[0])  # a variable-length canvas's absent columns to its last block's end
+    templates = (
+        [torch.cat([t, torch.full((extra,), ABSENT, dtype=torch.long)]) for t in templates] if extra else templates
+    )
     canvas = initial_canvas(
         [p for p in prompts for _ in range(size)],
         [t for t in templates for _ in range(size)],
