@@ -93,6 +93,8 @@ def refusal(engine: RolloutEngine, preset: str) -> str | None:
         return "needs cache=none"
     if preset == "saber" and engine.cache.stores:
         return "re-reads every committed position"
+    if preset in ("daedal", "rho_eos"):  # a length that changes: its blocks are fixed in the canvas
+        return "block-diffusion model's blocks are fixed in the canvas: use `decoder/length=fixed`"
     return None
 
 

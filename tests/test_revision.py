@@ -26,12 +26,13 @@ def decode(decoder, adapter: ModelAdapter, requests, block_length: int = 8, on_r
 def test_the_presets_exist_and_old_ones_never_revise(adapter: ModelAdapter) -> None:
     assert set(NEW) <= set(decoder_presets())
     requests = make_requests([2, 5], 16, seed=3)
-    block_models_only = {
+    tested_elsewhere = {
         "llada2",
         "llada21",
     }  # stop at EOS (the tiny model has no stop ids); LLaDA2.1 edits: tests/test_block_diffusion*.py
+    tested_elsewhere |= {"daedal", "rho_eos"}  # read the end token's confidence (tests/test_length_policy.py)
     for preset in sorted(
-        set(decoder_presets("mask")) - set(REVISING) - {"verified_best_of_n", "mcts_verified"} - block_models_only
+        set(decoder_presets("mask")) - set(REVISING) - {"verified_best_of_n", "mcts_verified"} - tested_elsewhere
     ):
         for result in decode(text_decoder(preset), adapter, requests):
             assert int(result.revisions.sum()) == 0, preset
