@@ -97,36 +97,34 @@ def table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
+    """Accuracy (95 % interval) against token-forwards per problem, one panel per tier, one legend entry per arm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tiers = sorted({r["tier"] for r in rows}, key=[r["tier"] for r in rows].index)
-    figure, axes = plt.subplots(1, len(tiers), figsize=(6 * len(tiers), 4.2), squeeze=False)
+    figure, axes = plt.subplots(1, len(tiers), figsize=(8.5 * len(tiers), 5), squeeze=False)
     for axis, tier in zip(axes[0], tiers):
-        for r in (r for r in rows if r["tier"] == tier):
+        for index, r in enumerate(r for r in rows if r["tier"] == tier):
             fixed = r["arm"].startswith("fixed")
             axis.errorbar(
                 r["token_forwards"],
                 100 * r["accuracy"],
                 yerr=[[100 * (r["accuracy"] - r["low"])], [100 * (r["high"] - r["accuracy"])]],
-                fmt="o" if fixed else "s",
-                color="grey" if fixed else None,
+                fmt="o" if fixed else "s^vD"[index % 4],
+                color=str(0.2 + 0.15 * index) if fixed else None,
                 capsize=3,
-            )
-            axis.annotate(
-                r["arm"],
-                (r["token_forwards"], 100 * r["accuracy"]),
-                fontsize=7,
-                xytext=(4, 4),
-                textcoords="offset points",
+                label=f"{r['arm']}: {100 * r['accuracy']:.1f} % at {r['token_forwards']:.0f}",
             )
         axis.set_xscale("log")
         axis.set_xlabel("mean token-forwards per problem (log)")
         axis.set_ylabel("solved (%)")
-        axis.set_title(f"Countdown {tier}: fixed lengths (grey) vs length policies")
+        axis.set_title(
+            f"Countdown {tier}: fixed lengths (grey) and length policies started at {START}, ceiling {CEILING}"
+        )
         axis.grid(alpha=0.3)
+        axis.legend(fontsize=8, loc="lower right")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
