@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from dlmsearch.config import CONF_DIR, Setting, build, compose_settings, decoder_presets, unknown
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.run import Decoding
+from dlmsearch.search.driver import SearchDecoder
 from dlmsearch.tasks.base import TaskItem
 from dlmsearch.tasks.sudoku import puzzle_item
 from dlmsearch.tasks.sudoku_files import PuzzleFileError, SudokuPuzzle, _parse_grid
@@ -311,6 +312,7 @@ class Decoder:
         top_p: float | None = None,
         top_k: int | None = None,
         initial_canvas: torch.Tensor | Sequence[Sequence[int]] | None = None,
+        max_length: int | None = None,
     ) -> list[Generation]:
         """Decode ``prompts`` (text models) or 81-character puzzles (``0`` or ``.`` for blanks; Sudoku).
 
@@ -340,6 +342,9 @@ class Decoder:
             initial_canvas: a uniform-noise model's first canvas per prompt (``[prompts,
                 canvas_length]`` ids, a LongTensor or lists): the reference's ``decoder_input_ids``,
                 which replays a decode exactly; None: drawn (keyed by the seed).
+            max_length: the ceiling of a decoder whose length changes while it decodes (``daedal``,
+                ``rho_eos``, any preset with ``decoder/length``), ``gen_length`` then being the initial
+                length; None: the decoder's own (``decoder.length.max_length``).
         """
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of strings (got one string): generate(model, [prompt])")
@@ -361,7 +366,7 @@ class Decoder:
             seed=seed,
             row_budget=row_budget,
         )
-        decoder = build(cfg, "decoder")
+        decoder = with_ceiling(build(cfg, "decoder"), max_length)
         engine = build(cfg, "engine", adapter=model.adapter)
         task, items = _task_items(model, cfg, prompts)
         if initial_canvas is not None:
@@ -371,6 +376,19 @@ class Decoder:
         decoding = Decoding(decoder, engine, task, deadline_s=cfg.get("deadline_s"))
         what = f"{decoder.name} on {len(items)} {'prompts' if model.is_text else 'puzzles'}"
         return _in_batches(decoding, items, batch_size, what if progress else None)
+
+
+def with_ceiling(decoder: SearchDecoder, max_length: int | None) -> SearchDecoder:
+    """``decoder`` with its length policy's ceiling at ``max_length`` (None: as it is); a decoder of
+    fixed length has no ceiling to set."""
+    if max_length is None:
+        return decoder
+    if not decoder.length.changes:
+        raise ValueError(
+            f"max_length={max_length} is a length policy's ceiling, and decoder {decoder.name!r} decodes a fixed "
+            "length: use Decoder.from_preset('daedal') or ('rho_eos'), or leave max_length unset"
+        )
+    return attrs.evolve(decoder, length=attrs.evolve(decoder.length, max_length=max_length))
 
 
 def _task_items(model: Model, cfg: DictConfig, prompts: list[Any]) -> tuple[Any, list[TaskItem]]:

@@ -249,3 +249,15 @@ def test_lookahead_and_width_search_run_on_top_of_a_length_policy(preset: str, p
     together = run(batch)
     assert together == {r.uid: run([r])[r.uid] for r in batch}
     assert any(len(tokens) != 16 for tokens, *_ in together.values())
+
+
+def test_the_python_api_takes_an_initial_length_and_a_ceiling() -> None:
+    """``generate(gen_length=initial, max_length=ceiling)``: the shipped varied-length model, started at 8,
+    ends inside the ceiling; a decoder of fixed length refuses a ceiling in one line."""
+    from dlmsearch.api import Decoder, Model
+
+    model = Model.load("countdown_varied")
+    [out] = Decoder.from_preset("daedal").generate(model, ["Make 54 from 10, 4, 16."], gen_length=8, max_length=40)
+    assert 8 < len(out.tokens) <= 40 and out.text
+    with pytest.raises(ValueError, match="decodes a fixed length"):
+        Decoder.from_preset("fast_dllm").generate(model, ["Make 54 from 10, 4, 16."], gen_length=8, max_length=40)

@@ -361,3 +361,18 @@ def test_without_lm_eval_the_message_says_how_to_install(
     )
     assert "pip install -e '.[lm_eval]'" in err and "'dlmsearch[lm_eval]'" not in err
     assert "pip install -e '.[lm_eval]'" in (ROOT / "docs" / "lm_eval.md").read_text()
+
+
+def test_a_length_policy_starts_at_gen_length_and_stops_at_max_gen_toks() -> None:
+    """Under ``decoder=daedal`` the model arg ``gen_length`` is the initial length and the request's
+    ``max_gen_toks`` the ceiling: the shipped varied-length model grows from 8 and stays inside it."""
+    lm = DLMSearchLM.create_from_arg_string(
+        "family=countdown_varied,decoder=daedal,gen_length=8,block_length=8,batch_size=2,device=cpu",
+        {"batch_size": 1, "max_batch_size": None, "device": "cuda:0"},
+    )
+    context = "Make 54 from 10, 4, 16."
+    [text] = lm.generate_until([request(context, 0, until=[], max_gen_toks=40, do_sample=False)], disable_tqdm=True)
+    direct = Decoder.from_preset("daedal").generate(
+        lm.model, [context], gen_length=8, block_length=8, chat=lm.chat, max_length=40
+    )
+    assert text == direct[0].text and 8 < len(direct[0].tokens) <= 40

@@ -6,7 +6,7 @@ Requests are decoded through :mod:`dlmsearch.api` (one model, one decoder, batch
 ``loglikelihood`` tasks (multiple choice, perplexity) are refused with a clear error.
 
 Model args (``--model_args k=v,k=v``): ``path`` (local checkpoint directory), ``family``
-(llada|dream|sdar|llada2|diffusion_gemma, or countdown / countdown_block / countdown_uniform: the shipped Countdown models, no path needed), ``decoder`` (a preset of ``conf/decoder/``), ``gen_length`` (used when a request
+(llada|dream|sdar|llada2|diffusion_gemma, or countdown / countdown_block / countdown_uniform / countdown_varied: the shipped Countdown models, no path needed), ``decoder`` (a preset of ``conf/decoder/``), ``gen_length`` (used when a request
 gives no ``max_gen_toks``) and ``block_length`` (unset: what the model was trained for, as
 ``python -m dlmsearch`` takes them, else 256 in blocks of 32), ``batch_size``, ``cache`` (none|prefix|dual; unset: the config's, none),
 ``device`` (auto|cpu|cuda...), ``dtype``, ``chat`` (true: each context is one user turn of the
@@ -132,6 +132,7 @@ class DLMSearchLM(LM):
         except (ValueError, TypeError) as error:
             raise ModelArgsError(f"model_args: {error}") from error
         self._rule_temperature = not owner.takes_settings  # e.g. a uniform-noise step's schedule
+        self._varies = decoder.length.changes  # a length policy: gen_length starts, max_gen_toks is the ceiling
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> DLMSearchLM:
@@ -153,7 +154,9 @@ class DLMSearchLM(LM):
         """Decode each context; the text is cut at the first of the request's ``until`` strings.
 
         Requests are grouped by generation length (``max_gen_toks``, else ``gen_length``, rounded
-        up to whole blocks) and temperature, each group decoded in batches of ``batch_size``.
+        up to whole blocks) and temperature, each group decoded in batches of ``batch_size``. Under a
+        length policy (``decoder=daedal``, ``rho_eos``) that length is the ceiling and the model arg
+        ``gen_length`` the initial length.
         """
         groups: dict[tuple[int, float | None], list[int]] = {}
         settings = []
@@ -166,10 +169,12 @@ class DLMSearchLM(LM):
             groups.setdefault((length, self._temperature(gen_kwargs)), []).append(index)
         texts: list[str] = [""] * len(requests)
         for (length, temperature), indices in groups.items():
+            start = min(self.gen_length, length) if self._varies else length
             generations = self.decoder.generate(
                 self.model,
                 [settings[i][0] for i in indices],
-                gen_length=length,
+                gen_length=start,
+                max_length=length if self._varies else None,
                 block_length=self.block_length,
                 chat=self.chat,
                 batch_size=self.batch_size,

@@ -19,7 +19,8 @@ SHIPPED_TEXT_MODELS = (
     "countdown",
     "countdown_block",
     "countdown_uniform",
-)  # the Countdown models dlmsearch ships (LLaDA's, SDAR's and DiffusionGemma's formats)
+    "countdown_varied",
+)  # the Countdown models dlmsearch ships (LLaDA's, SDAR's and DiffusionGemma's formats; LLaDA's on varied lengths)
 NAMED_ARGS = (
     "path",
     "family",
