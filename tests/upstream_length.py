@@ -62,6 +62,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from upstream import _load_file
 
 UPSTREAM_ROOT: Path = Path(
     os.environ.get("DLMSEARCH_UPSTREAM_ROOT") or Path(__file__).resolve().parents[2] / "shared" / "upstream"
@@ -171,17 +172,9 @@ def _load_module(name: str, path: Path) -> types.ModuleType:
         transformers = sys.modules["transformers"]
         for lazy in _TRANSFORMERS_NAMES:  # resolved now (lazily imported submodules), not under the stand-ins
             getattr(transformers, lazy)
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
         with _stand_ins_installed(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            sys.modules[name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]
-                raise
-        return module
+            return _load_file(name, path)  # the one loader of a reference file under a private name
 
 
 @functools.cache
