@@ -77,8 +77,8 @@ def decoder_presets(noise: str | None = None) -> list[str]:
     uniform-noise (``uniform``) models. A search is the same on both: on a uniform-noise model the
     model's own step replaces a rule that fills masks (``search.plan.with_model_parts``). A preset
     built on ``commit: uniform_noise`` runs on uniform noise only; one that revises commits, sets
-    its own temperature (the uniform step's schedule decides it), or searches a tree of commits, on masked
-    models only."""
+    its own temperature (the uniform step's schedule decides it), searches a tree of commits, or changes its
+    length (DAEDAL, rho-EOS), on masked models only."""
     names = group_options("decoder")
     if noise is None:
         return names
@@ -107,7 +107,8 @@ def _preset_noise(name: str) -> tuple[str, ...]:
     layered = text + ((CONF_DIR / "decoder" / "generation" / f"{generation[1]}.yaml").read_text() if generation else "")
     own_temperature = re.search(r"^\s*temperature: (?!null)", layered, re.MULTILINE)
     tree = re.search(r"^\s*(- )?tree:", text, re.MULTILINE)  # a tree search commits masked positions
-    return ("mask",) if "revision:" in text or own_temperature or tree else ("mask", "uniform")
+    length = re.search(r"^\s*- length: (?!fixed)", text, re.MULTILINE)  # a canvas that grows: masked models only
+    return ("mask",) if "revision:" in text or own_temperature or tree or length else ("mask", "uniform")
 
 
 def build(cfg: DictConfig, key: str, **kwargs: Any) -> Any:

@@ -56,6 +56,8 @@ def refusal(engine: RolloutEngine, preset: str) -> str | None:
         return "needs a model that takes an explicit attention mask"
     if preset == "wino" and engine.cache.name == "dual":
         return "needs cache=none or prefix"
+    if decoder_for(preset).length.changes:  # daedal, rho_eos read an end token (tests/test_length_policy.py)
+        return "the model declares no end-of-sequence id"
     if decoder_for(preset).commit.decides_whole_block:  # diffusion_gemma: another decoder, before its stop tokens
         return "re-decides a canvas of uniform noise every step"
     if (
