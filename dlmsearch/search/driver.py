@@ -345,7 +345,7 @@ def _resize(state: DecodeState, round_: Round) -> DecodeState:
         round_.root, state.canvas.take(rows), round_.evaluation, layout, state.usage.steps[state.slots.owner[rows]]
     )
     resize, changed = length.resize(at)
-    blocks = -(-int(resize.length.max()) // layout.block_length) if len(rows) else 0
+    blocks = -(-int(resize.length.max()) // layout.block_length)  # a round has a row (else no round)
     widened = attrs.evolve(layout, gen_length=max(layout.gen_length, blocks * layout.block_length))
     extra = widened.gen_length - layout.gen_length
     canvas = pad_columns(state.canvas, extra, ABSENT_COLUMNS | {"tokens": length.eos_id}, right=True)

@@ -457,23 +457,28 @@ def _length_policy(m: Meeting) -> str | None:
         )
     name = type(length).__name__
     reads = {REGISTRY[statistic].source for statistic in m.decoder.statistics}
-    blockers = [  # the model's own first (no setting of the decoder helps there), then the decoder's parts
-        ("a block-diffusion model's blocks are fixed in the canvas", m.able.attention_block is not None),
-        ("a uniform-noise model denoises a canvas of its own length", not has_mask_token(m.able)),
-        ("the model declares no end-of-sequence id to read its confidence in", not (m.able.stop_ids or length.eos_id)),
-        ("a cache's stored keys would not follow the columns", m.cache.stores or m.cache.layerwise),
-        ("a tree search keeps nodes as columns", m.decoder.tree is not None),
-        ("a revision keeps a record per column", m.decoder.revision.revises),
-        ("KLASS's history is kept per column", "history" in reads),
+    fixed, no_cache = "decoder/length=fixed", "cache=none"
+    blockers = [  # (why, whether it holds, the fix): the model's own first (no setting of the decoder helps there)
+        ("a block-diffusion model's blocks are fixed in the canvas", m.able.attention_block is not None, fixed),
+        ("a uniform-noise model denoises a canvas of its own length", not has_mask_token(m.able), fixed),
+        (
+            "the model declares no end-of-sequence id to read its confidence in",
+            not (m.able.stop_ids or length.eos_id),
+            fixed,
+        ),
+        ("a cache's stored keys would not follow the columns", m.cache.stores or m.cache.layerwise, no_cache),
+        ("a tree search keeps nodes as columns", m.decoder.tree is not None, fixed),
+        ("a revision keeps a record per column", m.decoder.revision.revises, fixed),
+        ("KLASS's history is kept per column", "history" in reads, fixed),
         (
             "a fixed number of steps per block cannot follow blocks that grow",
             getattr(m.decoder.commit, "steps", None) is not None,
+            fixed,
         ),
     ]
-    why = next((reason for reason, blocks in blockers if blocks), None)
+    why, fix = next(((reason, fix) for reason, blocks, fix in blockers if blocks), (None, None))
     if why is None:
         return None
-    fix = "cache=none" if why.startswith("a cache") else "decoder/length=fixed"
     return f"decoder {m.decoder.name!r} cannot change its length ({name}): {why}: use `{fix}`"
 
 

@@ -21,7 +21,7 @@ import attrs
 import torch
 from omegaconf import DictConfig
 
-from dlmsearch.api import compose_settings
+from dlmsearch.api import compose_settings, with_ceiling
 from dlmsearch.config import ConfigError, build, decoder_presets
 from dlmsearch.core.sampling import Sampling
 from dlmsearch.models.adapter import ModelAdapter
@@ -247,8 +247,7 @@ class Lanes:
         request's ``max_tokens`` (in whole blocks); any other generates ``max_tokens``."""
         if not decoder.length.changes:
             return decoder, tokens
-        initial = min(int(self.base.task.gen_length), tokens)
-        return attrs.evolve(decoder, length=attrs.evolve(decoder.length, max_length=tokens)), initial
+        return with_ceiling(decoder, tokens), min(int(self.base.task.gen_length), tokens)
 
     def _build(self, key: LaneKey) -> Lane:
         try:
