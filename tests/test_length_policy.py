@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 import torch
 from conftest import text_decoder
@@ -118,10 +119,16 @@ def test_rho_eos_step_sizes_follow_the_authors_table(scheduler: str) -> None:
         assert step == {0: 0, 1: -size, 2: size}[action], density
 
 
-def tiny_adapter(eos: int) -> ModelAdapter:
-    """The sharp tiny LLaDA-shaped model with ``eos`` as its end token (vocabulary 64, mask 63, 128 positions)."""
+def tiny_adapter(eos: int, family: str = "llada") -> ModelAdapter:
+    """The sharp tiny LLaDA-shaped (or Dream-shaped: logits shifted by one) model with ``eos`` as its end
+    token (vocabulary 64, mask 63, 128 positions)."""
     return ModelAdapter(
-        module=tiny_family_model("llada"), mask_id=MASK_ID, vocab_size=VOCAB, stop_ids=[eos], max_length=128
+        module=tiny_family_model(family),
+        mask_id=MASK_ID,
+        vocab_size=VOCAB,
+        stop_ids=[eos],
+        max_length=128,
+        shift_logits=family == "dream",
     )
 
 
@@ -154,10 +161,12 @@ POLICIES = {
 }
 
 
-def decode(policy: str, eos: int, batch: list[DecodeRequest], initial: int, *extra: str) -> dict[int, tuple]:
+def decode(
+    policy: str, eos: int, batch: list[DecodeRequest], initial: int, *extra: str, family: str = "llada"
+) -> dict[int, tuple]:
     preset, *overrides = POLICIES[policy]
     decoder = text_decoder(preset, *overrides, *extra, gen_length=initial)
-    results = decoder.decode(RolloutEngine(adapter=tiny_adapter(eos), seed=3), batch, 8)
+    results = decoder.decode(RolloutEngine(adapter=tiny_adapter(eos, family), seed=3), batch, 8)
     return {r.uid: (r.tokens.tolist(), r.steps, r.commit_call.tolist(), r.token_forwards) for r in results}
 
 
@@ -182,16 +191,28 @@ def test_lengths_change_and_a_sample_alone_equals_itself_in_the_batch(policy: st
     initial=st.sampled_from([8, 16]),
     seed=st.integers(0, 1000),
     temperature=st.sampled_from([0.0, 1.0]),
+    family=st.sampled_from(["llada", "dream"]),
 )
 def test_a_sample_decodes_alike_in_any_batch_property(
-    policy: str, eos: int, lengths: list[int], initial: int, seed: int, temperature: float
+    policy: str, eos: int, lengths: list[int], initial: int, seed: int, temperature: float, family: str
 ) -> None:
-    """Hypothesis: any batch, greedy or sampled (seeded), each sample as alone."""
+    """Hypothesis: any batch, greedy or sampled (seeded), on either adapter shape (Dream's shifted logits
+    included), each sample as alone."""
     batch = requests(lengths, initial, seed)
     extra = (f"decoder.sampling.temperature={temperature}",)
-    together = decode(policy, eos, batch, initial, *extra)
+    together = decode(policy, eos, batch, initial, *extra, family=family)
     target = batch[len(batch) // 2]
-    assert together[target.uid] == decode(policy, eos, [target], initial, *extra)[target.uid]
+    assert together[target.uid] == decode(policy, eos, [target], initial, *extra, family=family)[target.uid]
+
+
+@pytest.mark.parametrize("policy", ["daedal_eager", "rho_eos"])
+def test_a_dream_shaped_adapter_decodes_alike_in_any_batch_sampled(policy: str) -> None:
+    """Dream's logits are read one column earlier: sampled, with lengths that change, each sample as alone."""
+    batch = requests([3, 9, 5], 16, seed=11)
+    hot = ("decoder.sampling.temperature=1.0",)
+    together = decode(policy, FREQUENT, batch, 16, *hot, family="dream")
+    assert together == {r.uid: decode(policy, FREQUENT, [r], 16, *hot, family="dream")[r.uid] for r in batch}
+    assert any(len(tokens) != 16 for tokens, *_ in together.values())
 
 
 def test_a_seed_gives_the_same_output_and_another_seed_may_not() -> None:
@@ -233,12 +254,22 @@ def test_the_ceiling_must_fit_the_model() -> None:
 
 @pytest.mark.parametrize(
     "preset,policy",
-    [("adalook", "rho_eos"), ("ete", "daedal"), ("best_of_n", "daedal"), ("smc", "rho_eos")],
+    [
+        ("adalook", "rho_eos"),
+        ("ete", "daedal"),
+        ("best_of_n", "daedal"),
+        ("smc", "rho_eos"),
+        ("mcts", "rho_eos"),  # the tree presets' base rule takes whole-block steps: a threshold here
+        ("gumbel_mcts", "daedal"),
+        ("mcts_macro", "rho_eos"),
+    ],
 )
-def test_lookahead_and_width_search_run_on_top_of_a_length_policy(preset: str, policy: str) -> None:
-    """A search preset with a length policy added decodes, lengths change, and each sample is as alone."""
+def test_lookahead_width_and_tree_search_run_on_top_of_a_length_policy(preset: str, policy: str) -> None:
+    """A search preset with a length policy added decodes, lengths change, and each sample is as alone
+    (a tree search's kept trees follow the canvas's widening; a row whose columns moved starts anew)."""
     batch = requests([3, 8, 5], 16, seed=4)
     overrides = (f"+decoder/length={policy}", "decoder.length.max_length=40", "decoder.length.eos_check_tokens=4")
+    overrides += ("decoder/commit=threshold",) if "mcts" in preset else ()
 
     def run(samples: list[DecodeRequest]) -> dict[int, tuple]:
         decoder = text_decoder(preset, *overrides, gen_length=16)
@@ -261,3 +292,55 @@ def test_the_python_api_takes_an_initial_length_and_a_ceiling() -> None:
     assert 8 < len(out.tokens) <= 40 and out.text
     with pytest.raises(ValueError, match="decodes a fixed length"):
         Decoder.from_preset("fast_dllm").generate(model, ["Make 54 from 10, 4, 16."], gen_length=8, max_length=40)
+
+
+@pytest.mark.parametrize("preset,policy", [("mcts", "rho_eos"), ("mcts_macro", "rho_eos"), ("gumbel_mcts", "daedal")])
+def test_a_kept_tree_is_rooted_at_the_canvas_it_searches_after_lengths_change(
+    preset: str, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search that reuses a kept subtree finds at its root the evaluation of the canvas it searches:
+    a row whose columns moved (growth, trim, insertion) starts a new tree, one that did not keeps its
+    own, widened with the canvas."""
+    from dlmsearch.search.decode import tree_phases
+
+    start, reused = tree_phases._start, []
+
+    def checked_start(state, root, evaluation, exploring):
+        if state.tree is not None:
+            kept = state.tree.take(exploring)
+            again = kept.count > 0
+            at_root = (kept.evaluation.token[:, 0] == evaluation.token).all(dim=1)
+            assert bool(at_root[again].all()), "a kept tree's root is not the canvas searched"
+            reused.append(int(again.sum()))
+        return start(state, root, evaluation, exploring)
+
+    monkeypatch.setattr(tree_phases, "_start", checked_start)
+    overrides = (f"+decoder/length={policy}", "decoder.length.max_length=40", "decoder.length.eos_check_tokens=4")
+    decoder = text_decoder(preset, *overrides, "decoder/commit=threshold", gen_length=16)
+    results = decoder.decode(RolloutEngine(adapter=tiny_adapter(COMMON), seed=3), requests([3, 8, 5], 16, seed=4), 8)
+    assert sum(reused) > 0  # kept trees were reused
+    assert any(len(r.tokens) != 16 for r in results)
+
+
+def test_a_tree_search_under_a_length_policy_admits_and_evicts_unchanged() -> None:
+    """Samples joining a decode whose canvases have grown (and a longer prompt: they widen on both
+    sides) and a sample leaving change no other sample's search or length."""
+    from conftest import admit_step_evict
+
+    from dlmsearch.search.session import DecodeSession
+
+    overrides = ("+decoder/length=rho_eos", "decoder.length.max_length=40", "decoder.length.eos_check_tokens=4")
+    decoder = text_decoder("mcts", *overrides, "decoder/commit=threshold", gen_length=16)
+    engine = lambda: RolloutEngine(adapter=tiny_adapter(COMMON), seed=3)
+    session = DecodeSession.open(decoder, engine(), 16, 8)
+    first, later = requests([3, 5, 4], 16, seed=1), requests([11, 2], 16, seed=2)
+    later = [attrs.evolve(r, uid=100 + r.uid) for r in later]
+    session.admit(first)
+    finished = {r.uid: r for _ in range(4) for r in session.step()}
+    assert session.state.layout.gen_length > 16 and session.state.tree is not None  # grown, trees kept
+    rest, victim = admit_step_evict(session, [], later)
+    finished.update(rest)
+    for sample in [r for r in first + later if r.uid != victim]:
+        [alone] = decoder.decode(engine(), [sample], 8)
+        assert finished[sample.uid].tokens.tolist() == alone.tokens.tolist(), f"uid {sample.uid} changed"
+    assert any(len(r.tokens) != 16 for r in finished.values())

@@ -353,12 +353,15 @@ def _resize(state: DecodeState, round_: Round) -> DecodeState:
     remapped = resized(at.after, resize, widened, state.plan.mask_id, length.eos_id)
     evaluated = state.evaluated.clone()
     evaluated[rows[changed]] = False
+    # a kept search tree follows the widening; a row whose columns moved starts a new one
+    trees = None if state.tree is None else state.tree.widened(0, state.plan.mask_id, extra)
     return attrs.evolve(
         state,
         layout=widened,
         canvas=canvas.put(rows, remapped),
         evaluation=evaluation,
         evaluated=evaluated,
+        tree=stale_trees(trees, rows[changed]),
     )
 
 

@@ -446,7 +446,7 @@ def _shadow_blocks(m: Meeting) -> str | None:
 def _length_policy(m: Meeting) -> str | None:
     """22. A length that changes while decoding: a ceiling at least the initial length, on a masked model
     whose canvas columns are its own (no block diffusion, no uniform noise), with nothing stored per column
-    that would have to move with an insertion (no cache, KLASS's history, a revision's record, a tree)."""
+    that would have to move with an insertion (no cache, KLASS's history, a revision's record)."""
     length = m.decoder.length
     if not length.changes:
         return None
@@ -467,7 +467,6 @@ def _length_policy(m: Meeting) -> str | None:
             fixed,
         ),
         ("a cache's stored keys would not follow the columns", m.cache.stores or m.cache.layerwise, no_cache),
-        ("a tree search keeps nodes as columns", m.decoder.tree is not None, fixed),
         ("a revision keeps a record per column", m.decoder.revision.revises, fixed),
         ("KLASS's history is kept per column", "history" in reads, fixed),
         (

@@ -104,8 +104,10 @@ def _joined_trees(state: DecodeState, other: DecodeState, wider: int, narrower: 
         return None
     room = max(t.nodes for t in (state.tree, other.tree) if t is not None)
     mask_id = state.plan.mask_id
-    mine = None if state.tree is None else state.tree.with_room(room).widened(wider, mask_id)
-    theirs = None if other.tree is None else other.tree.with_room(room).widened(narrower, mask_id)
+    gen_length = max(state.layout.gen_length, other.layout.gen_length)  # a length policy's canvases differ
+    grow = lambda decode: gen_length - decode.layout.gen_length
+    mine = None if state.tree is None else state.tree.with_room(room).widened(wider, mask_id, grow(state))
+    theirs = None if other.tree is None else other.tree.with_room(room).widened(narrower, mask_id, grow(other))
     like = mine if mine is not None else theirs
     assert like is not None
     mine = mine if mine is not None else Tree.none_like(like, len(state.evaluated))

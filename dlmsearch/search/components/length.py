@@ -28,7 +28,7 @@ their EOS probabilities summed and divided by ``eos_check_tokens`` (not by how m
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, Self
 
 import attrs
 import torch
@@ -131,7 +131,20 @@ def least_confident(scores: torch.Tensor, eligible: torch.Tensor) -> torch.Tenso
 
 
 @attrs.frozen
-class Daedal:
+class ReadsEos:
+    """What both published policies share: they read the model's confidence in its end token, the
+    model's own unless ``eos_id`` names another."""
+
+    eos_id: int | None = number(int, 0, optional=True, default=None)
+    statistics: ClassVar[frozenset[str]] = EOS_STATISTICS
+    changes: ClassVar[bool] = True
+
+    def bind(self, eos_id: int | None) -> Self:
+        return self if self.eos_id is not None else attrs.evolve(self, eos_id=eos_id)
+
+
+@attrs.frozen
+class Daedal(ReadsEos):
     """DAEDAL's two stages: before any commit, grow the all-mask canvas while the tail's EOS confidence is
     low, then, while decoding, turn the least confident masked position into several masks while it stays
     low; the authors' settings are the defaults."""
@@ -142,13 +155,7 @@ class Daedal:
     expand_eos_confidence: float = number(float, 0.0, 1.0, default=0.9)  # no insertion at or above this
     eos_check_tokens: int = number(int, 1, default=32)
     low_confidence: float = number(float, 0.0, 1.0, default=0.1)  # insertion candidates are below this
-    eos_id: int | None = number(int, 0, optional=True, default=None)  # the end token read (None: the model's EOS)
-    statistics: ClassVar[frozenset[str]] = EOS_STATISTICS
-    changes: ClassVar[bool] = True
     trims: ClassVar[bool] = False
-
-    def bind(self, eos_id: int) -> Daedal:
-        return self if self.eos_id is not None else attrs.evolve(self, eos_id=eos_id)
 
     def prepare(self, canvas: Canvas) -> Canvas:
         """Every canvas starts in the first stage: sized before any commit."""
@@ -194,7 +201,7 @@ DENSITIES = ("masked_fraction", "tail_confidence")
 
 
 @attrs.frozen
-class RhoEos:
+class RhoEos(ReadsEos):
     """rho-EOS's bidirectional length control: after each step, trim the tail where the implicit EOS
     density is high, append masks where it is low; the authors' published settings are the defaults. ``density``: ``masked_fraction``, the paper's rho (the share of the
     positions masked at the step's model call whose most likely token is EOS, the README's "implicit
@@ -212,13 +219,7 @@ class RhoEos:
     max_multiplier: int = number(int, 1, default=8)
     eos_check_tokens: int = number(int, 1, default=32)
     max_adjust_rounds: int = number(int, 0, default=64)
-    eos_id: int | None = number(int, 0, optional=True, default=None)  # the end token read (None: the model's EOS)
-    statistics: ClassVar[frozenset[str]] = EOS_STATISTICS
-    changes: ClassVar[bool] = True
     trims: ClassVar[bool] = True
-
-    def bind(self, eos_id: int) -> RhoEos:
-        return self if self.eos_id is not None else attrs.evolve(self, eos_id=eos_id)
 
     def prepare(self, canvas: Canvas) -> Canvas:
         return canvas

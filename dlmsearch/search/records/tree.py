@@ -257,16 +257,18 @@ class Tree:
         }
         return attrs.evolve(self, **values, evaluation=map_rows(self.evaluation, lambda t: grown(t, 0)))
 
-    def widened(self, columns: int, mask_id: int) -> Tree:
-        """The trees of canvases left-padded by ``columns`` (a wider prompt joined the decode): positions
-        shift, evaluations gain columns on the left (the mask's id as their token, zeros elsewhere)."""
-        if columns == 0:
+    def widened(self, columns: int, mask_id: int, right: int = 0) -> Tree:
+        """The trees of canvases padded by ``columns`` on the left (a wider prompt joined the decode:
+        positions shift) and ``right`` on the right (a length policy grew the canvas): evaluations gain
+        the columns (the mask's id as their token, zeros elsewhere)."""
+        if columns == 0 and right == 0:
             return self
 
         def padded(name: str, values: torch.Tensor) -> torch.Tensor:
             fill = mask_id if name == "token" else 0
-            pad = torch.full((*values.shape[:2], columns), fill, dtype=values.dtype)
-            return torch.cat([pad, values], dim=2)
+            left_pad = torch.full((*values.shape[:2], columns), fill, dtype=values.dtype)
+            right_pad = torch.full((*values.shape[:2], right), fill, dtype=values.dtype)
+            return torch.cat([left_pad, values, right_pad], dim=2)
 
         evaluation = type(self.evaluation)(
             **{
