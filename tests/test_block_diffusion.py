@@ -94,7 +94,7 @@ def refusal(engine: RolloutEngine, preset: str) -> str | None:
     if preset == "saber" and engine.cache.stores:
         return "re-reads every committed position"
     if preset in ("daedal", "rho_eos"):  # a length that changes: its blocks are fixed in the canvas
-        return "block-diffusion model's blocks are fixed in the canvas: use `decoder/length=fixed`"
+        return "block-diffusion model's blocks are fixed in the canvas"
     return None
 
 
@@ -283,3 +283,26 @@ def test_a_session_admits_and_evicts_block_aligned_samples(adapter, preset: str,
             alone.row_forwards,
             alone.token_forwards,
         )
+
+
+def test_a_canvas_at_the_ceiling_costs_only_the_blocks_decoded_up_to_the_end(tmp_path) -> None:
+    """A block model's growth by whole blocks (what the length policies' refusal advises): stopping at the
+    end token, a canvas of 32 gives each sample whose answer ends within 8 the tokens and the forwards of a
+    canvas of 8, the block cache's stored prefix never moving (id 20, frequent here, is the end token)."""
+    save_sdar(tmp_path / "tiny", tiny_sdar(), mask_id=MASK_ID, eos_id=20, eot_id=EOT)
+    ends = load_text_model(str(tmp_path / "tiny"), "sdar", device="cpu", dtype="float32")
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, EOS, (n,), generator=generator) for n in (3, 5, 7, 4, 6, 2)]
+
+    def run(gen: int) -> list[tuple]:
+        decoder = text_decoder("sdar", f"task.block_length={BLOCK}", "decoder.stop_at_eos=true", gen_length=gen)
+        batch = [DecodeRequest(uid=i, prompt=p, generation=torch.full((gen,), MASK_ID)) for i, p in enumerate(prompts)]
+        results = decoder.decode(RolloutEngine(adapter=ends, cache="block", temperature=0.0), batch, BLOCK)
+        return [(r.tokens.tolist(), r.steps, r.row_forwards, r.token_forwards) for r in results]
+
+    short, ceiling = run(8), run(32)
+    ended = [i for i, (tokens, *_) in enumerate(short) if 20 in tokens]
+    assert 0 < len(ended) < len(short)  # some answers end within the short canvas, some do not
+    for i in ended:
+        tokens, *cost = short[i]
+        assert ceiling[i] == (tokens + [20] * 24, *cost), i

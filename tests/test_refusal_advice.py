@@ -188,7 +188,12 @@ CASES: list[tuple[str, list[str], str] | tuple[str, list[str], str, Tweak]] = [
         "`cache=none`",
     ),
     ("_canvas_fits", ["+decoder=daedal", *COUNTDOWN], "`decoder.length.max_length=104`"),  # the ceiling's canvas
-    ("_length_policy", ["+decoder=rho_eos", *BLOCK], "`decoder/length=fixed`"),
+    ("_length_policy", ["+decoder=rho_eos", *BLOCK], "`decoder/length=fixed decoder.stop_at_eos=true`"),
+    (
+        "_length_policy",
+        ["+decoder=diffusion_gemma", "+decoder/length=rho_eos", *UNIFORM],
+        "`decoder/length=fixed decoder.stop_at_eos=true`",
+    ),
     ("_length_policy", ["+decoder=daedal"], "`decoder/length=fixed`"),  # the Sudoku model has no end token
     # make_plan's own checks: what the task's verifier allows, what the layout binds
     ("make_plan", ["+decoder=mcts_verified", *PROMPT], "`decoder/scorer=likelihood_value`"),

@@ -458,9 +458,22 @@ def _length_policy(m: Meeting) -> str | None:
     name = type(length).__name__
     reads = {REGISTRY[statistic].source for statistic in m.decoder.statistics}
     fixed, no_cache = "decoder/length=fixed", "cache=none"
+    # a model that decodes block by block (canvas by canvas) and stops at its end token spends only the
+    # blocks it decodes: a fixed canvas at the ceiling is its growth by whole blocks, its exact cache untouched
+    at_ceiling = "decoder/length=fixed decoder.stop_at_eos=true"
+    whole = "so a canvas at the ceiling (task.gen_length) costs only the {} decoded up to the end token"
     blockers = [  # (why, whether it holds, the fix): the model's own first (no setting of the decoder helps there)
-        ("a block-diffusion model's blocks are fixed in the canvas", m.able.attention_block is not None, fixed),
-        ("a uniform-noise model denoises a canvas of its own length", not has_mask_token(m.able), fixed),
+        (
+            "a block-diffusion model's blocks are fixed in the canvas and decode one after another, "
+            + whole.format("blocks"),
+            m.able.attention_block is not None,
+            at_ceiling,
+        ),
+        (
+            "a uniform-noise model denoises canvases of its own length one after another, " + whole.format("canvases"),
+            not has_mask_token(m.able),
+            at_ceiling,
+        ),
         (
             "the model declares no end-of-sequence id to read its confidence in",
             not (m.able.stop_ids or length.eos_id),
