@@ -367,9 +367,9 @@ TREE_PARTS = {
 
 def _tree_parts(decoder: DecoderSettings) -> list[str]:
     """The overrides that give a tree search the parts it lacks (``+decoder/X=``: a group the preset has not)."""
-    methods = {"expansion": "select", "scorer": "value", "selector": "child"}
+    methods = {"candidates": "moves", "expansion": "select", "scorer": "value", "selector": "child"}
     wrong = [n for n, method in methods.items() if not hasattr(getattr(decoder, n), method)]
-    wrong = ["trigger"] * (not decoder.trigger.explores) + ["candidates"] * (decoder.candidates is None) + wrong
+    wrong = ["trigger"] * (not decoder.trigger.explores) + wrong
     return [f"{'+' * (getattr(decoder, n) is None)}decoder/{n}={TREE_PARTS[n]}" for n in wrong]
 
 

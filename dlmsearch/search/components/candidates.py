@@ -15,9 +15,33 @@ from dlmsearch.validation import check_choice, check_type, number
 class CandidateGenerator(Protocol):
     k: int
     statistics: ClassVar[frozenset[str]]  # what the engine must compute for it beyond token and confidence
+    commits: int | None  # a tree's moves: None, one commit each ([R, k]); K, up to K commits each ([R, k, K])
 
     def propose(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions [R, k]`` and ``valid [R, k]`` (False where a row has fewer than k eligible)."""
+
+    def moves(
+        self, canvas: Canvas, evaluation: Evaluation, layout: Layout
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A tree search's actions: each move's positions, tokens and the model's probabilities of them,
+        and which moves exist (shapes by ``commits``)."""
+
+
+class PositionMoves:
+    """What a generator that proposes positions alone gives a tree search: each position a move that
+    commits the evaluation's token there."""
+
+    commits: ClassVar[int | None] = None
+
+    def propose(self, canvas: Canvas, evaluation: Evaluation, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def moves(
+        self, canvas: Canvas, evaluation: Evaluation, layout: Layout
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``[R, k]`` each proposed position, the evaluation's token and confidence there, and which exist."""
+        position, valid = self.propose(canvas, evaluation, layout)
+        return position, evaluation.token.gather(1, position), evaluation.confidence.gather(1, position), valid
 
 
 def top_k_positions(scores: torch.Tensor, eligible: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +57,7 @@ def _eligible(canvas: Canvas, layout: Layout) -> torch.Tensor:
 
 
 @attrs.define
-class InfoBandCandidates:
+class InfoBandCandidates(PositionMoves):
     """ETE: top-k masked positions (unlocked blocks) by ``-|c - c_info| + beta * (i - block start)``."""
 
     statistics: ClassVar[frozenset[str]] = frozenset()
@@ -48,7 +72,7 @@ class InfoBandCandidates:
 
 
 @attrs.define
-class TopConfidenceCandidates:
+class TopConfidenceCandidates(PositionMoves):
     """The k most confident masked positions."""
 
     statistics: ClassVar[frozenset[str]] = frozenset()
@@ -59,7 +83,7 @@ class TopConfidenceCandidates:
 
 
 @attrs.define
-class RandomCandidates:
+class RandomCandidates(PositionMoves):
     """k masked positions at random (seeded by the engine's counter-based draw)."""
 
     statistics: ClassVar[frozenset[str]] = frozenset({"uniform"})
@@ -76,6 +100,7 @@ class PositionTokenCandidates:
     A tree search reads :meth:`moves`; as a lookahead's generator it proposes the positions (each twice)."""
 
     statistics: ClassVar[frozenset[str]] = frozenset({"runner_up", "runner_up_confidence"})
+    commits: ClassVar[int | None] = None
     positions: int = number(int, 1, default=2)
     pick: str = attrs.field(default="least_confident", validator=check_choice("least_confident", "most_confident"))
 

@@ -22,7 +22,6 @@ from typing import Any
 import attrs
 import torch
 
-from dlmsearch.search.components.candidates import CandidateGenerator
 from dlmsearch.search.components.commit import StepAt
 from dlmsearch.search.components.leaf_values import Leaf
 from dlmsearch.search.components.tree_policies import NONE
@@ -114,7 +113,7 @@ def _start(state: DecodeState, root: Canvas, evaluation: Evaluation, exploring: 
     kept = None if state.tree is None else state.tree.take(exploring)
     room = 1 + simulations + (0 if kept is None else int(kept.count.max()))
     room = room if kept is None else max(room, kept.nodes)  # other slots' trees may have grown the kept ones' room
-    tree = Tree.empty(trees, room, plan.candidates.k, evaluation, getattr(plan.candidates, "commits", None))
+    tree = Tree.empty(trees, room, plan.candidates.k, evaluation, plan.candidates.commits)
     fresh = torch.arange(trees) if kept is None else (kept.count == 0).nonzero().squeeze(1)
     if kept is not None and len(fresh) < trees:
         reused = (kept.count > 0).nonzero().squeeze(1)
@@ -158,7 +157,7 @@ def _record_actions(
     """
     plan = state.plan
     assert plan.candidates is not None and plan.tree is not None
-    position, token, probability, valid = _moves(plan.candidates, canvas, evaluation, state.layout)
+    position, token, probability, valid = plan.candidates.moves(canvas, evaluation, state.layout)
     width = tree.actions
     if position.shape[1] < width:  # a canvas narrower than the generator's k
 
@@ -186,19 +185,6 @@ def _record_actions(
         valid=_set(tree.valid, at, node, valid),
         evaluation=stored,
     )
-
-
-def _moves(
-    candidates: CandidateGenerator, canvas: Canvas, evaluation: Evaluation, layout: Layout
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``[R, A]`` the actions' positions, tokens, probabilities and validity: a generator's joint moves
-    where it makes them (``moves``; ``[R, A, K]`` for macro moves), else its positions, each with the
-    evaluation's token."""
-    moves = getattr(candidates, "moves", None)
-    if moves is not None:
-        return moves(canvas, evaluation, layout)
-    position, valid = candidates.propose(canvas, evaluation, layout)
-    return position, evaluation.token.gather(1, position), evaluation.confidence.gather(1, position), valid
 
 
 def _descend(tree: Tree, policy: Any, schedule: torch.Tensor) -> tuple[Tree, torch.Tensor, torch.Tensor, torch.Tensor]:
