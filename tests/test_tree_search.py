@@ -140,6 +140,7 @@ PRESETS = [
     ("mcts_verified", ()),
     ("gumbel_mcts", ()),
     ("gumbel_mcts", ("decoder.tree.simulations=8",)),  # two halving phases
+    ("mcts_verified", ("decoder.tree.completion_steps=2",)),  # leaves completed in steps, each a forward
 ]
 
 
@@ -164,6 +165,35 @@ def test_mcts_verified_on_hard_sudoku_is_batch_invariant() -> None:
     together = decode(SUDOKU, "mcts_verified", count=3, task=hard)
     for x, y in zip(alone, together):
         assert record(x) == record(y)
+
+
+def test_a_verified_leaf_commits_the_completion_its_verifier_accepted() -> None:
+    """With leaves completed in steps (each a row-forward, charged), a search that commits a verified
+    leaf ends its sample with that leaf's stored completion, which the verifier accepts; without the
+    steps the completion is the leaf's one-shot fill, free."""
+    hard, steps = ("task.tier=hard",), ("decoder.tree.completion_steps=4", "decoder.tree.budget=240")
+    run = decoding(SUDOKU, "mcts_verified", *steps, task=hard)
+    items = run.task.items()[:6]
+    verifier = run.task.verifier([i.question for i in items])
+    searches: list = []
+    results = run.decoder.decode(
+        run.engine,
+        [request(j, item) for j, item in enumerate(items)],
+        run.task.block_length,
+        verifier=verifier,
+        on_lookahead=searches.append,
+    )
+    committed = 0
+    for search in searches:
+        for s, (slot, chosen) in enumerate(zip(search.slots.tolist(), search.chosen.tolist())):
+            if chosen > 0 and bool(search.tree.accepted[s, chosen]):
+                region = search.tree.completion[s, chosen, -81:]
+                assert results[slot].tokens[-81:].tolist() == region.tolist()
+                assert bool(verifier.accepts(torch.tensor([slot]), region[None]))
+                committed += 1
+    assert committed > 0
+    one_shot = decode(SUDOKU, "mcts_verified", "decoder.tree.budget=240", count=6, task=hard)
+    assert sum(r.row_forwards for r in results) > sum(r.row_forwards for r in one_shot)
 
 
 @pytest.mark.parametrize("preset", ["mcts", "gumbel_mcts", "mcts_verified"])

@@ -14,11 +14,13 @@ class TreeSettings:
     a leaf with nothing left to decide), ``budget`` the row-forwards per problem (the currency every
     decoder's summary reports) after which a sample stops searching and finishes with the base rule
     (None: no budget), ``prior`` of an action: the model's probability of the move (``confidence``),
-    or ``uniform``."""
+    or ``uniform``; ``completion_steps``: the steps of a leaf's completion before its value is read
+    (each one more row-forward per leaf; 0: the one-shot completion its own evaluation gives)."""
 
     simulations: int = number(int, 1, default=8)
     budget: int | None = number(int, 1, optional=True, default=None)
     prior: str = attrs.field(default="confidence", validator=check_choice("confidence", "uniform"))
+    completion_steps: int = number(int, 0, default=0)
 
     def allowance(self, spent: torch.Tensor, simulated: torch.Tensor) -> torch.Tensor:
         """``[S]`` simulations each tree may still run: the per-search count left, within the budget

@@ -333,7 +333,7 @@ def _expand(
     if need.numel():
         fresh, usage = evaluate(engine, state, usage, canvas.take(need), slot[need], node[need])
         evaluation = evaluation.put(need, fresh)
-    completed = torch.where(canvas.masked, evaluation.token, canvas.tokens)
+    completed, usage = _completed(engine, state, usage, canvas, evaluation, slot, node)
     region = slice(layout.gen_start, layout.width)
     accepted, violations, consistent = None, None, torch.ones(len(at), dtype=torch.bool)
     if plan.scorer.needs_verifier:
@@ -352,10 +352,46 @@ def _expand(
         accepted=_set(tree.accepted, at, node, consistent if accepted is None else accepted & consistent)
         if accepted is not None
         else tree.accepted,
+        completion=_set(tree.completion, at, node, completed),
     )
     tree = _record_actions(tree, state, at, node, canvas, evaluation)
     stuck = ~tree.valid[at, node].any(dim=1)  # nothing the generator may commit: nothing to search below
     return attrs.evolve(tree, terminal=_set(tree.terminal, at, node, tree.terminal[at, node] | stuck)), usage
+
+
+def _completed(
+    engine: RolloutEngine,
+    state: DecodeState,
+    usage: Usage,
+    canvas: Canvas,
+    evaluation: Evaluation,
+    slot: torch.Tensor,
+    node: torch.Tensor,
+) -> tuple[torch.Tensor, Usage]:
+    """``[R, T]`` each leaf's completion, and the usage after it: ``decoder.tree.completion_steps``
+    steps that each commit an equal share of the open positions, the most confident first (ties: the
+    lowest column), and evaluate again (one row-forward per leaf still open, charged like any call);
+    then every open position takes its evaluation's token. No steps: the one-shot completion, free."""
+    assert state.plan.tree is not None
+    steps = state.plan.tree.completion_steps
+    tokens, masked = canvas.tokens, canvas.masked
+    for step in range(steps):
+        share = -(-masked.sum(dim=1) // (steps + 1 - step))  # the last share is the final fill's
+        order = torch.sort(
+            torch.where(masked, evaluation.confidence.double(), -1.0), dim=1, descending=True, stable=True
+        )
+        rank = torch.empty_like(order.indices).scatter_(
+            1, order.indices, torch.arange(tokens.shape[1]).expand_as(tokens)
+        )
+        commit = masked & (rank < share[:, None])
+        tokens, masked = torch.where(commit, evaluation.token, tokens), masked & ~commit
+        rows = masked.any(dim=1).nonzero().squeeze(1)
+        if not rows.numel():
+            break
+        current = attrs.evolve(canvas, tokens=tokens, masked=masked).take(rows)
+        fresh, usage = evaluate(engine, state, usage, current, slot[rows], node[rows])
+        evaluation = evaluation.put(rows, fresh)
+    return torch.where(masked, evaluation.token, tokens), usage
 
 
 def _adopt(
@@ -385,10 +421,11 @@ def _adopt(
     adopted = rebuild(state, tree, root, moved, node[moved], call[moved])
     adopted_eval = tree.node_evaluation(moved, node[moved])
     done = verified[moved].nonzero().squeeze(1)
-    if done.numel():  # the verified completion: every open position at the node's proposal
+    if done.numel():  # the verified completion: every open position at the completion the verifier accepted
         finish, proposals = adopted.take(done), adopted_eval.take(done)
+        completion = tree.completion[moved[done], node[moved[done]]]
         finished = finish.commit(
-            finish.masked, proposals.token, proposals.confidence, call[moved[done]], 1, -1, state.layout, plan.commit
+            finish.masked, completion, proposals.confidence, call[moved[done]], 1, -1, state.layout, plan.commit
         )
         adopted = adopted.put(done, finished)
     took = node > 0

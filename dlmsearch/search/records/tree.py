@@ -42,6 +42,9 @@ class Tree:
     terminal: torch.Tensor  # [S, N] bool: nothing left to decide, or its partial canvas breaks the task's rules
     value: torch.Tensor  # [S, N] float: the leaf value found when the node was expanded
     accepted: torch.Tensor  # [S, N] bool: the node's completion passes the task's verifier
+    completion: (
+        torch.Tensor
+    )  # [S, N, T] long: the completed canvas the node's value read (what a verified leaf commits)
     position: torch.Tensor  # [S, N, A(, K)] long: each action's position (a macro move's K; UNSET: none made)
     token: torch.Tensor  # [S, N, A(, K)] long: the token it commits there
     probability: torch.Tensor  # [S, N, A(, K)] float: the model's probability of it (recorded as its confidence)
@@ -72,6 +75,7 @@ class Tree:
             terminal=flags,
             value=torch.zeros(trees, nodes),
             accepted=flags,
+            completion=torch.zeros(trees, nodes, evaluation.token.shape[1], dtype=torch.long),
             position=per_commit.long(),
             token=per_commit.long(),
             probability=per_commit,
@@ -227,6 +231,7 @@ class Tree:
             terminal=moved(self.terminal, False),
             value=moved(self.value, 0.0),
             accepted=moved(self.accepted, False),
+            completion=moved(self.completion, 0),
             position=moved(self.position, 0),
             token=moved(self.token, 0),
             probability=moved(self.probability, 0.0),
@@ -265,7 +270,7 @@ class Tree:
             return self
 
         def padded(name: str, values: torch.Tensor) -> torch.Tensor:
-            fill = mask_id if name == "token" else 0
+            fill = mask_id if name in ("token", "completion") else 0
             left_pad = torch.full((*values.shape[:2], columns), fill, dtype=values.dtype)
             right_pad = torch.full((*values.shape[:2], right), fill, dtype=values.dtype)
             return torch.cat([left_pad, values, right_pad], dim=2)
@@ -279,7 +284,9 @@ class Tree:
             }
         )
         position = torch.where(self.position >= 0, self.position + columns, self.position)  # UNSET: no commit
-        return attrs.evolve(self, position=position, evaluation=evaluation)
+        return attrs.evolve(
+            self, position=position, evaluation=evaluation, completion=padded("completion", self.completion)
+        )
 
 
 def move_probability(position: torch.Tensor, probability: torch.Tensor) -> torch.Tensor:
