@@ -333,7 +333,7 @@ def _expand(
     if need.numel():
         fresh, usage = evaluate(engine, state, usage, canvas.take(need), slot[need], node[need])
         evaluation = evaluation.put(need, fresh)
-    completed, usage = _completed(engine, state, usage, canvas, evaluation, slot, node)
+    completed, confidence, usage = _completed(engine, state, usage, canvas, evaluation, slot, node)
     region = slice(layout.gen_start, layout.width)
     accepted, violations, consistent = None, None, torch.ones(len(at), dtype=torch.bool)
     if plan.scorer.needs_verifier:
@@ -342,7 +342,7 @@ def _expand(
         violations = verifier.violations(owner, completed[:, region])
         if verifier.checks_partial:
             consistent = verifier.consistent(owner, canvas.tokens[:, region], canvas.masked[:, region])
-    leaf = Leaf(canvas, evaluation, layout, completed, accepted, violations)
+    leaf = Leaf(canvas, attrs.evolve(evaluation, confidence=confidence), layout, completed, accepted, violations)
     value = torch.where(consistent, plan.scorer.value(leaf), 0.0)
     tree = attrs.evolve(
         tree,
@@ -367,14 +367,16 @@ def _completed(
     evaluation: Evaluation,
     slot: torch.Tensor,
     node: torch.Tensor,
-) -> tuple[torch.Tensor, Usage]:
-    """``[R, T]`` each leaf's completion, and the usage after it: ``decoder.tree.completion_steps``
-    steps that each commit an equal share of the open positions, the most confident first (ties: the
-    lowest column), and evaluate again (one row-forward per leaf still open, charged like any call);
-    then every open position takes its evaluation's token. No steps: the one-shot completion, free."""
+) -> tuple[torch.Tensor, torch.Tensor, Usage]:
+    """``[R, T]`` each leaf's completion and the model's probability of each token it filled in (at the
+    evaluation it was filled from; the leaf's own elsewhere), and the usage after it:
+    ``decoder.tree.completion_steps`` steps that each commit an equal share of the open positions, the
+    most confident first (ties: the lowest column), and evaluate again (one row-forward per leaf still
+    open, charged like any call); then every open position takes its evaluation's token. No steps: the
+    one-shot completion, free."""
     assert state.plan.tree is not None
     steps = state.plan.tree.completion_steps
-    tokens, masked = canvas.tokens, canvas.masked
+    tokens, masked, confidence = canvas.tokens, canvas.masked, evaluation.confidence
     for step in range(steps):
         share = -(-masked.sum(dim=1) // (steps + 1 - step))  # the last share is the final fill's
         order = torch.sort(
@@ -385,13 +387,14 @@ def _completed(
         )
         commit = masked & (rank < share[:, None])
         tokens, masked = torch.where(commit, evaluation.token, tokens), masked & ~commit
+        confidence = torch.where(commit, evaluation.confidence, confidence)
         rows = masked.any(dim=1).nonzero().squeeze(1)
         if not rows.numel():
             break
         current = attrs.evolve(canvas, tokens=tokens, masked=masked).take(rows)
         fresh, usage = evaluate(engine, state, usage, current, slot[rows], node[rows])
         evaluation = evaluation.put(rows, fresh)
-    return torch.where(masked, evaluation.token, tokens), usage
+    return torch.where(masked, evaluation.token, tokens), torch.where(masked, evaluation.confidence, confidence), usage
 
 
 def _adopt(

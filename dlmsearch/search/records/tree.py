@@ -42,9 +42,7 @@ class Tree:
     terminal: torch.Tensor  # [S, N] bool: nothing left to decide, or its partial canvas breaks the task's rules
     value: torch.Tensor  # [S, N] float: the leaf value found when the node was expanded
     accepted: torch.Tensor  # [S, N] bool: the node's completion passes the task's verifier
-    completion: (
-        torch.Tensor
-    )  # [S, N, T] long: the completed canvas the node's value read (what a verified leaf commits)
+    completion: torch.Tensor  # [S, N, T] long: the completion the node's value read (a verified leaf commits it)
     position: torch.Tensor  # [S, N, A(, K)] long: each action's position (a macro move's K; UNSET: none made)
     token: torch.Tensor  # [S, N, A(, K)] long: the token it commits there
     probability: torch.Tensor  # [S, N, A(, K)] float: the model's probability of it (recorded as its confidence)
