@@ -196,6 +196,32 @@ def test_a_verified_leaf_commits_the_completion_its_verifier_accepted() -> None:
     assert sum(r.row_forwards for r in results) > sum(r.row_forwards for r in one_shot)
 
 
+def test_a_completion_stops_at_the_step_that_breaks_the_task_s_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leaf's completion in steps evaluates no canvas that already breaks the task's rules (a Sudoku
+    conflict: it can never be accepted), so such a completion costs no more forwards."""
+    import sys
+
+    from dlmsearch.search.decode import tree_phases
+
+    run = decoding(SUDOKU, "mcts_verified", "decoder.tree.completion_steps=4", task=("task.tier=hard",))
+    items = run.task.items()[:4]
+    verifier = run.task.verifier([i.question for i in items])
+    evaluate, completion_rows = tree_phases.evaluate, []
+
+    def watched(engine, state, usage, canvas, slot, key):  # the phase's own signature
+        if sys._getframe(1).f_code.co_name == "_completed":
+            region = slice(state.layout.gen_start, state.layout.width)
+            owner = state.slots.owner[slot]
+            assert bool(verifier.consistent(owner, canvas.tokens[:, region], canvas.masked[:, region]).all())
+            completion_rows.append(len(slot))
+        return evaluate(engine, state, usage, canvas, slot, key)
+
+    monkeypatch.setattr(tree_phases, "evaluate", watched)
+    requests = [request(j, item) for j, item in enumerate(items)]
+    run.decoder.decode(run.engine, requests, run.task.block_length, verifier=verifier)
+    assert sum(completion_rows) > 0
+
+
 @pytest.mark.parametrize("preset", ["mcts", "gumbel_mcts", "mcts_verified"])
 def test_admitting_and_evicting_change_no_sample_s_search(adapter: ModelAdapter, preset: str) -> None:
     """Kept subtrees follow their samples when others join (a longer prompt: the canvases widen) or leave."""

@@ -333,15 +333,17 @@ def _expand(
     if need.numel():
         fresh, usage = evaluate(engine, state, usage, canvas.take(need), slot[need], node[need])
         evaluation = evaluation.put(need, fresh)
-    completed, confidence, usage = _completed(engine, state, usage, canvas, evaluation, slot, node)
     region = slice(layout.gen_start, layout.width)
-    accepted, violations, consistent = None, None, torch.ones(len(at), dtype=torch.bool)
+    rules = None  # the task's partial check, where the value reads the verifier and the task has one
+    if plan.scorer.needs_verifier and verifier is not None and verifier.checks_partial:
+        rules = lambda tokens, masked: verifier.consistent(owner, tokens[:, region], masked[:, region])
+    consistent = torch.ones(len(at), dtype=torch.bool) if rules is None else rules(canvas.tokens, canvas.masked)
+    completed, confidence, usage = _completed(engine, state, usage, canvas, evaluation, slot, node, rules)
+    accepted, violations = None, None
     if plan.scorer.needs_verifier:
         assert verifier is not None
         accepted = verifier.accepts(owner, completed[:, region])
         violations = verifier.violations(owner, completed[:, region])
-        if verifier.checks_partial:
-            consistent = verifier.consistent(owner, canvas.tokens[:, region], canvas.masked[:, region])
     leaf = Leaf(canvas, attrs.evolve(evaluation, confidence=confidence), layout, completed, accepted, violations)
     value = torch.where(consistent, plan.scorer.value(leaf), 0.0)
     tree = attrs.evolve(
@@ -367,16 +369,19 @@ def _completed(
     evaluation: Evaluation,
     slot: torch.Tensor,
     node: torch.Tensor,
+    rules: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, Usage]:
     """``[R, T]`` each leaf's completion and the model's probability of each token it filled in (at the
     evaluation it was filled from; the leaf's own elsewhere), and the usage after it:
     ``decoder.tree.completion_steps`` steps that each commit an equal share of the open positions, the
     most confident first (ties: the lowest column), and evaluate again (one row-forward per leaf still
     open, charged like any call); then every open position takes its evaluation's token. No steps: the
-    one-shot completion, free."""
+    one-shot completion, free. ``rules`` (the task's partial check): a leaf whose canvas breaks them
+    takes no step, and a completion stops at the step that breaks them (it cannot be accepted)."""
     assert state.plan.tree is not None
     steps = state.plan.tree.completion_steps
     tokens, masked, confidence = canvas.tokens, canvas.masked, evaluation.confidence
+    broken = torch.zeros(len(tokens), dtype=torch.bool) if rules is None or not steps else ~rules(tokens, masked)
     for step in range(steps):
         share = -(-masked.sum(dim=1) // (steps + 1 - step))  # the last share is the final fill's
         order = torch.sort(
@@ -388,7 +393,8 @@ def _completed(
         commit = masked & (rank < share[:, None])
         tokens, masked = torch.where(commit, evaluation.token, tokens), masked & ~commit
         confidence = torch.where(commit, evaluation.confidence, confidence)
-        rows = masked.any(dim=1).nonzero().squeeze(1)
+        broken = broken if rules is None else broken | ~rules(tokens, masked)
+        rows = (masked.any(dim=1) & ~broken).nonzero().squeeze(1)
         if not rows.numel():
             break
         current = attrs.evolve(canvas, tokens=tokens, masked=masked).take(rows)
