@@ -195,6 +195,11 @@ CASES: list[tuple[str, list[str], str] | tuple[str, list[str], str, Tweak]] = [
         "`decoder/length=fixed decoder.stop_at_eos=true`",
     ),
     ("_length_policy", ["+decoder=daedal"], "`decoder/length=fixed`"),  # the Sudoku model has no end token
+    (
+        "_length_policy",
+        ["+decoder=mcts", "+decoder/length=rho_eos", *COUNTDOWN, "decoder.length.max_length=64"],
+        "`decoder/commit=threshold`",
+    ),
     # make_plan's own checks: what the task's verifier allows, what the layout binds
     ("make_plan", ["+decoder=mcts_verified", *PROMPT], "`decoder/scorer=likelihood_value`"),
     (

@@ -483,9 +483,9 @@ def _length_policy(m: Meeting) -> str | None:
         ("a revision keeps a record per column", m.decoder.revision.revises, fixed),
         ("KLASS's history is kept per column", "history" in reads, fixed),
         (
-            "a fixed number of steps per block cannot follow blocks that grow",
+            "a fixed number of steps per block cannot follow blocks that grow (both papers commit by Fast-dLLM's threshold)",
             getattr(m.decoder.commit, "steps", None) is not None,
-            fixed,
+            "decoder/commit=threshold",
         ),
     ]
     why, fix = next(((reason, fix) for reason, blocks, fix in blockers if blocks), (None, None))
