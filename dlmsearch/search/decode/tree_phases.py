@@ -376,8 +376,19 @@ def _completed(
     ``decoder.tree.completion_steps`` steps that each commit an equal share of the open positions, the
     most confident first (ties: the lowest column), and evaluate again (one row-forward per leaf still
     open, charged like any call); then every open position takes its evaluation's token. No steps: the
-    one-shot completion, free. ``rules`` (the task's partial check): a leaf whose canvas breaks them
-    takes no step, and a completion stops at the step that breaks them (it cannot be accepted)."""
+    one-shot completion, free. A leaf whose canvas breaks the task's rules takes no step, and a
+    completion stops at the step that breaks them (it cannot be accepted).
+
+    Args:
+        engine: the model's only caller.
+        state: the decode (its plan's tree settings).
+        usage: the counters so far (each step's call is charged to them).
+        canvas: ``[R]`` the leaves' canvases.
+        evaluation: ``[R]`` their evaluations (empty for a leaf with nothing left to decide).
+        slot: ``[R]`` each leaf's slot.
+        node: ``[R]`` each leaf's node (the key of its calls' randomness).
+        rules: the task's partial check of ``(tokens, masked)`` (None: no such check).
+    """
     assert state.plan.tree is not None
     steps = state.plan.tree.completion_steps
     tokens, masked, confidence = canvas.tokens, canvas.masked, evaluation.confidence
