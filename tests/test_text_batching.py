@@ -121,6 +121,23 @@ def test_sampling_is_seeded_and_batch_invariant(adapters, family: str, preset: s
     assert any(not torch.equal(a, b) for a, b in zip(batched, decode(requests, seed=4))), "the seed changed nothing"
 
 
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_leaves_completed_in_steps_sample_batch_invariantly(adapters, family: str) -> None:
+    """A tree's leaves completed in steps (``decoder.tree.completion_steps``) at temperature > 0: each
+    completion step's draws are keyed by the leaf's node, so a sample decodes alike alone or batched."""
+    decoder, verifier = (
+        text_decoder("mcts_verified", "decoder.tree.completion_steps=2", gen_length=GEN),
+        NoRepeatVerifier(),
+    )
+    requests = requests_for([4, 9, 2], seed=5)
+
+    def decode(batch: list[DecodeRequest]) -> list[tuple]:
+        engine = RolloutEngine(adapter=adapters[family, True], temperature=1.5, seed=3)
+        return [(r.tokens.tolist(), r.row_forwards) for r in decoder.decode(engine, batch, BLOCK, verifier=verifier)]
+
+    assert decode(requests) == [decode([r])[0] for r in requests]
+
+
 def test_llada_end_of_text_switches() -> None:
     """logits_eos_inf: EOS is never proposed; confidence_eos_eot_inf: EOS/EOT proposals get
     confidence 0, so every rule ranks them last."""
