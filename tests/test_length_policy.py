@@ -161,6 +161,11 @@ POLICIES = {
 }
 
 
+def under_policy(policy: str) -> tuple[str, ...]:
+    """A search preset's overrides that add ``policy`` with a ceiling of 40 and a short EOS check."""
+    return (f"+decoder/length={policy}", "decoder.length.max_length=40", "decoder.length.eos_check_tokens=4")
+
+
 def decode(
     policy: str, eos: int, batch: list[DecodeRequest], initial: int, *extra: str, family: str = "llada"
 ) -> dict[int, tuple]:
@@ -268,7 +273,7 @@ def test_lookahead_width_and_tree_search_run_on_top_of_a_length_policy(preset: s
     """A search preset with a length policy added decodes, lengths change, and each sample is as alone
     (a tree search's kept trees follow the canvas's widening; a row whose columns moved starts anew)."""
     batch = requests([3, 8, 5], 16, seed=4)
-    overrides = (f"+decoder/length={policy}", "decoder.length.max_length=40", "decoder.length.eos_check_tokens=4")
+    overrides = under_policy(policy)
     overrides += ("decoder/commit=threshold",) if "mcts" in preset else ()
 
     def run(samples: list[DecodeRequest]) -> dict[int, tuple]:
@@ -276,6 +281,25 @@ def test_lookahead_width_and_tree_search_run_on_top_of_a_length_policy(preset: s
         assert decoder.length.changes
         results = decoder.decode(RolloutEngine(adapter=tiny_adapter(COMMON), seed=3), samples, 8)
         return {r.uid: (r.tokens.tolist(), r.steps, r.commit_call.tolist(), r.commit_depth.tolist()) for r in results}
+
+    together = run(batch)
+    assert together == {r.uid: run([r])[r.uid] for r in batch}
+    assert any(len(tokens) != 16 for tokens, *_ in together.values())
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("preset,policy", [("mcts", "rho_eos"), ("gumbel_mcts", "daedal")])
+def test_a_tree_search_under_a_length_policy_samples_batch_invariantly(preset: str, policy: str, family: str) -> None:
+    """Sampled (T = 1), on either adapter shape: each sample as alone, and the lengths move."""
+    batch = requests([3, 8, 5], 16, seed=6)
+    overrides = under_policy(policy)
+    decoder = text_decoder(
+        preset, *overrides, "decoder/commit=threshold", "decoder.sampling.temperature=1.0", gen_length=16
+    )
+
+    def run(samples: list[DecodeRequest]) -> dict[int, tuple]:
+        results = decoder.decode(RolloutEngine(adapter=tiny_adapter(FREQUENT, family), seed=3), samples, 8)
+        return {r.uid: (r.tokens.tolist(), r.steps, r.commit_call.tolist()) for r in results}
 
     together = run(batch)
     assert together == {r.uid: run([r])[r.uid] for r in batch}
@@ -315,7 +339,7 @@ def test_a_kept_tree_is_rooted_at_the_canvas_it_searches_after_lengths_change(
         return start(state, root, evaluation, exploring)
 
     monkeypatch.setattr(tree_phases, "_start", checked_start)
-    overrides = (f"+decoder/length={policy}", "decoder.length.max_length=40", "decoder.length.eos_check_tokens=4")
+    overrides = under_policy(policy)
     decoder = text_decoder(preset, *overrides, "decoder/commit=threshold", gen_length=16)
     results = decoder.decode(RolloutEngine(adapter=tiny_adapter(COMMON), seed=3), requests([3, 8, 5], 16, seed=4), 8)
     assert sum(reused) > 0  # kept trees were reused
@@ -329,7 +353,7 @@ def test_a_tree_search_under_a_length_policy_admits_and_evicts_unchanged() -> No
 
     from dlmsearch.search.session import DecodeSession
 
-    overrides = ("+decoder/length=rho_eos", "decoder.length.max_length=40", "decoder.length.eos_check_tokens=4")
+    overrides = under_policy("rho_eos")
     decoder = text_decoder("mcts", *overrides, "decoder/commit=threshold", gen_length=16)
     engine = lambda: RolloutEngine(adapter=tiny_adapter(COMMON), seed=3)
     session = DecodeSession.open(decoder, engine(), 16, 8)

@@ -461,16 +461,20 @@ def _length_policy(m: Meeting) -> str | None:
     # a model that decodes block by block (canvas by canvas) and stops at its end token spends only the
     # blocks it decodes: a fixed canvas at the ceiling is its growth by whole blocks, its exact cache untouched
     at_ceiling = "decoder/length=fixed decoder.stop_at_eos=true"
-    whole = "so a canvas at the ceiling (task.gen_length) costs only the {} decoded up to the end token"
     blockers = [  # (why, whether it holds, the fix): the model's own first (no setting of the decoder helps there)
         (
-            "a block-diffusion model's blocks are fixed in the canvas and decode one after another, "
-            + whole.format("blocks"),
+            (
+                "a block-diffusion model's blocks are fixed in the canvas and decode one after another, so a "
+                "canvas at the ceiling (task.gen_length) costs only the blocks decoded up to the end token"
+            ),
             m.able.attention_block is not None,
             at_ceiling,
         ),
         (
-            "a uniform-noise model denoises canvases of its own length one after another, " + whole.format("canvases"),
+            (
+                "a uniform-noise model denoises canvases of its own length one after another, so a canvas at "
+                "the ceiling (task.gen_length) costs only the canvases decoded up to the end token"
+            ),
             not has_mask_token(m.able),
             at_ceiling,
         ),

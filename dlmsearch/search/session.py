@@ -93,21 +93,21 @@ def join(state: DecodeState, other: DecodeState) -> DecodeState:
         started=torch.cat([state.started, other.started]),
         finished=False,
         memory_version=state.memory.version,
-        tree=_joined_trees(state, other, wider, narrower),
+        tree=_joined_trees(state, other, (wider, grow(state)), (narrower, grow(other))),
     )
 
 
-def _joined_trees(state: DecodeState, other: DecodeState, wider: int, narrower: int) -> Tree | None:
+def _joined_trees(
+    state: DecodeState, other: DecodeState, mine_pads: tuple[int, int], their_pads: tuple[int, int]
+) -> Tree | None:
     """The kept search trees of both decodes (none kept for slots that never searched), laid out to
-    the wider canvas as the canvases are."""
+    the joined canvas as the canvases are: each side padded by its ``(left, right)`` columns."""
     if state.tree is None and other.tree is None:
         return None
     room = max(t.nodes for t in (state.tree, other.tree) if t is not None)
     mask_id = state.plan.mask_id
-    gen_length = max(state.layout.gen_length, other.layout.gen_length)  # a length policy's canvases differ
-    grow = lambda decode: gen_length - decode.layout.gen_length
-    mine = None if state.tree is None else state.tree.with_room(room).widened(wider, mask_id, grow(state))
-    theirs = None if other.tree is None else other.tree.with_room(room).widened(narrower, mask_id, grow(other))
+    mine = None if state.tree is None else state.tree.with_room(room).widened(mine_pads[0], mask_id, mine_pads[1])
+    theirs = None if other.tree is None else other.tree.with_room(room).widened(their_pads[0], mask_id, their_pads[1])
     like = mine if mine is not None else theirs
     assert like is not None
     mine = mine if mine is not None else Tree.none_like(like, len(state.evaluated))

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import torch
 
-from dlmsearch.search.components.commit import StepAt
+from dlmsearch.search.components.commit import StepAt, top_k_mask
 from dlmsearch.search.components.leaf_values import Leaf
 from dlmsearch.search.components.tree_policies import NONE
 from dlmsearch.search.decode.calls import evaluate
@@ -395,13 +395,7 @@ def _completed(
     broken = torch.zeros(len(tokens), dtype=torch.bool) if rules is None or not steps else ~rules(tokens, masked)
     for step in range(steps):
         share = -(-masked.sum(dim=1) // (steps + 1 - step))  # the last share is the final fill's
-        order = torch.sort(
-            torch.where(masked, evaluation.confidence.double(), -1.0), dim=1, descending=True, stable=True
-        )
-        rank = torch.empty_like(order.indices).scatter_(
-            1, order.indices, torch.arange(tokens.shape[1]).expand_as(tokens)
-        )
-        commit = masked & (rank < share[:, None])
+        commit = top_k_mask(evaluation.confidence, masked, share)
         tokens, masked = torch.where(commit, evaluation.token, tokens), masked & ~commit
         confidence = torch.where(commit, evaluation.confidence, confidence)
         broken = broken if rules is None else broken | ~rules(tokens, masked)
