@@ -314,6 +314,17 @@ def test_a_budget_bounds_the_verified_search_too() -> None:
         assert result.row_forwards <= budget + base_commits(result)
 
 
+@pytest.mark.parametrize("budget", [7, 20])
+def test_a_budget_bounds_a_search_whose_leaves_complete_in_steps(budget: int) -> None:
+    """A leaf completed in ``m`` steps may cost ``1 + m`` row-forwards: a search runs only the
+    simulations whose cost the budget still covers (it once ran all of them and overspent 2.8-fold)."""
+    settings = (f"decoder.tree.budget={budget}", "decoder.tree.completion_steps=4", "decoder.tree.simulations=8")
+    results = decode(COUNTDOWN, "mcts_verified", *settings, "decoder.expansion.parallel=8", count=4)
+    assert any(int(searched(r).sum()) for r in results)
+    for result in results:
+        assert result.row_forwards <= budget + base_commits(result)
+
+
 # ------------------------------------------------------------------ refusals (plan rule 21 and make_plan)
 
 

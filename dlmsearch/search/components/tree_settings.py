@@ -22,17 +22,24 @@ class TreeSettings:
     prior: str = attrs.field(default="confidence", validator=check_choice("confidence", "uniform"))
     completion_steps: int = number(int, 0, default=0)
 
+    @property
+    def simulation_cost(self) -> int:
+        """The most row-forwards one simulation may spend: its leaf's evaluation and each completion step."""
+        return 1 + self.completion_steps
+
     def allowance(self, spent: torch.Tensor, simulated: torch.Tensor) -> torch.Tensor:
-        """``[S]`` simulations each tree may still run: the per-search count left, within the budget
-        (``spent``: its sample's row-forwards so far)."""
+        """``[S]`` simulations each tree may still run: the per-search count left, as many as the
+        budget still covers at their most (``spent``: its sample's row-forwards so far)."""
         left = self.simulations - simulated
         if self.budget is not None:
-            left = torch.minimum(left, self.budget - spent)
+            left = torch.minimum(left, torch.div(self.budget - spent, self.simulation_cost, rounding_mode="floor"))
         return left.clamp(min=0)
 
     def searches(self, spent: torch.Tensor) -> torch.Tensor:
-        """``[S]`` samples whose budget leaves room for a search."""
-        return torch.ones_like(spent, dtype=torch.bool) if self.budget is None else spent < self.budget
+        """``[S]`` samples whose budget leaves room for a search's first simulation."""
+        if self.budget is None:
+            return torch.ones_like(spent, dtype=torch.bool)
+        return spent + self.simulation_cost <= self.budget
 
     def priors(self, probability: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """``[R, A]`` priors over the valid actions, summing to 1 (0 where no action is valid)."""
