@@ -6,6 +6,7 @@ are refused in one line."""
 from __future__ import annotations
 
 import functools
+import sys
 
 import attrs
 import paradigm_models
@@ -18,6 +19,10 @@ from hypothesis import strategies as st
 from dlmsearch.config import build, compose
 from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.run import Decoding, request
+from dlmsearch.search import driver
+from dlmsearch.search.decode import results as results_module
+from dlmsearch.search.decode import tree_phases
+from dlmsearch.search.decode.calls import evaluate
 from dlmsearch.search.decode.results import DecodeResult
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.records.tree import Tree
@@ -167,12 +172,22 @@ def test_mcts_verified_on_hard_sudoku_is_batch_invariant() -> None:
         assert record(x) == record(y)
 
 
-def test_a_verified_leaf_commits_the_completion_its_verifier_accepted() -> None:
+def test_a_verified_leaf_commits_the_completion_its_verifier_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     """With leaves completed in steps (each a row-forward, charged), a search that commits a verified
     leaf ends its sample with that leaf's stored completion, which the verifier accepts; without the
     steps the completion is the leaf's one-shot fill, free."""
     hard, steps = ("task.tier=hard",), ("decoder.tree.completion_steps=4", "decoder.tree.budget=240")
     run = decoding(SUDOKU, "mcts_verified", *steps, task=hard)
+    charged: dict[str, int] = {}  # row-forwards each call charged, by the function that asked for it
+
+    def counted(engine, state, usage, *args, **kwargs):
+        evaluation, after = evaluate(engine, state, usage, *args, **kwargs)
+        caller = sys._getframe(1).f_code.co_name
+        charged[caller] = charged.get(caller, 0) + int((after.row_forwards - usage.row_forwards).sum())
+        return evaluation, after
+
+    for module in (driver, tree_phases, results_module):
+        monkeypatch.setattr(module, "evaluate", counted)
     items = run.task.items()[:6]
     verifier = run.task.verifier([i.question for i in items])
     searches: list = []
@@ -192,17 +207,13 @@ def test_a_verified_leaf_commits_the_completion_its_verifier_accepted() -> None:
                 assert bool(verifier.accepts(torch.tensor([slot]), region[None]))
                 committed += 1
     assert committed > 0
-    one_shot = decode(SUDOKU, "mcts_verified", "decoder.tree.budget=240", count=6, task=hard)
-    assert sum(r.row_forwards for r in results) > sum(r.row_forwards for r in one_shot)
+    assert charged.get("_completed", 0) > 0  # completion steps ran, and their charge reached the results:
+    assert sum(r.row_forwards for r in results) == sum(charged.values())
 
 
 def test_a_completion_stops_at_the_step_that_breaks_the_task_s_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     """A leaf's completion in steps evaluates no canvas that already breaks the task's rules (a Sudoku
     conflict: it can never be accepted), so such a completion costs no more forwards."""
-    import sys
-
-    from dlmsearch.search.decode import tree_phases
-
     run = decoding(SUDOKU, "mcts_verified", "decoder.tree.completion_steps=4", task=("task.tier=hard",))
     items = run.task.items()[:4]
     verifier = run.task.verifier([i.question for i in items])
