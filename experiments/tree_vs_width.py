@@ -4,9 +4,10 @@ For one (model, task, tier): ``llada`` sets the unit (its mean row-forwards per 
 single-path presets (``llada``, ``fast_dllm``, ``adalook``) run once; the width presets run at
 population sizes ``--particles``; the tree presets run at budgets ``b * L`` for each ``b`` in
 ``--budgets`` (``decoder.tree.budget``; simulations per search ``b`` for ``mcts`` and ``gumbel_mcts``,
-which search every step, ``4 b`` for ``mcts_verified``, which searches where the threshold rule is
-unsure: fixed rules, set before any run, not tuned). At each budget the best width run that spends
-at most ``b * L`` is the comparison: Wilson 95 % intervals and exact sign tests on the same problems.
+which search every step, ``2 b`` for ``mcts_macro``; ``mcts_verified`` keeps its preset's twelve,
+chosen on the validation tiers, plus ``--verified-overrides``). At each budget the best width run
+that spends at most ``b * L`` is the comparison: Wilson 95 % intervals and exact sign tests on the
+same problems.
 
 At equal cost: for each ``verified_best_of_n`` size, ``mcts_verified`` with its budget set to what that
 run spent per problem (rounded up; ``mcts_verified_eq_P<size>``), paired with it. Each tree run also
@@ -15,7 +16,7 @@ reports how many problems it decoded exactly as ``llada`` did (what its search c
 Every run goes through the normal runner into ``--runs/<label>``, so an interrupted study resumes.
 Writes ``--runs/table.json``, ``--runs/table.md`` and the figure (``--figure``).
 
-    python experiments/tree_vs_width.py --task sudoku --tier hard --limit 48 --figure docs/tree_vs_width_sudoku.png
+    python experiments/tree_vs_width.py --task sudoku --tier hard --limit 64 --verified-overrides decoder.tree.completion_steps=8 --figure docs/tree_vs_width_sudoku.png
     python experiments/tree_vs_width.py --task countdown --model countdown --tier small --figure docs/tree_vs_width_countdown.png
 """
 
@@ -31,7 +32,7 @@ from decoder_table import measure, paired
 SINGLE = ("llada", "fast_dllm", "adalook")
 WIDTH = ("best_of_n", "beam", "smc", "verified_best_of_n")
 TREES = ("mcts", "mcts_verified", "gumbel_mcts", "mcts_macro")
-SIMULATIONS_PER_BUDGET = {"mcts": 1, "gumbel_mcts": 1, "mcts_verified": 4, "mcts_macro": 2}
+SIMULATIONS_PER_BUDGET = {"mcts": 1, "gumbel_mcts": 1, "mcts_verified": None, "mcts_macro": 2}  # None: the preset's
 
 
 def runs_for(args: argparse.Namespace, unit: float) -> list[tuple[str, str, list[str], str, float | None]]:
@@ -42,8 +43,12 @@ def runs_for(args: argparse.Namespace, unit: float) -> list[tuple[str, str, list
             plan.append((f"{preset}_P{size}", preset, [f"decoder.population.size={size}"], "width", None))
     for preset in TREES:
         for multiple in args.budgets:
-            simulations = max(1, int(SIMULATIONS_PER_BUDGET[preset] * multiple))
-            overrides = [f"decoder.tree.budget={int(multiple * unit)}", f"decoder.tree.simulations={simulations}"]
+            overrides = [f"decoder.tree.budget={int(multiple * unit)}"]
+            per_budget = SIMULATIONS_PER_BUDGET[preset]
+            if per_budget is None:
+                overrides += args.verified_overrides
+            else:
+                overrides.append(f"decoder.tree.simulations={max(1, int(per_budget * multiple))}")
             plan.append((f"{preset}_x{multiple:g}", preset, overrides, "tree", multiple))
     return plan
 
@@ -176,6 +181,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--budgets", type=float, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--particles", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument(
+        "--verified-overrides",
+        nargs="*",
+        default=[],
+        help="overrides for every mcts_verified run (Sudoku: completion steps)",
+    )
     parser.add_argument("--runs", type=Path, default=None, help="default: runs/tree_vs_width/<model>_<tier>")
     parser.add_argument("--figure", type=Path, default=None, help="default: <runs>/tree_vs_width.png")
     args = parser.parse_args()
@@ -196,7 +207,7 @@ def main() -> None:
         )
     for row in [r for r in rows if r["label"].startswith("verified_best_of_n_P")]:
         label = row["label"].replace("verified_best_of_n", "mcts_verified_eq")
-        overrides = [f"decoder.tree.budget={math.ceil(row['mean_row_forwards'])}", "decoder.tree.simulations=16"]
+        overrides = [f"decoder.tree.budget={math.ceil(row['mean_row_forwards'])}", *args.verified_overrides]
         rows.append({**one(label, "mcts_verified", overrides), "family": "tree", "multiple": None})
     base = outputs(runs / "llada")
     for row in (r for r in rows if r["family"] == "tree"):
