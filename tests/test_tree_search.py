@@ -173,9 +173,9 @@ def test_mcts_verified_on_hard_sudoku_is_batch_invariant() -> None:
 
 
 def test_a_verified_leaf_commits_the_completion_its_verifier_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With leaves completed in steps (each a row-forward, charged), a search that commits a verified
-    leaf ends its sample with that leaf's stored completion, which the verifier accepts; without the
-    steps the completion is the leaf's one-shot fill, free."""
+    """With leaves completed in steps, a search that commits a verified leaf ends its sample with that
+    leaf's stored completion, which the verifier accepts; each step is a row-forward, and every call's
+    charge, the steps' included, reaches the results."""
     hard, steps = ("task.tier=hard",), ("decoder.tree.completion_steps=4", "decoder.tree.budget=240")
     run = decoding(SUDOKU, "mcts_verified", *steps, task=hard)
     charged: dict[str, int] = {}  # row-forwards each call charged, by the function that asked for it

@@ -37,9 +37,7 @@ class TreeSettings:
 
     def searches(self, spent: torch.Tensor) -> torch.Tensor:
         """``[S]`` samples whose budget leaves room for a search's first simulation."""
-        if self.budget is None:
-            return torch.ones_like(spent, dtype=torch.bool)
-        return spent + self.simulation_cost <= self.budget
+        return self.allowance(spent, torch.zeros_like(spent)) > 0
 
     def priors(self, probability: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """``[R, A]`` priors over the valid actions, summing to 1 (0 where no action is valid)."""
