@@ -121,12 +121,15 @@ def test_sampling_is_seeded_and_batch_invariant(adapters, family: str, preset: s
     assert any(not torch.equal(a, b) for a, b in zip(batched, decode(requests, seed=4))), "the seed changed nothing"
 
 
+@pytest.mark.parametrize("budget", [None, 12], ids=["unbudgeted", "budget12"])
 @pytest.mark.parametrize("family", ["llada", "dream"])
-def test_leaves_completed_in_steps_sample_batch_invariantly(adapters, family: str) -> None:
+def test_leaves_completed_in_steps_sample_batch_invariantly(adapters, family: str, budget: int | None) -> None:
     """A tree's leaves completed in steps (``decoder.tree.completion_steps``) at temperature > 0: each
-    completion step's draws are keyed by the leaf's node, so a sample decodes alike alone or batched."""
+    completion step's draws are keyed by the leaf's node, and a budget is read per sample, so a sample
+    decodes alike alone or batched."""
+    settings = ("decoder.tree.completion_steps=2", *([f"decoder.tree.budget={budget}"] if budget else []))
     decoder, verifier = (
-        text_decoder("mcts_verified", "decoder.tree.completion_steps=2", gen_length=GEN),
+        text_decoder("mcts_verified", *settings, gen_length=GEN),
         NoRepeatVerifier(),
     )
     requests = requests_for([4, 9, 2], seed=5)
