@@ -28,47 +28,26 @@ Item = TypeVar("Item")
 
 
 @attrs.frozen
-class Ranks:
-    """This process's rank among ``world`` processes (1 without torchrun), in tensor-parallel groups
-    of ``tensor_parallel`` consecutive ranks (1: every rank decodes its own shard)."""
+class Ranks(RankLayout):
+    """This process's place among ``world`` processes (1 without torchrun): its :class:`RankLayout` (rank,
+    world, tensor-parallel group ``size``; 1: every rank decodes its own shard) and the GPU it owns."""
 
-    rank: int = 0
-    world: int = 1
     local_rank: int = 0
-    tensor_parallel: int = 1
-
-    def __attrs_post_init__(self) -> None:
-        self.rank_layout  # noqa: B018  fails in one line where tensor_parallel does not divide world
 
     @staticmethod
     def from_environment(tensor_parallel: int = 1) -> Ranks:
         """Read torchrun's environment and join its process group (gloo on CPU, nccl on CUDA);
         ``tensor_parallel`` > 1 needs torchrun and a world it divides."""
         layout = rank_layout_from_environment(tensor_parallel)
-        world = layout.world
-        if world <= 1:
+        if layout.world <= 1:
             return Ranks()
         join_process_group()
-        return Ranks(layout.rank, world, int(os.environ.get("LOCAL_RANK", "0")), tensor_parallel)
-
-    @property
-    def rank_layout(self) -> RankLayout:
-        return RankLayout(self.rank, self.world, self.tensor_parallel)
-
-    @property
-    def dp_rank(self) -> int:
-        """The data-parallel shard this rank decodes (its tensor-parallel group's)."""
-        return self.rank_layout.dp_rank
-
-    @property
-    def dp_world(self) -> int:
-        """How many data-parallel shards there are (tensor-parallel groups)."""
-        return self.rank_layout.dp_world
+        return Ranks(layout.rank, layout.world, tensor_parallel, int(os.environ.get("LOCAL_RANK", "0")))
 
     @property
     def writes(self) -> bool:
         """Whether this rank writes its group's results (its tensor-parallel rank 0)."""
-        return self.rank_layout.tp_rank == 0
+        return self.tp_rank == 0
 
     @property
     def results_name(self) -> str:

@@ -320,7 +320,7 @@ class Decoding:
         return record
 
     def _elapsed(self, tick: float) -> float:
-        if str(self.engine.device).startswith("cuda"):
+        if str(self.engine.adapter.device).startswith("cuda"):
             torch.cuda.synchronize()
         return time.perf_counter() - tick
 

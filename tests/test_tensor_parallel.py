@@ -102,14 +102,14 @@ def test_two_ranks_decode_what_one_process_decodes(tmp_path: Path) -> None:
 def test_tensor_and_data_parallel_ranks() -> None:
     """4 processes with tensor_parallel=2: groups {0, 1} and {2, 3} decode shards 0 and 1; TP rank 0 writes."""
     items = list(range(7))
-    ranks = [Ranks(rank, 4, rank, 2) for rank in range(4)]
+    ranks = [Ranks(rank, 4, size=2, local_rank=rank) for rank in range(4)]
     assert [r.dp_rank for r in ranks] == [0, 0, 1, 1]
     assert [r.dp_world for r in ranks] == [2, 2, 2, 2]
     assert [r.shard(items) for r in ranks] == [[0, 2, 4, 6], [0, 2, 4, 6], [1, 3, 5], [1, 3, 5]]
     assert [r.writes for r in ranks] == [True, False, True, False]
     assert [r.results_name for r in ranks] == ["results.rank0.jsonl"] * 2 + ["results.rank1.jsonl"] * 2
     assert [RankLayout(r, 4, 2).group_ranks(g) for g in range(2) for r in (0,)] == [[0, 1], [2, 3]]
-    only_tp = Ranks(1, 2, 1, 2)
+    only_tp = Ranks(1, 2, size=2, local_rank=1)
     assert (only_tp.results_name, only_tp.shard(items), only_tp.writes) == ("results.jsonl", items, False)
     assert Ranks(3, 4).shard(items) == [3]  # without tensor parallelism: as before
 

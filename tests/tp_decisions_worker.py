@@ -116,7 +116,9 @@ def stop_signal(adapter, crossing: bool, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     with mock.patch.object(run, "graceful_signals", signals):
         try:
-            run._decode_pending(cfg, out, Ranks(rank, world, rank, world), decoding, list(enumerate(items)), {}, 3)
+            run._decode_pending(
+                cfg, out, Ranks(rank, world, size=world, local_rank=rank), decoding, list(enumerate(items)), {}, 3
+            )
         except run.Interrupted as interrupted:
             return {"stopped": str(interrupted)}
     return {"stopped": None}

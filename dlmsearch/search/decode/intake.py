@@ -42,7 +42,7 @@ def start(engine: RolloutEngine, plan: DecodePlan, requests: list[DecodeRequest]
     gen_length = len(requests[0].generation)
     check_requests(plan, requests)
     size = plan.population.size
-    mask_id = engine.mask_id
+    mask_id = engine.capabilities.open_id
     if plan.attention_block is None:
         prompts, templates = [r.prompt for r in requests], [r.generation for r in requests]
         region = torch.tensor([[0, gen_length]] * len(requests), dtype=torch.long)

@@ -68,7 +68,7 @@ def finish(engine: RolloutEngine, state: DecodeState, verifier: Verifier | None 
         return evaluation
 
     chosen_slot = plan.population.choose(
-        SlotCanvases(canvas, slots, layout, verifier), population, recheck, engine.mask_id
+        SlotCanvases(canvas, slots, layout, verifier), population, recheck, engine.capabilities.open_id
     )
     late_sample = state.late.view(slots.samples, slots.size).any(dim=1)
     return [

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from dlmsearch.models.adapter import ModelAdapter
 from dlmsearch.models.group_decisions import GroupDecisions
 from dlmsearch.search.engine.call_records import Forward
 
@@ -28,7 +29,7 @@ def check_budget(value: object) -> None:
 
 class OutOfMemoryBackOff:
     """The engine's row budget as it backs off and grows again (its state: the engine's fields
-    ``row_budget``, ``budget``, ``auto_budget``, ``regrow_after``, ``successes``, ``decisions``)."""
+    ``row_budget``, ``budget``, ``auto_budget``, ``regrow_after``, ``successes``, ``decisions``; its model, ``adapter``)."""
 
     row_budget: int | str
     budget: int | None
@@ -36,7 +37,7 @@ class OutOfMemoryBackOff:
     regrow_after: int
     successes: int
     decisions: GroupDecisions
-    device: str
+    adapter: ModelAdapter
 
     @property
     def max_rows(self) -> int:
@@ -99,7 +100,7 @@ class OutOfMemoryBackOff:
         # Retried outside the except clause, so that the failed attempt's tensors (held by its traceback) are freed.
         half = (rows + 1) // 2
         self.budget, self.successes = min(self.current_budget, half), 0
-        if str(self.device).startswith("cuda") and torch.cuda.is_available():
+        if str(self.adapter.device).startswith("cuda") and torch.cuda.is_available():
             torch.cuda.empty_cache()
         for part in (slice(0, half), slice(half, rows)):
             yield from self._forward(forward.piece(part), run, sample_uid, planned_rows or rows)

@@ -167,15 +167,6 @@ class RolloutEngine(OutOfMemoryBackOff):
         """What the model can do (cache policies, shadow block, logit shift, stop ids, vocabulary, compile)."""
         return self.adapter.capabilities
 
-    @property
-    def device(self) -> str:
-        return self.adapter.device
-
-    @property
-    def mask_id(self) -> int:
-        """The id the loop writes at an open position (the mask token, or the model's marker where it has none)."""
-        return self.capabilities.open_id
-
     def sampling_over(self, decoder: Sampling) -> Sampling:
         """A decode's sampling: each setting the engine's own, else the checkpoint's
         ``generation_config.json``, else the decoder's (its reference loop's defaults: Dream's
@@ -236,7 +227,7 @@ class RolloutEngine(OutOfMemoryBackOff):
         """prepare -> run -> collect: the planned forwards of the rows, each piece's summaries
         written into the call's outputs and its keys and values into the stores."""
         prepared = self._prepare(rows, settings)
-        outputs = CallOutputs.empty(rows.tokens.shape, settings.statistics, self.mask_id)
+        outputs = CallOutputs.empty(rows.tokens.shape, settings.statistics, self.capabilities.open_id)
         run = functools.partial(self._run, prepared)
         planner = ForwardPlanner(
             self.cache, self.capabilities.honours_padding, self.current_budget, self.adapter.empty_kv
@@ -504,7 +495,7 @@ class RolloutEngine(OutOfMemoryBackOff):
         tokens, attention, low, high = given.tokens, given.attention, given.low, given.high
         if guidance > 0:
             rows = len(tokens)
-            both = torch.cat([tokens, unconditional(tokens, attention, prompt_end, self.mask_id)])
+            both = torch.cat([tokens, unconditional(tokens, attention, prompt_end, self.capabilities.open_id)])
             logits, _ = self._model(
                 ModelInput(both, torch.cat([attention, attention]), low, high), None, prompt_end, 0.0
             )
@@ -536,7 +527,7 @@ class RolloutEngine(OutOfMemoryBackOff):
             low,
             high,
             forward.gen_start,
-            self.mask_id,
+            self.capabilities.open_id,
             self.capabilities.shift_logits,
             module.config,
         )
