@@ -13,8 +13,9 @@ At equal cost: for each ``verified_best_of_n`` size, ``mcts_verified`` with its 
 run spent per problem (rounded up; ``mcts_verified_eq_P<size>``), paired with it. Each tree run also
 reports how many problems it decoded exactly as ``llada`` did (what its search changed).
 
-Every run goes through the normal runner into ``--runs/<label>``, so an interrupted study resumes.
-Writes ``--runs/table.json``, ``--runs/table.md`` and the figure (``--figure``).
+Every run goes through the normal runner into ``--runs/<label>``, so an interrupted study resumes. A
+preset the model refuses (the tree presets on a uniform-noise model) is left out of the curve, and its
+refusal is written under the table. Writes ``--runs/table.json``, ``--runs/table.md`` and the figure (``--figure``).
 
     python experiments/tree_vs_width.py --task sudoku --tier hard --limit 64 --verified-overrides decoder.tree.completion_steps=8 --figure docs/tree_vs_width_sudoku.png
     python experiments/tree_vs_width.py --task countdown --model countdown --tier small --figure docs/tree_vs_width_countdown.png
@@ -28,6 +29,8 @@ import math
 from pathlib import Path
 
 from decoder_table import measure, paired
+
+from dlmsearch.config import ConfigError
 
 SINGLE = ("llada", "fast_dllm", "adalook")
 WIDTH = ("best_of_n", "beam", "smc", "verified_best_of_n")
@@ -134,7 +137,8 @@ def plot(rows: list[dict], unit: float, title: str, path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
-def markdown(rows: list[dict], comparisons: list[dict], unit: float) -> str:
+def markdown(rows: list[dict], comparisons: list[dict], unit: float, refused: dict[str, str]) -> str:
+    """The study's tables: every run, the equal-cost pairs, the per-budget comparisons and the refusals."""
     lines = [
         "| run | solved (95 % CI) | steps | row-forwards (× llada) | as llada decoded |",
         "|---|---:|---:|---:|---:|",
@@ -169,6 +173,9 @@ def markdown(rows: list[dict], comparisons: list[dict], unit: float) -> str:
             else "none | | | |"
         )
         lines.append(f"| {c['budget']:g}× | `{c['tree']}` | {100 * c['accuracy']:.1f} % | {c['rows']:.1f} | {width} |")
+    if refused:
+        lines += ["", "Refused on this model:", ""]
+        lines += [f"- `{preset}`: {reason}" for preset, reason in sorted(refused.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -197,25 +204,40 @@ def main() -> None:
     def one(label: str, preset: str, overrides: list[str]) -> dict:
         return measure(runs / label, args.tier, label, preset, overrides, base, args.limit, args.batch_size)
 
-    rows = [{**one("llada", "llada", []), "family": "single", "multiple": None}]
-    unit = rows[0]["mean_row_forwards"]
-    for label, preset, overrides, family, multiple in runs_for(args, unit):
-        rows.append({**one(label, preset, overrides), "family": family, "multiple": multiple})
+    refused: dict[str, str] = {}
+
+    def attempt(label: str, preset: str, overrides: list[str], family: str, multiple: float | None) -> None:
+        """Measure one run into ``rows``, or note the model's refusal of its preset (asked once per preset)."""
+        if preset in refused:
+            return
+        try:
+            rows.append({**one(label, preset, overrides), "family": family, "multiple": multiple})
+        except ConfigError as error:
+            refused[preset] = str(error).splitlines()[0]
+            print(f"{label}: refused: {refused[preset]}", flush=True)
+            return
         print(
             f"{label}: {100 * rows[-1]['accuracy']:.1f} % at {rows[-1]['mean_row_forwards'] / unit:.2f}× llada's rows",
             flush=True,
         )
+
+    rows = [{**one("llada", "llada", []), "family": "single", "multiple": None}]
+    unit = rows[0]["mean_row_forwards"]
+    for label, preset, overrides, family, multiple in runs_for(args, unit):
+        attempt(label, preset, overrides, family, multiple)
     for row in [r for r in rows if r["label"].startswith("verified_best_of_n_P")]:
         label = row["label"].replace("verified_best_of_n", "mcts_verified_eq")
         overrides = [f"decoder.tree.budget={math.ceil(row['mean_row_forwards'])}", *args.verified_overrides]
-        rows.append({**one(label, "mcts_verified", overrides), "family": "tree", "multiple": None})
+        attempt(label, "mcts_verified", overrides, "tree", None)
     base = outputs(runs / "llada")
     for row in (r for r in rows if r["family"] == "tree"):
         mine = outputs(runs / row["label"])
         row["same_as_llada"] = sum(1 for i, text in mine.items() if base.get(i) == text)
     comparisons = compare(rows, unit, args.budgets) + matched(rows)
-    (runs / "table.json").write_text(json.dumps({"unit": unit, "rows": rows, "comparisons": comparisons}, indent=1))
-    (runs / "table.md").write_text(markdown(rows, comparisons, unit))
+    (runs / "table.json").write_text(
+        json.dumps({"unit": unit, "rows": rows, "comparisons": comparisons, "refused": refused}, indent=1)
+    )
+    (runs / "table.md").write_text(markdown(rows, comparisons, unit, refused))
     plot(
         rows,
         unit,
