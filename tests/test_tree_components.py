@@ -15,6 +15,7 @@ from dlmsearch.search.components.tree_policies import FREE, NONE, PUCT, GumbelHa
 from dlmsearch.search.components.tree_selectors import HighestMean, MostVisited, PolicyChoice, VerifiedLeaf
 from dlmsearch.search.components.tree_settings import TreeSettings
 from dlmsearch.search.components.triggers import FirstCommitsTrigger, LowConfidenceTrigger
+from dlmsearch.search.decode.tree_phases import completion_blocks
 from dlmsearch.search.records.state import Evaluation, Layout, initial_canvas
 from dlmsearch.search.records.tree import UNSET, Tree
 
@@ -363,6 +364,28 @@ def test_allowance_is_the_simulations_left_within_the_budget() -> None:
     assert budgeted.allowance(spent, simulated).tolist() == [8, 5, 1, 0]
     assert budgeted.searches(spent).tolist() == [True, True, True, False]
     assert TreeSettings(simulations=3).allowance(torch.tensor([0]), torch.tensor([5])).tolist() == [0]
+
+
+def test_a_simulation_reserves_a_forward_for_each_later_block_its_completion_evaluates() -> None:
+    spent, simulated, blocks = torch.tensor([0, 0, 6]), torch.tensor([0, 0, 0]), torch.tensor([0, 2, 2])
+    budgeted = TreeSettings(simulations=8, budget=12, completion_steps=1)
+    # floor((12 - spent) / (1 + 1 + blocks)): 12 / 2, 12 / 4, 6 / 4
+    assert budgeted.allowance(spent, simulated, blocks).tolist() == [6, 3, 1]
+    assert budgeted.searches(torch.tensor([9, 9]), torch.tensor([0, 2])).tolist() == [True, False]
+
+
+def test_completion_blocks_count_the_blocks_whose_open_positions_no_forward_summarised() -> None:
+    """Blocks of two after a one-token prompt: row 0's forward read block 0 only (the block cache), row 1's
+    the whole canvas, row 2's block 0 with block 1 already decided."""
+    layout = Layout(gen_start=1, gen_length=6, block_length=2)
+    canvas = initial_canvas([torch.tensor([1])] * 3, [torch.full((6,), MASK)] * 3, layout, MASK, 0)
+    decided = torch.tensor([False, False, False, True, True, False, False])
+    canvas = attrs.evolve(canvas, masked=torch.stack([canvas.masked[0], canvas.masked[1], canvas.masked[2] & ~decided]))
+    token = torch.full((3, 7), MASK)
+    token[:, 1:3] = 5  # every row's block 0 summarised
+    token[1] = 5  # row 1: every column
+    evaluation = Evaluation(token=token, confidence=torch.ones(3, 7))
+    assert completion_blocks(canvas, evaluation, layout, MASK).tolist() == [2, 0, 1]
 
 
 def test_priors_normalise_over_the_valid_actions() -> None:

@@ -33,6 +33,7 @@ from dlmsearch.tasks.base import Task
 ONE_SIMULATION = ("decoder.tree.simulations=1", "decoder.expansion.c=0", "decoder.expansion.parallel=1")
 SUDOKU = ("sudoku", "sudoku")
 COUNTDOWN = ("countdown", "countdown")
+BLOCK_COUNTDOWN = ("countdown_block", "countdown")  # the shipped block-diffusion model: a forward reads one block
 
 
 @functools.cache
@@ -334,6 +335,47 @@ def test_a_budget_bounds_a_search_whose_leaves_complete_in_steps(budget: int) ->
     assert any(int(searched(r).sum()) for r in results)
     for result in results:
         assert result.row_forwards <= budget + base_commits(result)
+
+
+@pytest.mark.parametrize("budget", [12, 40])
+def test_a_budget_bounds_a_search_whose_leaves_complete_block_by_block(budget: int) -> None:
+    """On a block-diffusion model a leaf's completion evaluates each later block: the budget reserves
+    those forwards too, so a search still spends no more than it allows."""
+    results = decode(BLOCK_COUNTDOWN, "mcts_verified", f"decoder.tree.budget={budget}", count=4)
+    assert any(int(searched(r).sum()) for r in results)
+    for result in results:
+        assert result.row_forwards <= budget + base_commits(result)
+
+
+def test_a_leaf_on_a_block_model_is_completed_through_its_later_blocks() -> None:
+    """A block-diffusion model's forward summarises only the block it decodes (the exact block cache),
+    so a leaf's completion evaluates each later block in turn: every completion is a whole answer the
+    verifier can judge. Before, later blocks kept the mask id, every leaf's value was 0 and the tree
+    decoded as ``llada`` did."""
+    run = decoding(BLOCK_COUNTDOWN, "mcts_verified")
+    items = run.task.items()[:3]
+    verifier = run.task.verifier([i.question for i in items])
+    searches: list = []
+    run.decoder.decode(
+        run.engine,
+        [request(j, item) for j, item in enumerate(items)],
+        run.task.block_length,
+        verifier=verifier,
+        on_lookahead=searches.append,
+    )
+    for search in searches:  # every leaf (the roots aside) read a completion with a likelihood: none unevaluated
+        tree = search.tree
+        assert bool((tree.value[:, 1:][tree.expanded[:, 1:]] > 0).all())
+    first = searches[0].tree  # the first block's search: the answer's later blocks are not in its forward
+    assert bool(first.accepted.any())  # and yet its leaves' whole answers were judged, some accepted
+
+
+def test_tree_search_on_a_block_model_does_not_depend_on_the_batch() -> None:
+    """Leaves completed block by block, each block a forward against the slot's stored prefix."""
+    alone = decode(BLOCK_COUNTDOWN, "mcts_verified", "decoder.tree.budget=60", count=4, batch_size=1)
+    together = decode(BLOCK_COUNTDOWN, "mcts_verified", "decoder.tree.budget=60", count=4)
+    for x, y in zip(alone, together):
+        assert record(x) == record(y)
 
 
 # ------------------------------------------------------------------ refusals (plan rule 21 and make_plan)

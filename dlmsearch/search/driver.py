@@ -55,7 +55,7 @@ from dlmsearch.search.decode.intake import DecodeRequest
 from dlmsearch.search.decode.lookahead_phases import lookahead
 from dlmsearch.search.decode.results import DecodeResult
 from dlmsearch.search.decode.state import DecodeState, check_current
-from dlmsearch.search.decode.tree_phases import kept_trees, stale_trees, tree_search
+from dlmsearch.search.decode.tree_phases import completion_blocks, kept_trees, stale_trees, tree_search
 from dlmsearch.search.engine.guidance import Guidance
 from dlmsearch.search.engine.rollout import RolloutEngine
 from dlmsearch.search.plan import DecodePlan, make_plan
@@ -248,7 +248,8 @@ def _explore(
     explore = explore & ~state.plan.commit.forced(round_.root, round_.evaluation, state.layout)
     tree = state.plan.tree
     if tree is not None:
-        explore = explore & tree.searches(state.usage.row_forwards[state.slots.owner[rows]])
+        blocks = completion_blocks(round_.root, round_.evaluation, state.layout, state.plan.mask_id)
+        explore = explore & tree.searches(state.usage.row_forwards[state.slots.owner[rows]], blocks)
     state = attrs.evolve(state, late=late)
     explored = rows[explore]
     if not explored.numel():

@@ -22,22 +22,25 @@ class TreeSettings:
     prior: str = attrs.field(default="confidence", validator=check_choice("confidence", "uniform"))
     completion_steps: int = number(int, 0, default=0)
 
-    @property
-    def simulation_cost(self) -> int:
-        """The most row-forwards one simulation may spend: its leaf's evaluation and each completion step."""
-        return 1 + self.completion_steps
+    def simulation_cost(self, blocks: torch.Tensor | int = 0) -> torch.Tensor | int:
+        """The most row-forwards one simulation may spend: its leaf's evaluation, each completion step, and
+        one per later block its completion must evaluate (``blocks``: :func:`~dlmsearch.search.decode.tree_phases.completion_blocks`, 0 where a
+        forward reads the whole canvas)."""
+        return 1 + self.completion_steps + blocks
 
-    def allowance(self, spent: torch.Tensor, simulated: torch.Tensor) -> torch.Tensor:
+    def allowance(self, spent: torch.Tensor, simulated: torch.Tensor, blocks: torch.Tensor | int = 0) -> torch.Tensor:
         """``[S]`` simulations each tree may still run: the per-search count left, as many as the
-        budget still covers at their most (``spent``: its sample's row-forwards so far)."""
+        budget still covers at their most (``spent``: its sample's row-forwards so far; ``blocks``: the
+        later blocks a leaf's completion evaluates, per tree)."""
         left = self.simulations - simulated
         if self.budget is not None:
-            left = torch.minimum(left, torch.div(self.budget - spent, self.simulation_cost, rounding_mode="floor"))
+            cost = self.simulation_cost(blocks)
+            left = torch.minimum(left, torch.div(self.budget - spent, cost, rounding_mode="floor"))
         return left.clamp(min=0)
 
-    def searches(self, spent: torch.Tensor) -> torch.Tensor:
+    def searches(self, spent: torch.Tensor, blocks: torch.Tensor | int = 0) -> torch.Tensor:
         """``[S]`` samples whose budget leaves room for a search's first simulation."""
-        return self.allowance(spent, torch.zeros_like(spent)) > 0
+        return self.allowance(spent, torch.zeros_like(spent), blocks) > 0
 
     def priors(self, probability: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """``[R, A]`` priors over the valid actions, summing to 1 (0 where no action is valid)."""

@@ -69,9 +69,10 @@ def tree_search(
     tree = policy.start(tree, _root_uniforms(state, tree, exploring, usage) if policy.draws else tree.gumbel)
     searchable = tree.valid[:, 0].sum(dim=1) > 1  # one move (or none) is no choice: the base rule steps
     simulated = torch.zeros(trees, dtype=torch.long)
+    blocks = completion_blocks(root, evaluation, state.layout, plan.mask_id)
     wave = 0
     while True:
-        allowance = torch.where(searchable, settings.allowance(usage.row_forwards[owner], simulated), 0)
+        allowance = torch.where(searchable, settings.allowance(usage.row_forwards[owner], simulated, blocks), 0)
         schedule = policy.schedule(tree, wave, allowance, settings.simulations)
         if not bool((schedule != NONE).any()):
             break
@@ -361,6 +362,16 @@ def _expand(
     return attrs.evolve(tree, terminal=_set(tree.terminal, at, node, tree.terminal[at, node] | stuck)), usage
 
 
+def completion_blocks(canvas: Canvas, evaluation: Evaluation, layout: Layout, open_id: int) -> torch.Tensor:
+    """``[R]`` the blocks holding open positions that ``evaluation`` did not summarise: on a block-diffusion
+    model a forward reads only its window (the exact block cache), so a leaf's completion takes one
+    more row-forward per such block (none on a model whose forward covers the whole canvas)."""
+    unseen = canvas.masked & (evaluation.token == open_id)  # a summarised column's token is never the open id
+    blocks = canvas.blocks(layout).clamp(min=0).expand_as(unseen)
+    held = torch.zeros(len(unseen), layout.num_blocks + 1, dtype=torch.long)  # a shifted row has one more block
+    return (held.scatter_add_(1, torch.where(unseen, blocks, 0), unseen.long()) > 0).sum(dim=1)
+
+
 def _completed(
     engine: RolloutEngine,
     state: DecodeState,
@@ -373,11 +384,14 @@ def _completed(
 ) -> tuple[torch.Tensor, torch.Tensor, Usage]:
     """``[R, T]`` each leaf's completion and the model's probability of each token it filled in (at the
     evaluation it was filled from; the leaf's own elsewhere), and the usage after it:
-    ``decoder.tree.completion_steps`` steps that each commit an equal share of the open positions, the
-    most confident first (ties: the lowest column), and evaluate again (one row-forward per leaf still
-    open, charged like any call); then every open position takes its evaluation's token. No steps: the
-    one-shot completion, free. A leaf whose canvas breaks the task's rules takes no step, and a
-    completion stops at the step that breaks them (it cannot be accepted).
+    ``decoder.tree.completion_steps`` steps that each commit an equal share of the open positions the
+    evaluation summarised, the most confident first (ties: the lowest column), and evaluate again (one
+    row-forward per leaf still open, charged like any call); then every summarised open position takes
+    its evaluation's token, block by block: where a forward summarised only its block (a block-diffusion
+    model's), the leaf moves to its next block and is evaluated again (one row-forward per block, charged
+    alike), so the completion is a whole answer. No steps on a whole-canvas model: the one-shot completion,
+    free. A leaf whose canvas breaks the task's rules takes no step, and a completion stops at the step
+    that breaks them (it cannot be accepted).
 
     Args:
         engine: the model's only caller.
@@ -390,19 +404,23 @@ def _completed(
         rules: the task's partial check of ``(tokens, masked)`` (None: no such check).
     """
     assert state.plan.tree is not None
-    steps = state.plan.tree.completion_steps
+    steps, open_id = state.plan.tree.completion_steps, state.plan.mask_id
     tokens, masked, confidence = canvas.tokens, canvas.masked, evaluation.confidence
     broken = torch.zeros(len(tokens), dtype=torch.bool) if rules is None or not steps else ~rules(tokens, masked)
-    for step in range(steps):
-        share = -(-masked.sum(dim=1) // (steps + 1 - step))  # the last share is the final fill's
-        commit = top_k_mask(evaluation.confidence, masked, share)
+
+    for step in range(
+        steps + state.layout.num_blocks + 1
+    ):  # the steps, then the fill: a block a pass (a shifted row has one more)
+        seen = masked & (evaluation.token != open_id)
+        share = -(-seen.sum(dim=1) // (steps + 1 - step)) if step < steps else None  # the last share: the fill's
+        commit = seen if share is None else top_k_mask(evaluation.confidence, seen, share)
         tokens, masked = torch.where(commit, evaluation.token, tokens), masked & ~commit
         confidence = torch.where(commit, evaluation.confidence, confidence)
         broken = broken if rules is None else broken | ~rules(tokens, masked)
         rows = (masked.any(dim=1) & ~broken).nonzero().squeeze(1)
         if not rows.numel():
             break
-        current = attrs.evolve(canvas, tokens=tokens, masked=masked).take(rows)
+        current = attrs.evolve(canvas, tokens=tokens, masked=masked).advance_blocks(state.layout).take(rows)
         fresh, usage = evaluate(engine, state, usage, current, slot[rows], node[rows])
         evaluation = evaluation.put(rows, fresh)
     return torch.where(masked, evaluation.token, tokens), torch.where(masked, evaluation.confidence, confidence), usage
