@@ -4,7 +4,8 @@ They are :class:`~dlmsearch.search.components.scorers.Scorer` s (``score`` is wh
 reads: the likelihood, a lookahead has no verifier) with what a tree search asks beside it:
 ``value`` of a :class:`Leaf`. A leaf is completed at no cost in forwards: every position still
 masked takes the token its evaluation proposes (the one-shot completion the leaf's forward
-already gives), and the value reads that completion:
+already gives; a block-diffusion model's forward reads one block, so there each later block costs
+one forward more), and the value reads that completion:
 
 * :class:`LikelihoodValue` — the model's own likelihood, with no verifier: the geometric mean
   probability of the completed generation (committed tokens at the probability they were

@@ -15,7 +15,9 @@ class TreeSettings:
     decoder's summary reports) after which a sample stops searching and finishes with the base rule
     (None: no budget), ``prior`` of an action: the model's probability of the move (``confidence``),
     or ``uniform``; ``completion_steps``: the steps of a leaf's completion before its value is read
-    (each one more row-forward per leaf; 0: the one-shot completion its own evaluation gives)."""
+    (each one more row-forward per leaf; 0: the one-shot completion its own evaluation gives). On a
+    block-diffusion model a completion also evaluates each later block (one row-forward each), and the
+    budget reserves those too."""
 
     simulations: int = number(int, 1, default=8)
     budget: int | None = number(int, 1, optional=True, default=None)
