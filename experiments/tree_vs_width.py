@@ -30,8 +30,6 @@ from pathlib import Path
 
 from decoder_table import measure, paired
 
-from dlmsearch.config import ConfigError
-
 SINGLE = ("llada", "fast_dllm", "adalook")
 WIDTH = ("best_of_n", "beam", "smc", "verified_best_of_n")
 TREES = ("mcts", "mcts_verified", "gumbel_mcts", "mcts_macro")
@@ -212,7 +210,7 @@ def main() -> None:
             return
         try:
             rows.append({**one(label, preset, overrides), "family": family, "multiple": multiple})
-        except ConfigError as error:
+        except ValueError as error:  # the plan's refusal (a ConfigError is one too): one line naming why
             refused[preset] = str(error).splitlines()[0]
             print(f"{label}: refused: {refused[preset]}", flush=True)
             return
