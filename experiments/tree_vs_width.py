@@ -159,12 +159,14 @@ def markdown(rows: list[dict], comparisons: list[dict], unit: float, refused: di
                 f"| `{c['tree']}` | {100 * c['accuracy']:.1f} % | {c['rows']:.1f} | `{c['width']}` | "
                 f"{100 * c['width_accuracy']:.1f} % | {c['width_rows']:.1f} | {c['only_tree']} / {c['only_width']} | {c['sign_p']:.3g} |"
             )
-    lines += [
-        "",
-        "| budget | tree run | solved | rows | best width within budget | solved | rows | only tree / only width | sign p |",
-    ]
-    lines.append("|---:|---|---:|---:|---|---:|---:|---:|---:|")
-    for c in (c for c in comparisons if "budget" in c):
+    per_budget = [c for c in comparisons if "budget" in c]
+    if per_budget:
+        lines += [
+            "",
+            "| budget | tree run | solved | rows | best width within budget | solved | rows | only tree / only width | sign p |",
+            "|---:|---|---:|---:|---|---:|---:|---:|---:|",
+        ]
+    for c in per_budget:
         width = (
             f"`{c['width']}` | {100 * c['width_accuracy']:.1f} % | {c['width_rows']:.1f} | {c['only_tree']} / {c['only_width']} | {c['sign_p']:.3g}"
             if "width" in c
