@@ -13,6 +13,7 @@ At equal cost: for each ``verified_best_of_n`` size, ``mcts_verified`` with its 
 run spent per problem (rounded up; ``mcts_verified_eq_P<size>``), paired with it. Each tree run also
 reports how many problems it decoded exactly as ``llada`` did (what its search changed).
 
+``--presets`` keeps only the named presets (``llada`` always runs: it sets the unit).
 Every run goes through the normal runner into ``--runs/<label>``, so an interrupted study resumes. A
 preset the model refuses (the tree presets on a uniform-noise model) is left out of the curve, and its
 refusal is written under the table. Writes ``--runs/table.json``, ``--runs/table.md`` and the figure (``--figure``).
@@ -51,7 +52,7 @@ def runs_for(args: argparse.Namespace, unit: float) -> list[tuple[str, str, list
             else:
                 overrides.append(f"decoder.tree.simulations={max(1, int(per_budget * multiple))}")
             plan.append((f"{preset}_x{multiple:g}", preset, overrides, "tree", multiple))
-    return plan
+    return [run for run in plan if args.presets is None or run[1] in args.presets]
 
 
 def outputs(run: Path) -> dict[str, str]:
@@ -194,6 +195,9 @@ def main() -> None:
         default=[],
         help="overrides for every mcts_verified run (Sudoku: completion steps)",
     )
+    parser.add_argument(
+        "--presets", nargs="+", default=None, help="only these presets besides llada (default: all of them)"
+    )
     parser.add_argument("--runs", type=Path, default=None, help="default: runs/tree_vs_width/<model>_<tier>")
     parser.add_argument("--figure", type=Path, default=None, help="default: <runs>/tree_vs_width.png")
     args = parser.parse_args()
@@ -225,7 +229,8 @@ def main() -> None:
     unit = rows[0]["mean_row_forwards"]
     for label, preset, overrides, family, multiple in runs_for(args, unit):
         attempt(label, preset, overrides, family, multiple)
-    for row in [r for r in rows if r["label"].startswith("verified_best_of_n_P")]:
+    paired_runs = args.presets is None or "mcts_verified" in args.presets
+    for row in [r for r in rows if paired_runs and r["label"].startswith("verified_best_of_n_P")]:
         label = row["label"].replace("verified_best_of_n", "mcts_verified_eq")
         overrides = [f"decoder.tree.budget={math.ceil(row['mean_row_forwards'])}", *args.verified_overrides]
         attempt(label, "mcts_verified", overrides, "tree", None)
