@@ -370,10 +370,13 @@ def test_a_leaf_on_a_block_model_is_completed_through_its_later_blocks() -> None
     assert bool(first.accepted.any())  # and yet its leaves' whole answers were judged, some accepted
 
 
-def test_tree_search_on_a_block_model_does_not_depend_on_the_batch() -> None:
-    """Leaves completed block by block, each block a forward against the slot's stored prefix."""
-    alone = decode(BLOCK_COUNTDOWN, "mcts_verified", "decoder.tree.budget=60", count=4, batch_size=1)
-    together = decode(BLOCK_COUNTDOWN, "mcts_verified", "decoder.tree.budget=60", count=4)
+@pytest.mark.parametrize("sampling", [(), ("engine.temperature=1.0", "seed=3")], ids=["greedy", "sampled"])
+def test_tree_search_on_a_block_model_does_not_depend_on_the_batch(sampling: tuple[str, ...]) -> None:
+    """Leaves completed block by block, each block a forward against the slot's stored prefix (sampled:
+    each block's draws keyed by the leaf's node)."""
+    settings = ("decoder.tree.budget=60", *sampling)
+    alone = decode(BLOCK_COUNTDOWN, "mcts_verified", *settings, count=4, batch_size=1)
+    together = decode(BLOCK_COUNTDOWN, "mcts_verified", *settings, count=4)
     for x, y in zip(alone, together):
         assert record(x) == record(y)
 
