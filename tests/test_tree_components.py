@@ -374,6 +374,18 @@ def test_a_simulation_reserves_a_forward_for_each_later_block_its_completion_eva
     assert budgeted.searches(torch.tensor([9, 9]), torch.tensor([0, 2])).tolist() == [True, False]
 
 
+def test_every_step_while_the_unspent_budget_covers_whole_searches() -> None:
+    spent = torch.tensor([0, 24, 25, 40])
+    # 4 simulations at (1 + 1) row-forwards each: a whole search is 8; two of them, 16, of the 40, 16, 15, 0 left
+    rich = TreeSettings(simulations=4, budget=40, completion_steps=1, every_step_above=2.0)
+    assert rich.every_step(spent).tolist() == [True, True, False, False]
+    assert rich.every_step(spent, torch.tensor([0, 0, 0, 0])).tolist() == [True, True, False, False]
+    assert rich.every_step(torch.tensor([0]), torch.tensor([2])).tolist() == [True]  # 2 * 4 * 4 = 32 <= 40
+    assert rich.every_step(torch.tensor([9]), torch.tensor([2])).tolist() == [False]
+    assert TreeSettings(budget=40).every_step(spent).tolist() == [False] * 4  # unset: only where the trigger fires
+    assert TreeSettings(every_step_above=3.0).every_step(spent).tolist() == [True] * 4  # no budget: never poor
+
+
 def test_completion_blocks_count_the_blocks_whose_open_positions_no_forward_summarised() -> None:
     """Blocks of two after a one-token prompt: row 0's forward read block 0 only (the block cache), row 1's
     the whole canvas, row 2's block 0 with block 1 already decided."""

@@ -337,6 +337,24 @@ def test_a_budget_bounds_a_search_whose_leaves_complete_in_steps(budget: int) ->
         assert result.row_forwards <= budget + base_commits(result)
 
 
+@pytest.mark.parametrize(
+    ("every_step_above", "trigger"), [("0", "always"), ("100", "unsure")], ids=["always", "never-rich"]
+)
+def test_a_rich_budget_searches_every_step_and_a_poor_one_where_the_trigger_fires(
+    every_step_above: str, trigger: str
+) -> None:
+    """``decoder.tree.every_step_above=0``: every sample with budget left is rich, so the tree searches
+    at every step, as the ``always`` trigger does; a threshold no budget reaches leaves the trigger alone."""
+    budget = "decoder.tree.budget=24"
+    rich = decode(COUNTDOWN, "mcts_verified", budget, f"decoder.tree.every_step_above={every_step_above}", count=4)
+    plain = decode(COUNTDOWN, "mcts_verified", budget, f"decoder/trigger={trigger}", count=4)
+    for x, y in zip(rich, plain):
+        assert record(x) == record(y)
+    if trigger == "always":  # and the two triggers differ here, so the equality says something
+        unsure = decode(COUNTDOWN, "mcts_verified", budget, count=4)
+        assert [record(x) for x in unsure] != [record(y) for y in plain]
+
+
 @pytest.mark.parametrize("budget", [12, 40])
 def test_a_budget_bounds_a_search_whose_leaves_complete_block_by_block(budget: int) -> None:
     """On a block-diffusion model a leaf's completion evaluates each later block: the budget reserves

@@ -244,12 +244,14 @@ def _explore(
         over = time.monotonic() - state.started[state.slots.owner] > deadline_s
         over = engine.decisions.any(over)  # a tensor-parallel group goes late as one: each rank reads its own clock
         late = late | (over & _scattered(rows, len(late)))
-    explore = state.plan.trigger.fires(round_.root, round_.evaluation, state.layout) & ~late[rows] & round_.exploit
-    explore = explore & ~state.plan.commit.forced(round_.root, round_.evaluation, state.layout)
+    fires = state.plan.trigger.fires(round_.root, round_.evaluation, state.layout)
     tree = state.plan.tree
     if tree is not None:
+        spent = state.usage.row_forwards[state.slots.owner[rows]]
         blocks = completion_blocks(round_.root, round_.evaluation, state.layout, state.plan.mask_id)
-        explore = explore & tree.searches(state.usage.row_forwards[state.slots.owner[rows]], blocks)
+        fires = (fires | tree.every_step(spent, blocks)) & tree.searches(spent, blocks)
+    explore = fires & ~late[rows] & round_.exploit
+    explore = explore & ~state.plan.commit.forced(round_.root, round_.evaluation, state.layout)
     state = attrs.evolve(state, late=late)
     explored = rows[explore]
     if not explored.numel():
