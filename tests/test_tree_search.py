@@ -345,13 +345,13 @@ def test_a_rich_budget_searches_every_step_and_a_poor_one_where_the_trigger_fire
 ) -> None:
     """``decoder.tree.every_step_above=0``: every sample with budget left is rich, so the tree searches
     at every step, as the ``always`` trigger does; a threshold no budget reaches leaves the trigger alone."""
-    budget = "decoder.tree.budget=24"
+    budget, alone = "decoder.tree.budget=24", "decoder.tree.every_step_above=null"  # the trigger alone
     rich = decode(COUNTDOWN, "mcts_verified", budget, f"decoder.tree.every_step_above={every_step_above}", count=4)
-    plain = decode(COUNTDOWN, "mcts_verified", budget, f"decoder/trigger={trigger}", count=4)
+    plain = decode(COUNTDOWN, "mcts_verified", budget, alone, f"decoder/trigger={trigger}", count=4)
     for x, y in zip(rich, plain):
         assert record(x) == record(y)
     if trigger == "always":  # and the two triggers differ here, so the equality says something
-        unsure = decode(COUNTDOWN, "mcts_verified", budget, count=4)
+        unsure = decode(COUNTDOWN, "mcts_verified", budget, alone, count=4)
         assert [record(x) for x in unsure] != [record(y) for y in plain]
 
 
