@@ -42,7 +42,7 @@ class Ranks(RankLayout):
         if layout.world <= 1:
             return Ranks()
         join_process_group()
-        return Ranks(layout.rank, layout.world, tensor_parallel, int(os.environ.get("LOCAL_RANK", "0")))
+        return Ranks(layout.rank, layout.world, layout.size, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
 
     @property
     def writes(self) -> bool:

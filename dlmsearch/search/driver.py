@@ -263,7 +263,7 @@ def _explore(
         )
     else:
         adopted, adopted_eval, restart, usage, best, kept = tree_search(
-            engine, state, root, root_evaluation, explored, on_lookahead, verifier
+            engine, state, root, root_evaluation, explored, blocks[explore], on_lookahead, verifier
         )
         state = attrs.evolve(state, tree=kept_trees(state.tree, explored, kept, len(state.evaluated)))
     # the adopted branch's own memory in the slot stores (e.g. a self-conditioning input) becomes its slot's

@@ -28,8 +28,8 @@ class TreeSettings:
 
     def simulation_cost(self, blocks: torch.Tensor | int = 0) -> torch.Tensor | int:
         """The most row-forwards one simulation may spend: its leaf's evaluation, each completion step, and
-        one per later block its completion must evaluate (``blocks``: :func:`~dlmsearch.search.decode.tree_phases.completion_blocks`, 0 where a
-        forward reads the whole canvas)."""
+        one per later block its completion must evaluate (``blocks``, from
+        :func:`~dlmsearch.search.decode.tree_phases.completion_blocks`: 0 where a forward reads the whole canvas)."""
         return 1 + self.completion_steps + blocks
 
     def allowance(self, spent: torch.Tensor, simulated: torch.Tensor, blocks: torch.Tensor | int = 0) -> torch.Tensor:

@@ -41,6 +41,7 @@ def tree_search(
     root: Canvas,
     evaluation: Evaluation,
     exploring: torch.Tensor,
+    blocks: torch.Tensor,
     on_lookahead: Callable[[Any], None] | None,
     verifier: Verifier | None = None,
 ) -> tuple[Canvas, Evaluation, torch.Tensor, Usage, torch.Tensor, Tree]:
@@ -56,6 +57,7 @@ def tree_search(
         root: ``[S]`` the exploring slots' canvases.
         evaluation: ``[S]`` their evaluations.
         exploring: ``[S]`` the exploring slots.
+        blocks: ``[S]`` the later blocks a leaf's completion evaluates below each root (:func:`completion_blocks`).
         on_lookahead: sees the finished trees (:class:`SearchedTrees`: traces, tests).
         verifier: the task's check, for leaf values that read it.
     """
@@ -69,7 +71,6 @@ def tree_search(
     tree = policy.start(tree, _root_uniforms(state, tree, exploring, usage) if policy.draws else tree.gumbel)
     searchable = tree.valid[:, 0].sum(dim=1) > 1  # one move (or none) is no choice: the base rule steps
     simulated = torch.zeros(trees, dtype=torch.long)
-    blocks = completion_blocks(root, evaluation, state.layout, plan.mask_id)
     wave = 0
     while True:
         allowance = torch.where(searchable, settings.allowance(usage.row_forwards[owner], simulated, blocks), 0)
@@ -407,10 +408,9 @@ def _completed(
     steps, open_id = state.plan.tree.completion_steps, state.plan.mask_id
     tokens, masked, confidence = canvas.tokens, canvas.masked, evaluation.confidence
     broken = torch.zeros(len(tokens), dtype=torch.bool) if rules is None or not steps else ~rules(tokens, masked)
-
-    for step in range(
-        steps + state.layout.num_blocks + 1
-    ):  # the steps, then the fill: a block a pass (a shifted row has one more)
+    # the steps, then the fill: a block a pass (a shifted row's grid holds one block more)
+    passes = steps + state.layout.num_blocks + 1
+    for step in range(passes):
         seen = masked & (evaluation.token != open_id)
         share = -(-seen.sum(dim=1) // (steps + 1 - step)) if step < steps else None  # the last share: the fill's
         commit = seen if share is None else top_k_mask(evaluation.confidence, seen, share)
